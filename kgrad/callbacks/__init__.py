@@ -1,0 +1,1 @@
+"""Keras callbacks of kgrad, one per module."""

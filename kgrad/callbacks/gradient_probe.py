@@ -1,0 +1,190 @@
+"""`GradientProbe`: probe any model trained with ``model.fit``."""
+
+import os
+
+import keras
+
+from kgrad.config import ProbeConfig
+from kgrad.model import ProbingModel
+from kgrad.step import ProbingStep
+from kgrad.tensorboard import ProbeWriter
+
+
+class GradientProbe(keras.callbacks.Callback):
+    """Captures gradients inside ``model.fit`` and logs them to TensorBoard.
+
+    Works on any ``keras.Model`` that uses Keras' own ``train_step``
+    (Sequential, Functional or subclassed) and on `kgrad.ProbingModel`. When
+    ``fit`` starts, the callback installs a probing ``train_step`` on the model
+    instance; when ``fit`` ends it removes it, so ``evaluate``, ``predict``,
+    ``save`` and later ``fit`` calls behave exactly as before. Training itself
+    is unchanged: the probed step applies the same gradients Keras would.
+
+    On probed steps, activations, dJ/d(activation), dJ/dŷ, dJ/dx (float
+    inputs) and the weight gradients are summarized on device (norm, mean,
+    std, min, max, zero fraction, non-finite count, histogram; per weight the
+    gradient norm, weight norm and update ratio). Other steps compute none of
+    it and the callback reads nothing from the device on them.
+
+    Args:
+        log_dir: TensorBoard log directory; events go to ``<log_dir>/kgrad``.
+            ``None`` logs nothing (use ``latest`` or ``on_probe``).
+        layers: Which layers to capture: ``None`` (every leaf layer with
+            weights), ``"all"``, a list of names or layer objects, or a
+            predicate ``fn(layer) -> bool``.
+        every_n_steps: Probe one step in this many (the first step of ``fit``
+            is probed). The step logged is ``optimizer.iterations``.
+        capture: ``"all"`` or a subset of ``("activations",
+            "activation_gradients", "prediction_gradient", "input_gradient",
+            "weight_gradients")``.
+        histograms: Whether to log histograms besides the scalars.
+        bucket_count: Buckets per histogram.
+        on_probe: Optional ``fn(record)`` called with each probed step's
+            `kgrad.ProbeRecord`, for logging elsewhere than TensorBoard.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np, tempfile
+    >>> model = keras.Sequential([keras.Input((4,)),
+    ...     keras.layers.Dense(8, activation="relu", name="hidden"),
+    ...     keras.layers.Dense(1, name="out")])
+    >>> model.compile("adam", "mse")
+    >>> probe = kgrad.GradientProbe(tempfile.mkdtemp(), every_n_steps=2)
+    >>> _ = model.fit(np.ones((16, 4)), np.ones((16, 1)), batch_size=4,
+    ...               callbacks=[probe], verbose=0)
+    >>> probe.latest.step, "grad_norm/hidden" in probe.latest.scalars
+    (2, True)
+    """
+
+    def __init__(
+        self,
+        log_dir=None,
+        layers=None,
+        every_n_steps=100,
+        capture="all",
+        histograms=True,
+        bucket_count=30,
+        on_probe=None,
+    ):
+        super().__init__()
+        self.config = ProbeConfig(
+            layers=layers,
+            every_n_steps=every_n_steps,
+            capture=capture,
+            histograms=histograms,
+            bucket_count=bucket_count,
+        )
+        if on_probe is not None and not callable(on_probe):
+            raise TypeError(
+                f"`on_probe` must be a callable fn(record) or None. Received: on_probe={on_probe!r}."
+            )
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"`log_dir` must be a path (str or os.PathLike) or None. Received: log_dir={log_dir!r}."
+            )
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.on_probe = on_probe
+        self.latest = None
+        self._writer = None
+        self._step = None
+        self._installed = None
+
+    # -- installing the probing step ------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        self._check_model(model)
+        self._writer = None if self.log_dir is None else ProbeWriter(_writable(self.log_dir))
+        self._step = ProbingStep(model, self.config)
+        if isinstance(model, ProbingModel):
+            self._installed = ("probing_model", model.__dict__.get("_kgrad_step"), model.train_function)
+            model._set_probing_step(self._step)
+        else:
+            self._installed = ("instance", None, model.train_function)
+            object.__setattr__(model, "train_step", self._step.train_step)
+        self._step.prepare()
+        model.make_train_function(force=True)
+        self._delivered = 0
+        self._steps_before_epoch = 0
+        self._steps_seen = 0
+
+    def _check_model(self, model):
+        if "train_step" in model.__dict__ or model.__dict__.get("_kgrad_probe_active"):
+            raise ValueError(
+                f"Model '{model.name}' is already being probed by another "
+                "GradientProbe (or has a train_step set on the instance). Pass "
+                "a single GradientProbe per fit; it can capture any set of layers."
+            )
+        own_step = type(model).train_step
+        if not isinstance(model, ProbingModel) and own_step is not keras.Model.train_step:
+            raise ValueError(
+                f"GradientProbe cannot probe model '{model.name}': its class "
+                f"{type(model).__name__} defines its own train_step, which the "
+                "probe would replace. Use kgrad.ProbeTape inside that train_step "
+                "instead (replace `tf.GradientTape()` with `kgrad.ProbeTape(self)`)."
+            )
+        if not model.built or not model.optimizer:
+            raise ValueError(f"Model '{model.name}' must be compiled and built before fit.")
+        object.__setattr__(model, "_kgrad_probe_active", True)
+
+    def on_train_end(self, logs=None):
+        self._collect()
+        model = self.model
+        kind, previous_step, train_function = self._installed
+        if kind == "probing_model":
+            model._set_probing_step(previous_step)
+        else:
+            del model.__dict__["train_step"]
+        model.train_function = train_function
+        model.__dict__.pop("_kgrad_probe_active", None)
+        self._installed = None
+        if self._writer is not None:
+            self._writer.close()
+
+    # -- delivering probed steps -----------------------------------------------------
+
+    def on_train_batch_end(self, batch, logs=None):
+        # `batch` is the last step of the execution that just ran; the steps
+        # it covered are known on the host, so only executions that contain a
+        # probed step read device memory.
+        steps_seen = self._steps_before_epoch + batch + 1
+        n = self.config.every_n_steps
+        first_probed = -(-self._steps_seen // n) * n
+        self._steps_seen = steps_seen
+        if first_probed < steps_seen:
+            self._collect()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._steps_before_epoch = self._steps_seen
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._collect()
+        if self._writer is not None:
+            self._writer.flush()
+
+    def _collect(self):
+        state = self._step.state if self._step is not None else None
+        if state is None:
+            return
+        records, self._delivered = state.read_since(self._delivered)
+        for record in records:
+            self.latest = record
+            if self._writer is not None:
+                self._writer.write(record)
+            if self.on_probe is not None:
+                self.on_probe(record)
+
+
+def _writable(log_dir):
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        probe_file = os.path.join(log_dir, ".kgrad_write_test")
+        with open(probe_file, "w"):
+            pass
+        os.remove(probe_file)
+    except OSError as error:
+        raise ValueError(
+            f"`log_dir` cannot be written: log_dir={log_dir!r} ({error.strerror}). "
+            "Pass a directory you can write to, e.g. log_dir='logs/run1'."
+        ) from error
+    return log_dir

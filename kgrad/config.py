@@ -1,0 +1,66 @@
+"""What a probe captures, validated once, shared by every entry point."""
+
+import dataclasses
+
+#: Everything a probe can capture; ``capture=`` takes any subset.
+CAPTURE_KINDS = (
+    "activations",
+    "activation_gradients",
+    "prediction_gradient",
+    "input_gradient",
+    "weight_gradients",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+    """Options of a probing ``train_step``.
+
+    Args:
+        layers: ``None`` (every leaf layer with weights), ``"all"``, a list of
+            names or layer objects, or a predicate ``fn(layer) -> bool``.
+        every_n_steps: Probe the steps whose index since ``fit`` started is a
+            multiple of this (a positive ``int``; the first step is probed).
+        capture: Subset of `CAPTURE_KINDS`, or ``"all"``.
+        histograms: Whether to compute histograms besides the scalars.
+        bucket_count: Buckets per histogram.
+    """
+
+    layers: object = None
+    every_n_steps: int = 1
+    capture: tuple = CAPTURE_KINDS
+    histograms: bool = True
+    bucket_count: int = 30
+
+    def __post_init__(self):
+        _check_positive_int("every_n_steps", self.every_n_steps)
+        _check_positive_int("bucket_count", self.bucket_count)
+        if not isinstance(self.histograms, bool):
+            raise TypeError(
+                f"`histograms` must be True or False. Received: histograms={self.histograms!r}."
+            )
+        capture = CAPTURE_KINDS if self.capture == "all" else self.capture
+        if isinstance(capture, str) or not hasattr(capture, "__iter__"):
+            raise TypeError(
+                f"`capture` must be 'all' or a list of {list(CAPTURE_KINDS)}. "
+                f"Received: capture={self.capture!r}."
+            )
+        capture = tuple(capture)
+        unknown = [kind for kind in capture if kind not in CAPTURE_KINDS]
+        if unknown:
+            raise ValueError(
+                f"`capture` contains unknown kinds {unknown}. Received: "
+                f"capture={self.capture!r}. Expected a subset of {list(CAPTURE_KINDS)}."
+            )
+        object.__setattr__(self, "capture", capture)
+
+    def captures(self, kind):
+        return kind in self.capture
+
+
+def _check_positive_int(argument, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"`{argument}` must be a positive int. Received: {argument}={value!r} "
+            f"(type {type(value).__name__}). Example: {argument}=10."
+        )

@@ -1,0 +1,72 @@
+"""dJ/d(prediction) that survives Keras' logits shortcut."""
+
+import tensorflow as tf
+
+
+def _plain_copy(y_pred):
+    # `tf.identity` returns a tensor without the `_keras_logits` attribute that
+    # softmax/sigmoid outputs carry, so the loss below is computed from the
+    # prediction itself and its gradient is connected.
+    return tf.nest.map_structure(tf.identity, y_pred)
+
+
+def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
+    """Returns dJ/dŷ, the gradient of a loss with respect to the prediction.
+
+    When a model ends in softmax (or sigmoid) and the loss is (sparse)
+    categorical / binary cross-entropy, Keras computes the loss from the logits
+    stored on ``y_pred``, so ``tape.gradient(loss, y_pred)`` is ``None``. This
+    function evaluates ``loss_fn`` again on a plain copy of ``y_pred`` in a tape
+    of its own: the result is the gradient of the same loss as a function of the
+    prediction, and the training loss and weight gradients are left untouched.
+
+    The reduction is the loss function's own. With Keras' default
+    ``"sum_over_batch_size"``, J is the mean over the batch, so each row of
+    dJ/dŷ carries a factor 1/batch_size. A ``loss_fn`` that returns a
+    per-example (non-scalar) loss is averaged over all its elements, which is
+    the same convention.
+
+    Args:
+        loss_fn: A ``keras.losses.Loss``, or a callable
+            ``loss_fn(y_true, y_pred)`` (or with ``sample_weight``) returning
+            a scalar or per-example losses.
+        y_true: Targets.
+        y_pred: The model's prediction (a tensor or nested structure).
+        sample_weight: Optional per-example weights, passed to ``loss_fn``.
+
+    Returns:
+        dJ/dŷ with the structure and shapes of ``y_pred``.
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> y_pred = keras.layers.Softmax()(tf.constant([[1.0, 2.0, 3.0]]))
+    >>> y_true = tf.constant([[0.0, 0.0, 1.0]])
+    >>> logits_loss = keras.losses.CategoricalCrossentropy()
+    >>> with tf.GradientTape() as tape:
+    ...     tape.watch(y_pred)
+    ...     loss = logits_loss(y_true, y_pred)
+    >>> print(tape.gradient(loss, y_pred))  # the classic trap
+    None
+    >>> grad = kgrad.prediction_gradient(logits_loss, y_true, y_pred)
+    >>> grad.shape
+    TensorShape([1, 3])
+    """
+    if not callable(loss_fn):
+        raise TypeError(
+            "`loss_fn` must be a keras.losses.Loss or a callable "
+            f"loss_fn(y_true, y_pred). Received: loss_fn={loss_fn!r}. "
+            "Example: kgrad.prediction_gradient(keras.losses.MeanSquaredError(), y, y_pred)."
+        )
+    y_copy = _plain_copy(y_pred)
+    with tf.GradientTape() as tape:
+        tape.watch(tf.nest.flatten(y_copy))
+        if sample_weight is None:
+            loss = loss_fn(y_true, y_copy)
+        else:
+            loss = loss_fn(y_true, y_copy, sample_weight=sample_weight)
+        loss = tf.reduce_mean(loss)
+    gradients = tape.gradient(
+        loss, y_copy, unconnected_gradients=tf.UnconnectedGradients.ZERO
+    )
+    return gradients

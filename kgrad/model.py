@@ -1,0 +1,73 @@
+"""`ProbingModel`: a `keras.Model` whose ``train_step`` captures inside its tape."""
+
+import keras
+
+from kgrad.config import ProbeConfig
+from kgrad.step import ProbingStep
+
+
+@keras.saving.register_keras_serializable(package="kgrad")
+class ProbingModel(keras.Model):
+    """A ``keras.Model`` that probes gradients inside its own ``train_step``.
+
+    Use it as a base class for a subclassed model, or build it functionally
+    like ``keras.Model(inputs, outputs)``. Training is exactly Keras' own
+    ``train_step``; on probed steps the same tape also captures activations,
+    dJ/d(activation), dJ/dŷ, dJ/dx and the weight gradients, summarized on
+    device. Configure what is captured with `configure_probe`; read the latest
+    summaries with `probe_results`, or pass a `kgrad.GradientProbe` to ``fit``
+    to log them to TensorBoard.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> inputs = keras.Input((4,))
+    >>> hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    >>> outputs = keras.layers.Dense(1, name="out")(hidden)
+    >>> model = kgrad.ProbingModel(inputs, outputs)
+    >>> model.configure_probe(layers=["hidden"], every_n_steps=2)
+    >>> model.compile("sgd", "mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, verbose=0)
+    >>> record = model.probe_results
+    >>> record.step, round(record.scalars["activation_zero_fraction/hidden"], 2) >= 0
+    (0, True)
+    """
+
+    def configure_probe(self, **options):
+        """Sets what the probe captures; see `kgrad.GradientProbe` for options.
+
+        Args:
+            **options: ``layers``, ``every_n_steps``, ``capture``,
+                ``histograms``, ``bucket_count``.
+        """
+        self._set_probing_step(ProbingStep(self, ProbeConfig(**options)))
+        self.train_function = None
+
+    def _set_probing_step(self, step):
+        # object.__setattr__: the probe's variables must stay out of the
+        # model's tracked weights (and out of saved models).
+        object.__setattr__(self, "_kgrad_step", step)
+
+    def _probing_step(self):
+        if self.__dict__.get("_kgrad_step") is None:
+            self._set_probing_step(ProbingStep(self, ProbeConfig()))
+        return self.__dict__["_kgrad_step"]
+
+    def make_train_function(self, force=False):
+        self._probing_step().prepare()
+        return super().make_train_function(force=force)
+
+    def train_step(self, data):
+        return self._probing_step().train_step(data)
+
+    @property
+    def probe_results(self):
+        """The latest probed step as a `kgrad.ProbeRecord`, or ``None``.
+
+        Reading it copies the summaries from device memory (a host sync).
+        """
+        state = self._probing_step().state
+        if state is None:
+            return None
+        records, _ = state.read_since(max(0, int(state.written.numpy()) - 1))
+        return records[-1] if records else None

@@ -1,0 +1,103 @@
+"""What a probe saw during one forward pass: inputs, activations, prediction.
+
+A `Recorder` is filled by the intercepted ``call``s (see `kgrad.taps`) and by
+`kgrad.tap`. It watches every captured float tensor on the gradient tape, so
+that the backward pass can return dJ/d(tensor) for it.
+"""
+
+import tensorflow as tf
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+from kgrad import taps
+
+
+class Recorder:
+    """Collects named tensors from one forward pass of a model.
+
+    Args:
+        tape: The ``tf.GradientTape`` that must watch the captured tensors.
+        model: The model whose own call provides the input and prediction.
+        watch_inputs: Whether the model's float inputs are watched (dJ/dx).
+        integer_inputs: ``"raise"`` to reject integer inputs when
+            ``watch_inputs`` is set, ``"skip"`` to watch only float inputs.
+    """
+
+    def __init__(self, tape, model, watch_inputs, integer_inputs="raise"):
+        self._tape = tape
+        self._model = model
+        self._watch_inputs = watch_inputs
+        self._integer_inputs = integer_inputs
+        self.activations = {}
+        self.non_float = {}
+        self.calls_per_name = {}
+        self.model_called = False
+        self.inputs = None
+        self.prediction = None
+
+    def _unique_name(self, name):
+        count = self.calls_per_name.get(name, 0) + 1
+        self.calls_per_name[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def record(self, name, outputs, source):
+        """Watches and stores the float tensors of ``outputs`` under ``name``."""
+        if in_symbolic_scope():
+            # Keras traces call() in a scratch graph to infer shapes when it
+            # builds a subclassed model; those tensors never reach the loss.
+            return
+        name = self._unique_name(name)
+        leaves = tf.nest.flatten(outputs)
+        floats = taps.float_leaves(outputs)
+        if not floats:
+            self.non_float[name] = [getattr(leaf, "dtype", type(leaf)) for leaf in leaves]
+            return
+        for index, tensor in enumerate(floats):
+            key = name if len(floats) == 1 else f"{name}/{index}"
+            self._tape.watch(tensor)
+            self.activations[key] = tensor
+
+    def watch_model_inputs(self, inputs):
+        """Called with the model's inputs before its forward pass runs."""
+        if self.model_called or in_symbolic_scope():
+            return
+        self.model_called = True
+        self.inputs = inputs
+        if not self._watch_inputs:
+            return
+        integer_inputs = [
+            leaf
+            for leaf in tf.nest.flatten(inputs)
+            if isinstance(leaf, tf.Tensor) and not leaf.dtype.is_floating
+        ]
+        if integer_inputs and self._integer_inputs == "raise":
+            raise ValueError(
+                "`watch_inputs=True` asks for dJ/d(input), but the model "
+                f"'{self._model.name}' received non-float inputs (dtypes: "
+                f"{[leaf.dtype.name for leaf in integer_inputs]}). Integers "
+                "(e.g. token ids) have no gradient. Pass watch_inputs=False "
+                "and tap the first float tensor instead, e.g. the output of "
+                "the Embedding layer: layers=[" + _embedding_hint(self._model) + "]."
+            )
+        for tensor in taps.float_leaves(inputs):
+            self._tape.watch(tensor)
+
+    def record_prediction(self, outputs):
+        if self.prediction is None and not in_symbolic_scope():
+            self.prediction = outputs
+
+    def watched_inputs(self):
+        """The float input tensors that were watched, in flatten order."""
+        if not self._watch_inputs or self.inputs is None:
+            return []
+        return taps.float_leaves(self.inputs)
+
+
+def _embedding_hint(model):
+    import keras
+
+    names = [
+        layer.name
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.Embedding)
+    ]
+    return ", ".join(repr(name) for name in names) or "'<first layer with a float output>'"

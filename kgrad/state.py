@@ -1,0 +1,100 @@
+"""The device-side buffer through which probed summaries reach the host.
+
+The probing step writes each probed step's summaries into a small ring buffer
+of variables; the host reads it only on steps it knows were probed, so steps
+that do not log never read device memory. Each record carries its
+``optimizer.iterations`` step and a sequence number, so that with
+``steps_per_execution=k`` every probed step of an execution is delivered once.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeRecord:
+    """The summaries of one probed training step, as host values.
+
+    Attributes:
+        step: ``optimizer.iterations`` when the step ran (0 for the first step).
+        scalars: ``dict`` tag -> ``float``.
+        histograms: ``dict`` tag -> ``numpy`` array ``[buckets, 3]`` of
+            (left edge, right edge, count).
+    """
+
+    step: int
+    scalars: dict
+    histograms: dict
+
+
+class ProbeState:
+    """A ring buffer of probed summaries, in device variables.
+
+    Args:
+        capacity: How many probed steps can wait for the host to read them
+            (the most probed steps one execution can hold).
+        scalar_names: Tags of the scalar summaries, in vector order.
+        histogram_names: Tags of the histograms, in tensor order.
+        bucket_count: Buckets per histogram.
+    """
+
+    def __init__(self, capacity, scalar_names, histogram_names, bucket_count):
+        self.capacity = capacity
+        self.scalar_names = tuple(scalar_names)
+        self.histogram_names = tuple(histogram_names)
+        self.bucket_count = bucket_count
+        self.written = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="kgrad_written")
+        self.steps = tf.Variable(tf.fill([capacity], tf.constant(-1, tf.int64)), trainable=False, name="kgrad_steps")
+        self.scalars = tf.Variable(
+            tf.zeros([capacity, len(self.scalar_names)]), trainable=False, name="kgrad_scalars"
+        )
+        self.histograms = tf.Variable(
+            tf.zeros([capacity, len(self.histogram_names), bucket_count, 3]),
+            trainable=False,
+            name="kgrad_histograms",
+        )
+
+    def write(self, step, scalars, histograms):
+        """Stores one probed step (graph code; runs inside the train step)."""
+        slot = tf.math.floormod(self.written, self.capacity)
+        index = tf.reshape(slot, [1, 1])
+        self.steps.scatter_nd_update(index, tf.reshape(tf.cast(step, tf.int64), [1]))
+        self.scalars.scatter_nd_update(index, scalars[tf.newaxis])
+        self.histograms.scatter_nd_update(index, histograms[tf.newaxis])
+        self.written.assign_add(1)
+
+    def read_since(self, delivered):
+        """Returns the records written after the first ``delivered`` ones.
+
+        This reads device memory: call it only on steps that log.
+
+        Returns:
+            ``(records, written)``: the new `ProbeRecord`s in order, and the
+            total number written so far (pass it back as ``delivered``).
+        """
+        written = int(self.written.numpy())
+        if written == delivered:
+            return [], written
+        steps = self.steps.numpy()
+        scalars = self.scalars.numpy()
+        histograms = self.histograms.numpy()
+        first = max(delivered, written - self.capacity)
+        records = []
+        for sequence in range(first, written):
+            slot = sequence % self.capacity
+            records.append(
+                ProbeRecord(
+                    step=int(steps[slot]),
+                    scalars={
+                        name: float(value)
+                        for name, value in zip(self.scalar_names, scalars[slot])
+                    },
+                    histograms={
+                        name: np.array(value)
+                        for name, value in zip(self.histogram_names, histograms[slot])
+                    },
+                )
+            )
+        return records, written

@@ -1,0 +1,83 @@
+"""Named summaries of a probed step: the tag scheme, computed on device.
+
+Tags (stable; they are the users' TensorBoard layout):
+
+=====================================  ==========================================
+``activation_<stat>/<layer>``          the layer's output
+``grad_<stat>/<layer>``                dJ/d(layer output)
+``pred_grad_<stat>/<output>``          dJ/dŷ (shadow loss, see `prediction_gradient`)
+``pred_grad_example_norm_mean/<out>``  mean over the batch of per-example ‖dJ/dŷ‖
+``pred_grad_example_norm_max/<out>``   max over the batch of per-example ‖dJ/dŷ‖
+``input_grad_<stat>/<input>``          dJ/dx
+``weight_grad_<stat>/<weight path>``   dJ/dw
+``weight_norm/<weight path>``          ‖w‖ before the update
+``update_ratio/<weight path>``         ‖Δw‖/‖w‖ of the step
+``global/grad_norm``                   ‖dJ/dw‖ over all trainable weights
+``<kind>_hist/<name>``                 histogram of the same tensor
+=====================================  ==========================================
+
+``<stat>`` is one of `kgrad.stats.MOMENT_NAMES`: ``norm``, ``mean``, ``std``,
+``min``, ``max``, ``zero_fraction``, ``nonfinite``.
+"""
+
+import tensorflow as tf
+
+from kgrad import stats
+
+
+class SummaryBuilder:
+    """Accumulates named on-device summaries in a fixed order.
+
+    Args:
+        histograms: Whether tensors also get a histogram.
+        bucket_count: Buckets per histogram.
+    """
+
+    def __init__(self, histograms, bucket_count):
+        self._histograms = histograms
+        self._bucket_count = bucket_count
+        self.scalar_names = []
+        self._scalars = []
+        self.histogram_names = []
+        self._histogram_values = []
+
+    def add_tensor(self, kind, name, tensor):
+        """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram."""
+        moments = stats.moments(tensor)
+        for index, stat in enumerate(stats.MOMENT_NAMES):
+            self.add_scalar(f"{kind}_{stat}/{name}", moments[index])
+        if self._histograms:
+            self.histogram_names.append(f"{kind}_hist/{name}")
+            self._histogram_values.append(stats.histogram(tensor, self._bucket_count))
+
+    def add_scalar(self, tag, value):
+        self.scalar_names.append(tag)
+        self._scalars.append(tf.cast(tf.reshape(value, []), tf.float32))
+
+    def scalars(self):
+        """All scalars as one ``[n]`` float32 vector."""
+        if not self._scalars:
+            return tf.zeros([0])
+        return tf.stack(self._scalars)
+
+    def histograms(self):
+        """All histograms as one ``[n, buckets, 3]`` float32 tensor."""
+        if not self._histogram_values:
+            return tf.zeros([0, self._bucket_count, 3])
+        return tf.stack(self._histogram_values)
+
+
+def io_names(structure, prefix, keras_names=None):
+    """Report names for the leaves of a model's inputs or outputs.
+
+    ``"input"`` / ``"output"`` for a single tensor; otherwise dict keys, the
+    model's own names, or ``"<prefix>_<i>"``.
+    """
+    leaves = tf.nest.flatten(structure)
+    if len(leaves) == 1:
+        return [prefix]
+    if isinstance(structure, dict):
+        return [str(key) for key in sorted(structure)]
+    if keras_names and len(keras_names) == len(leaves):
+        return [str(name) for name in keras_names]
+    return [f"{prefix}_{index}" for index in range(len(leaves))]

@@ -1,0 +1,211 @@
+"""`ProbeTape`: a `tf.GradientTape` that also sees inside the model."""
+
+import contextlib
+import dataclasses
+
+import tensorflow as tf
+
+from kgrad import selection, taps
+from kgrad.recorder import Recorder
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """What one probed forward + backward pass saw.
+
+    Attributes:
+        activations: ``dict`` name -> output tensor of each captured layer,
+            operation or `kgrad.tap`, in forward order.
+        gradients: ``dict`` name -> dJ/d(activation), same keys and shapes.
+        input: The model's input (same structure as passed), or ``None``.
+        input_gradient: dJ/d(input) with the structure of the float inputs
+            (a tensor, or a list in flatten order), or ``None`` when inputs
+            were not watched.
+        prediction: The model's output.
+    """
+
+    activations: dict
+    gradients: dict
+    input: object
+    input_gradient: object
+    prediction: object
+
+
+class ProbeTape(tf.GradientTape):
+    """A `tf.GradientTape` that records the outputs of a model's layers.
+
+    Inside the ``with`` block, the outputs of the chosen layers and operations
+    of ``model`` (also of nested models, and tensors marked with `kgrad.tap`)
+    are watched and available as ``tape.activations[name]`` right after the
+    forward pass; they can be passed as sources to ``tape.gradient``. After
+    ``tape.gradient(loss, sources)``, ``tape.probe`` holds the activations,
+    dJ/d(activation), the input and dJ/d(input) and the prediction, all from
+    the *same* backward pass that computed the requested gradients.
+
+    Works eagerly, in ``tf.function`` and in ``tf.function(jit_compile=True)``.
+    Layers are restored when the block exits, also on error.
+
+    Args:
+        model: The ``keras.Model`` to look inside.
+        layers: Which layers / operations to capture: ``None`` (every leaf
+            layer with weights), ``"all"``, a list of names or layer objects,
+            or a predicate ``fn(layer) -> bool``. A layer called several times
+            in one pass is captured per call: ``name``, ``name#2``, ...
+        watch_inputs: Also compute dJ/d(input). Integer inputs raise.
+        persistent: As for ``tf.GradientTape``. A non-persistent tape allows
+            exactly one ``gradient`` call.
+        watch_accessed_variables: As for ``tf.GradientTape``.
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> model = keras.Sequential([keras.Input((3,)),
+    ...     keras.layers.Dense(4, name="hidden"), keras.layers.Dense(1, name="out")])
+    >>> x = tf.ones((2, 3))
+    >>> with kgrad.ProbeTape(model, layers=["hidden"], watch_inputs=True) as tape:
+    ...     loss = tf.reduce_mean(model(x) ** 2)
+    >>> weight_grads = tape.gradient(loss, model.trainable_variables)
+    >>> tape.probe.gradients["hidden"].shape, tape.probe.input_gradient.shape
+    (TensorShape([2, 4]), TensorShape([2, 3]))
+    """
+
+    def __init__(
+        self,
+        model,
+        layers=None,
+        watch_inputs=False,
+        persistent=False,
+        watch_accessed_variables=True,
+        *,
+        _integer_inputs="raise",
+    ):
+        super().__init__(
+            persistent=persistent, watch_accessed_variables=watch_accessed_variables
+        )
+        if not hasattr(model, "call") or not hasattr(model, "layers"):
+            raise TypeError(
+                "`model` must be a keras.Model. Received: "
+                f"model={model!r} of type {type(model).__name__}."
+            )
+        if not isinstance(watch_inputs, bool):
+            raise TypeError(
+                f"`watch_inputs` must be True or False. Received: watch_inputs={watch_inputs!r}."
+            )
+        self._model = model
+        self._operations = selection.resolve_layers(model, layers)
+        self._explicit_layers = layers is not None and not callable(layers) and layers != "all"
+        self._recorder = Recorder(self, model, watch_inputs, _integer_inputs)
+        self._open_contexts = None
+        self._probe = None
+
+    def __enter__(self):
+        self._recorder = Recorder(
+            self, self._model, self._recorder._watch_inputs, self._recorder._integer_inputs
+        )
+        self._probe = None
+        stack = contextlib.ExitStack()
+        stack.enter_context(taps.intercept(self._model, self._operations, self._recorder))
+        stack.enter_context(taps.recording(self._recorder))
+        self._open_contexts = stack
+        try:
+            return super().__enter__()
+        except BaseException:
+            stack.close()
+            raise
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        try:
+            self._open_contexts.close()
+        finally:
+            self._open_contexts = None
+            super().__exit__(exc_type, exc_value, traceback)
+
+    @property
+    def activations(self):
+        """``dict`` name -> captured tensor, filled during the forward pass."""
+        return dict(self._recorder.activations)
+
+    @property
+    def probe(self):
+        """The `ProbeResult` of the latest ``gradient`` call."""
+        if self._probe is None:
+            raise RuntimeError(
+                "`tape.probe` is only available after `tape.gradient(...)` has "
+                "been called: the gradients it holds come from that backward "
+                "pass. Call `tape.gradient(loss, model.trainable_variables)` first."
+            )
+        return self._probe
+
+    def _check_forward_pass(self):
+        recorder = self._recorder
+        if not recorder.model_called:
+            raise ValueError(
+                f"This ProbeTape was opened on model '{self._model.name}', but that "
+                "model was not called inside the `with` block. Call it there "
+                "(e.g. `y = model(x)`), or open the ProbeTape on the model you call."
+            )
+        if not self._explicit_layers:
+            return
+        for name in self._operations:
+            if name in recorder.non_float:
+                raise ValueError(
+                    f"Layer {name!r} produced no floating-point output (dtypes: "
+                    f"{[str(d) for d in recorder.non_float[name]]}), so it has no "
+                    "gradient to report. Remove it from `layers` and probe the "
+                    "first layer after it whose output is float."
+                )
+            if name not in recorder.calls_per_name:
+                raise ValueError(
+                    f"Layer {name!r} was requested in `layers` but was never "
+                    f"called during the forward pass of model '{self._model.name}' "
+                    "recorded by this ProbeTape. Check that the model's call() uses "
+                    "it, or remove it from `layers`."
+                )
+
+    def gradient(
+        self,
+        target,
+        sources,
+        output_gradients=None,
+        unconnected_gradients=tf.UnconnectedGradients.NONE,
+    ):
+        """Like `tf.GradientTape.gradient`; also fills ``tape.probe``.
+
+        The requested ``sources``, the captured activations and the watched
+        inputs are differentiated in one single backward pass. Activations
+        and inputs the target does not depend on get zero gradients.
+        """
+        self._check_forward_pass()
+        flat_sources = tf.nest.flatten(sources)
+        names = list(self._recorder.activations)
+        captured = [self._recorder.activations[name] for name in names]
+        inputs = self._recorder.watched_inputs()
+        every_gradient = super().gradient(
+            target,
+            flat_sources + captured + inputs,
+            output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients,
+        )
+        user_part = every_gradient[: len(flat_sources)]
+        captured_part = _zeros_for_none(every_gradient[len(flat_sources) :], captured + inputs)
+        activation_gradients = dict(zip(names, captured_part[: len(captured)]))
+        input_gradients = captured_part[len(captured) :]
+        self._probe = ProbeResult(
+            activations=dict(zip(names, captured)),
+            gradients=activation_gradients,
+            input=self._recorder.inputs,
+            input_gradient=_single_or_list(input_gradients) if inputs else None,
+            prediction=self._recorder.prediction,
+        )
+        return tf.nest.pack_sequence_as(sources, user_part)
+
+
+def _zeros_for_none(gradients, tensors):
+    return [
+        tf.zeros_like(tensor) if gradient is None else gradient
+        for gradient, tensor in zip(gradients, tensors)
+    ]
+
+
+def _single_or_list(tensors):
+    return tensors[0] if len(tensors) == 1 else list(tensors)

@@ -1,0 +1,196 @@
+"""Intercepting the outputs of layers and operations while a probe records.
+
+Keras 3 has no layer hooks, but a layer's (or operation's) ``__call__`` always
+ends in ``self.call(...)``. Replacing ``call`` on the *instance* while a probe
+is open, and restoring it when the probe closes, intercepts outputs of layers in
+Sequential, Functional and subclassed models alike, and of the non-layer
+operations (``keras.ops.sin`` nodes) of Functional models.
+
+The intercepted output is returned *unchanged* (same tensor object): Keras
+attaches ``_keras_logits`` and ``_keras_mask`` to outputs, and copying the
+tensor would silently change how the loss is computed.
+"""
+
+import contextlib
+import threading
+
+import keras
+import tensorflow as tf
+
+# Recorders currently open, innermost last. Process-wide on purpose: under
+# `tf.distribute.MirroredStrategy` replica functions are traced on threads of
+# their own, and they must still see the probe opened by the caller.
+_ACTIVE_RECORDERS = []
+_LOCK = threading.Lock()
+
+
+def tap(name, x):
+    """Marks a tensor inside a model's ``call()`` for capture by a probe.
+
+    Returns ``x`` itself. When no :class:`kgrad.ProbeTape` (or probing
+    ``train_step``) is recording, ``tap`` does nothing else, so it can stay in
+    a model permanently at no cost.
+
+    Args:
+        name: The name the tensor is reported under (``str``). A name tapped
+            several times in one forward pass is reported as ``name``,
+            ``name#2``, ``name#3``...
+        x: A float tensor (or a nested structure of tensors).
+
+    Returns:
+        ``x``, unchanged.
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> class Block(keras.Model):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.dense = keras.layers.Dense(2)
+    ...     def call(self, x):
+    ...         hidden = kgrad.tap("hidden", x * 2.0)
+    ...         return self.dense(hidden)
+    >>> model = Block()
+    >>> with kgrad.ProbeTape(model) as tape:
+    ...     loss = tf.reduce_sum(model(tf.ones((1, 3))))
+    >>> _ = tape.gradient(loss, model.trainable_variables)
+    >>> tape.probe.gradients["hidden"].shape
+    TensorShape([1, 3])
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            "`name` must be a non-empty string naming the tapped tensor. "
+            f"Received: name={name!r}. Example: kgrad.tap('hidden', x)."
+        )
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.record(name, x, source="tap")
+    return x
+
+
+def active_recorder():
+    """Returns the innermost open recorder, or ``None``."""
+    with _LOCK:
+        return _ACTIVE_RECORDERS[-1] if _ACTIVE_RECORDERS else None
+
+
+@contextlib.contextmanager
+def recording(recorder):
+    """Makes ``recorder`` the target of `tap` for the duration of the block."""
+    with _LOCK:
+        _ACTIVE_RECORDERS.append(recorder)
+    try:
+        yield recorder
+    finally:
+        with _LOCK:
+            _ACTIVE_RECORDERS.remove(recorder)
+
+
+def _children(operation):
+    """Direct sub-operations of a layer, in call order where Keras knows it."""
+    if isinstance(operation, keras.Model) and hasattr(operation, "operations"):
+        try:
+            return list(operation.operations)
+        except (AttributeError, ValueError):
+            pass
+    if isinstance(operation, keras.layers.Layer):
+        return list(operation._flatten_layers(include_self=False, recursive=False))
+    return []
+
+
+def tappable_operations(model):
+    """Maps every name a probe accepts to the operation it designates.
+
+    Layers and non-layer operations of ``model`` and of the models nested in
+    it are included (input layers are not). Each one is reachable by its
+    path, ``"outer/inner"``, and also by its plain name when that name is
+    unique in the whole model.
+
+    Args:
+        model: A ``keras.Model``.
+
+    Returns:
+        A ``dict`` from name to operation, in the order Keras lists them.
+    """
+    by_path = {}
+    plain_names = {}
+
+    def visit(operation, prefix):
+        for child in _children(operation):
+            if isinstance(child, keras.layers.InputLayer):
+                continue
+            path = f"{prefix}{child.name}"
+            if path in by_path:
+                continue
+            by_path[path] = child
+            plain_names.setdefault(child.name, []).append(child)
+            visit(child, f"{path}/")
+
+    visit(model, "")
+    names = dict(by_path)
+    for name, operations in plain_names.items():
+        if len({id(op) for op in operations}) == 1:
+            names[name] = operations[0]
+    return names
+
+
+def _layer_wrapper(original_call, recorder, name):
+    def call(*args, **kwargs):
+        outputs = original_call(*args, **kwargs)
+        recorder.record(name, outputs, source="layer")
+        return outputs
+
+    return call
+
+
+def _model_wrapper(original_call, recorder):
+    def call(*args, **kwargs):
+        # Inputs must be watched before the forward pass consumes them.
+        recorder.watch_model_inputs(args[0] if args else kwargs.get("inputs"))
+        outputs = original_call(*args, **kwargs)
+        recorder.record_prediction(outputs)
+        return outputs
+
+    return call
+
+
+@contextlib.contextmanager
+def intercept(model, operations_by_name, recorder):
+    """Records inputs, outputs and chosen operations while the block runs.
+
+    Each operation's ``call`` (and the model's own) is replaced on the
+    instance and restored on exit, also when the block raises.
+
+    Args:
+        model: The probed model: its inputs and outputs are recorded.
+        operations_by_name: ``dict`` from report name to operation.
+        recorder: A `kgrad.recorder.Recorder`.
+    """
+    replaced = []
+
+    def replace(operation, wrapper):
+        had_own_call = "call" in operation.__dict__
+        original = operation.__dict__.get("call")
+        object.__setattr__(operation, "call", wrapper(operation.call))
+        replaced.append((operation, had_own_call, original))
+
+    try:
+        replace(model, lambda call: _model_wrapper(call, recorder))
+        for name, operation in operations_by_name.items():
+            replace(operation, lambda call, name=name: _layer_wrapper(call, recorder, name))
+        yield
+    finally:
+        for operation, had_own_call, original in reversed(replaced):
+            if had_own_call:
+                object.__setattr__(operation, "call", original)
+            else:
+                del operation.__dict__["call"]
+
+
+def float_leaves(structure):
+    """The floating-point tensors of a nested structure, in flatten order."""
+    leaves = []
+    for leaf in tf.nest.flatten(structure):
+        if isinstance(leaf, (tf.Tensor, tf.Variable)) and leaf.dtype.is_floating:
+            leaves.append(leaf)
+    return leaves
