@@ -64,3 +64,54 @@ def _check_positive_int(argument, value):
             f"`{argument}` must be a positive int. Received: {argument}={value!r} "
             f"(type {type(value).__name__}). Example: {argument}=10."
         )
+
+
+#: Tensor kinds the non-finite guard can watch.
+GUARD_KINDS = (
+    "inputs",
+    "activations",
+    "prediction_gradient",
+    "activation_gradients",
+    "weight_gradients",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardConfig:
+    """Options of the non-finite check run on every step.
+
+    Args:
+        layers: Layers whose activations and dJ/d(activation) are checked;
+            same forms as `ProbeConfig.layers`.
+        watch: Subset of `GUARD_KINDS`, or ``"all"``.
+        ignore_loss_scale_skips: With a ``LossScaleOptimizer``, non-finite
+            gradients are how the loss scaler finds its scale: the optimizer
+            skips those steps itself. When True, only the forward pass is
+            checked under loss scaling.
+        halt_updates: After a trip, skip every later update of the same
+            execution too (for actions that stop training).
+    """
+
+    layers: object = None
+    watch: tuple = GUARD_KINDS
+    ignore_loss_scale_skips: bool = True
+    halt_updates: bool = True
+
+    def __post_init__(self):
+        watch = GUARD_KINDS if self.watch == "all" else self.watch
+        if isinstance(watch, str) or not hasattr(watch, "__iter__"):
+            raise TypeError(
+                f"`watch` must be 'all' or a list of {list(GUARD_KINDS)}. "
+                f"Received: watch={self.watch!r}."
+            )
+        watch = tuple(watch)
+        unknown = [kind for kind in watch if kind not in GUARD_KINDS]
+        if unknown or not watch:
+            raise ValueError(
+                f"`watch` must be a non-empty subset of {list(GUARD_KINDS)}. "
+                f"Received: watch={self.watch!r}."
+            )
+        object.__setattr__(self, "watch", watch)
+
+    def captures(self, kind):
+        return kind in self.watch

@@ -15,8 +15,9 @@ import keras
 import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 
-from kgrad import stats
-from kgrad.losses import prediction_gradient
+from kgrad import guard as guard_module
+from kgrad import selection, stats
+from kgrad import losses
 from kgrad.state import ProbeState
 from kgrad.summaries import SummaryBuilder, io_names
 from kgrad.tape import ProbeTape
@@ -26,14 +27,28 @@ from kgrad.tape import ProbeTape
 def _loss_metrics_paused(compile_loss):
     # Keras' CompileLoss updates per-output loss metrics when called; the
     # shadow evaluation for dJ/dŷ must not count twice in the logged metrics.
+    # One `None` per metric, not an empty list: CompileLoss zips its losses
+    # with its metrics, and an empty list stands for a single output, which
+    # would drop every loss but the first.
     saved = compile_loss.__dict__.get("_metrics")
     if saved is not None:
-        object.__setattr__(compile_loss, "_metrics", [])
+        object.__setattr__(compile_loss, "_metrics", [None] * len(saved))
     try:
         yield
     finally:
         if saved is not None:
             object.__setattr__(compile_loss, "_metrics", saved)
+
+
+def _build_if_needed(model, data):
+    # Keras on TensorFlow builds a subclassed model inside the first trace of
+    # the step, so its layers would have no weights yet when the ProbeTape
+    # picks them (by default, the layers with weights), and the retrace that
+    # follows variable creation would pick others. Build it first,
+    # symbolically and without running anything, as Keras does under a
+    # distribution strategy.
+    if not all(layer.built for layer in model._flatten_layers()):
+        model._symbolic_build(data_batch=data)
 
 
 def _forward(model, x):
@@ -47,12 +62,15 @@ class ProbingStep:
 
     Args:
         model: The ``keras.Model`` to train and probe.
-        config: A `kgrad.config.ProbeConfig`.
+        config: A `kgrad.config.ProbeConfig`, or ``None`` for no summaries.
+        guard: A `kgrad.config.GuardConfig`, or ``None`` for no finite check.
     """
 
-    def __init__(self, model, config):
+    def __init__(self, model, config=None, guard=None):
         self.model = model
         self.config = config
+        self.guard = guard
+        self.guard_state = None
         self.state = None
         self._counter = None
         self._snapshots = None
@@ -67,13 +85,15 @@ class ProbingStep:
                 )
         self._counter.assign(0)
 
-    def is_probed(self, step_index):
-        """Whether the ``step_index``-th step since ``fit`` began is probed."""
-        return step_index % self.config.every_n_steps == 0
+    def steps_run(self):
+        """Steps probed or not since `prepare`; reads device memory (a host sync)."""
+        return 0 if self._counter is None else int(self._counter.numpy())
 
     def _ensure_state(self, scalar_names, histogram_names):
-        # At most ceil(k / n) steps of one execution of k steps are probed.
-        capacity = max(1, -(-self.model.steps_per_execution // self.config.every_n_steps))
+        # At most ceil(k / n) steps of one execution of k steps are probed;
+        # one slot more keeps the previous execution's last record, which
+        # the non-finite guard reports as the last finite summaries.
+        capacity = 1 + -(-self.model.steps_per_execution // self.config.every_n_steps)
         state = self.state
         if (
             state is None
@@ -96,54 +116,65 @@ class ProbingStep:
                 ]
         return self._snapshots
 
+    def _probe_now(self):
+        if self.config is None:
+            return tf.constant(False)
+        probe_now = tf.equal(tf.math.floormod(self._counter, self.config.every_n_steps), 0)
+        self._counter.assign_add(1)
+        return probe_now
+
+    def _tape_layers(self):
+        parts = [part.layers for part in (self.config, self.guard) if part is not None]
+        if len(parts) == 1 or parts[0] is parts[1]:
+            return parts[0]
+        # Probe and guard watch different layers: capture the union.
+        wanted = {
+            id(operation)
+            for layers in parts
+            for operation in selection.resolve_layers(self.model, layers).values()
+        }
+        return lambda operation: id(operation) in wanted
+
+    def _forward_and_loss(self, x, y, sample_weight):
+        """Keras' forward pass, loss, loss tracker and loss scaling."""
+        model = self.model
+        y_pred = _forward(model, x)
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        model._loss_tracker.update_state(
+            keras_loss.unscale_loss_for_distribution(loss),
+            sample_weight=tf.shape(next(i for i in tf.nest.flatten(x) if i is not None))[0],
+        )
+        if model.optimizer is not None:
+            loss = model.optimizer.scale_loss(loss)
+        return y_pred, loss
+
     def train_step(self, data):
         """Keras' ``train_step``, with the probe on selected steps."""
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        probe_now = tf.equal(tf.math.floormod(self._counter, self.config.every_n_steps), 0)
-        self._counter.assign_add(1)
+        if self.config is None and self.guard is None:
+            return type(model).train_step(model, data)
+        _build_if_needed(model, data)
+        probe_now = self._probe_now()
         step = tf.identity(model.optimizer.iterations)
-        capture = self.config.captures
         with ProbeTape(
             model,
-            layers=self.config.layers,
-            watch_inputs=capture("input_gradient"),
+            layers=self._tape_layers(),
+            watch_inputs=self.config is not None and self.config.captures("input_gradient"),
             persistent=True,
             _integer_inputs="skip",
         ) as tape:
-            y_pred = _forward(model, x)
-            loss = model._compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
-            model._loss_tracker.update_state(
-                keras_loss.unscale_loss_for_distribution(loss),
-                sample_weight=tf.shape(next(i for i in tf.nest.flatten(x) if i is not None))[0],
-            )
-            if model.optimizer is not None:
-                loss = model.optimizer.scale_loss(loss)
+            y_pred, loss = self._forward_and_loss(x, y, sample_weight)
         if not model.trainable_weights:
             warnings.warn("The model does not have any trainable weights.")
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         weights = model.trainable_weights
-
-        def probed():
-            gradients = tape.gradient(loss, weights)
-            builder = self._summarize(tape.probe, gradients, weights, x, y, y_pred, sample_weight)
-            self._names = (builder.scalar_names, builder.histogram_names)
-            return list(gradients), builder.scalars(), builder.histograms()
-
-        def plain():
-            gradients = tf.GradientTape.gradient(tape, loss, weights)
-            # Run eagerly, only one branch runs and these zeros are never read.
-            scalar_names, histogram_names = self._names or ([], [])
-            return (
-                list(gradients),
-                tf.zeros([len(scalar_names)]),
-                tf.zeros([len(histogram_names), self.config.bucket_count, 3]),
-            )
-
-        gradients, scalars, histograms = tf.cond(probe_now, probed, plain)
-        model.optimizer.apply_gradients(zip(gradients, weights))
+        if self.guard is None:
+            scalars, histograms = self._probed_update(tape, loss, weights, probe_now, x, y, y_pred, sample_weight)
+        else:
+            scalars, histograms = self._guarded_update(tape, loss, weights, probe_now, step, x, y, y_pred, sample_weight)
         if self._names is not None:
             tf.cond(
                 probe_now,
@@ -152,8 +183,91 @@ class ProbingStep:
             )
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _summarize(self, probe, gradients, weights, x, y, y_pred, sample_weight):
-        """Summaries of one probed step, unscaled from any loss scaling."""
+    def _no_summaries(self):
+        # Run eagerly, only one branch runs and these zeros are never read.
+        scalar_names, histogram_names = self._names or ([], [])
+        bucket_count = self.config.bucket_count if self.config is not None else 1
+        return tf.zeros([len(scalar_names)]), tf.zeros([len(histogram_names), bucket_count, 3])
+
+    def _probed_update(self, tape, loss, weights, probe_now, x, y, y_pred, sample_weight):
+        """One backward pass: over the probed tensors too on probed steps only."""
+
+        def probed():
+            gradients = tape.gradient(loss, weights)
+            prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
+            builder = self._summarize(tape.probe, gradients, weights, x, prediction_gradient)
+            self._names = (builder.scalar_names, builder.histogram_names)
+            return list(gradients), builder.scalars(), builder.histograms()
+
+        def plain():
+            gradients = tf.GradientTape.gradient(tape, loss, weights)
+            return (list(gradients), *self._no_summaries())
+
+        gradients, scalars, histograms = tf.cond(probe_now, probed, plain)
+        self.model.optimizer.apply_gradients(zip(gradients, weights))
+        return scalars, histograms
+
+    def _guarded_update(self, tape, loss, weights, probe_now, step, x, y, y_pred, sample_weight):
+        """Every step: one full backward pass, the finite check, a guarded apply."""
+        gradients = tape.gradient(loss, weights)
+        probe = tape.probe
+        prediction_gradient = None
+        if self.guard.captures("prediction_gradient") or (
+            self.config is not None and self.config.captures("prediction_gradient")
+        ):
+            prediction_gradient = self._prediction_gradient(y, y_pred, sample_weight)
+        watched = guard_module.watched_tensors(
+            self.guard, self.model, probe, loss, prediction_gradient, gradients, weights,
+            self._guard_layer_names(),
+        )
+        self.guard_state = self._ensure_guard_state([name for name, _ in watched])
+        finite = self.guard_state.check([tensor for _, tensor in watched], step)
+        if self.config is not None:
+            def probed():
+                builder = self._summarize(probe, gradients, weights, x, lambda: prediction_gradient)
+                self._names = (builder.scalar_names, builder.histogram_names)
+                return builder.scalars(), builder.histograms()
+
+            scalars, histograms = tf.cond(probe_now, probed, self._no_summaries)
+        else:
+            scalars, histograms = self._no_summaries()
+
+        def apply():
+            self.model.optimizer.apply_gradients(zip(gradients, weights))
+            return tf.no_op()
+
+        tf.cond(guard_module.may_apply(self.guard, finite, self.guard_state), apply, tf.no_op)
+        return scalars, histograms
+
+    def _guard_layer_names(self):
+        if self.config is None or self.config.layers is self.guard.layers:
+            return None
+        return list(selection.resolve_layers(self.model, self.guard.layers))
+
+    def _ensure_guard_state(self, names):
+        if self.guard_state is None or self.guard_state.names != tuple(names):
+            with tf.init_scope():
+                self.guard_state = guard_module.GuardState(names)
+        return self.guard_state
+
+    def _prediction_gradient(self, y, y_pred, sample_weight):
+        """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
+        model = self.model
+        if model._compile_loss is None:
+            return None
+
+        def compiled_loss(y_true, y_copy, sample_weight=None):
+            return model._compile_loss(y_true, y_copy, sample_weight)
+
+        with _loss_metrics_paused(model._compile_loss):
+            return losses.prediction_gradient(compiled_loss, y, y_pred, sample_weight)
+
+    def _summarize(self, probe, gradients, weights, x, prediction_gradient):
+        """Summaries of one probed step, unscaled from any loss scaling.
+
+        ``prediction_gradient`` is a zero-argument callable, so that dJ/dŷ is
+        only computed where it is summarized.
+        """
         model, capture = self.model, self.config.captures
         # Mixed precision scales the loss; report gradients of the true loss.
         inverse_scale = 1.0 / tf.cast(model.optimizer.scale_loss(tf.constant(1.0)), tf.float32)
@@ -168,8 +282,8 @@ class ProbingStep:
         if capture("activation_gradients"):
             for name, gradient in probe.gradients.items():
                 builder.add_tensor("grad", name, unscale(gradient))
-        if capture("prediction_gradient") and model._compile_loss is not None:
-            self._summarize_prediction_gradient(builder, y, y_pred, sample_weight)
+        if capture("prediction_gradient"):
+            _add_prediction_gradient(builder, model, prediction_gradient())
         if capture("input_gradient") and probe.input_gradient is not None:
             input_gradients = tf.nest.flatten(probe.input_gradient)
             names = io_names(input_gradients, "input", _float_input_names(model, x))
@@ -188,22 +302,6 @@ class ProbingStep:
             builder.add_scalar("global/grad_norm", stats.global_norm(dense))
         return builder
 
-    def _summarize_prediction_gradient(self, builder, y, y_pred, sample_weight):
-        model = self.model
-
-        def compiled_loss(y_true, y_copy, sample_weight=None):
-            return model._compile_loss(y_true, y_copy, sample_weight)
-
-        with _loss_metrics_paused(model._compile_loss):
-            gradient = prediction_gradient(compiled_loss, y, y_pred, sample_weight)
-        gradients = tf.nest.flatten(gradient)
-        names = io_names(gradient, "output", getattr(model, "output_names", None))
-        for name, tensor in zip(names, gradients):
-            builder.add_tensor("pred_grad", name, tensor)
-            norms = stats.example_norms(tensor)
-            builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(norms))
-            builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(norms))
-
     def _write(self, step, scalars, histograms, weights):
         scalar_names, histogram_names = self._names
         if self.config.captures("weight_gradients"):
@@ -217,6 +315,18 @@ class ProbingStep:
         state = self._ensure_state(scalar_names, histogram_names)
         state.write(step, scalars, histograms)
         return tf.no_op()
+
+
+def _add_prediction_gradient(builder, model, gradient):
+    if gradient is None:
+        return
+    gradients = tf.nest.flatten(gradient)
+    names = io_names(gradient, "output", getattr(model, "output_names", None))
+    for name, tensor in zip(names, gradients):
+        builder.add_tensor("pred_grad", name, tensor)
+        norms = stats.example_norms(tensor)
+        builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(norms))
+        builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(norms))
 
 
 def _float_input_names(model, x):

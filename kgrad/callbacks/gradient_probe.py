@@ -4,9 +4,8 @@ import os
 
 import keras
 
+from kgrad import install
 from kgrad.config import ProbeConfig
-from kgrad.model import ProbingModel
-from kgrad.step import ProbingStep
 from kgrad.tensorboard import ProbeWriter
 
 
@@ -87,57 +86,19 @@ class GradientProbe(keras.callbacks.Callback):
         self.latest = None
         self._writer = None
         self._step = None
-        self._installed = None
 
     # -- installing the probing step ------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        model = self.model
-        self._check_model(model)
+        self._step = install.attach(self.model, "probe", self.config)
         self._writer = None if self.log_dir is None else ProbeWriter(_writable(self.log_dir))
-        self._step = ProbingStep(model, self.config)
-        if isinstance(model, ProbingModel):
-            self._installed = ("probing_model", model.__dict__.get("_kgrad_step"), model.train_function)
-            model._set_probing_step(self._step)
-        else:
-            self._installed = ("instance", None, model.train_function)
-            object.__setattr__(model, "train_step", self._step.train_step)
-        self._step.prepare()
-        model.make_train_function(force=True)
         self._delivered = 0
         self._steps_before_epoch = 0
         self._steps_seen = 0
 
-    def _check_model(self, model):
-        if "train_step" in model.__dict__ or model.__dict__.get("_kgrad_probe_active"):
-            raise ValueError(
-                f"Model '{model.name}' is already being probed by another "
-                "GradientProbe (or has a train_step set on the instance). Pass "
-                "a single GradientProbe per fit; it can capture any set of layers."
-            )
-        own_step = type(model).train_step
-        if not isinstance(model, ProbingModel) and own_step is not keras.Model.train_step:
-            raise ValueError(
-                f"GradientProbe cannot probe model '{model.name}': its class "
-                f"{type(model).__name__} defines its own train_step, which the "
-                "probe would replace. Use kgrad.ProbeTape inside that train_step "
-                "instead (replace `tf.GradientTape()` with `kgrad.ProbeTape(self)`)."
-            )
-        if not model.built or not model.optimizer:
-            raise ValueError(f"Model '{model.name}' must be compiled and built before fit.")
-        object.__setattr__(model, "_kgrad_probe_active", True)
-
     def on_train_end(self, logs=None):
         self._collect()
-        model = self.model
-        kind, previous_step, train_function = self._installed
-        if kind == "probing_model":
-            model._set_probing_step(previous_step)
-        else:
-            del model.__dict__["train_step"]
-        model.train_function = train_function
-        model.__dict__.pop("_kgrad_probe_active", None)
-        self._installed = None
+        install.detach(self.model, "probe")
         if self._writer is not None:
             self._writer.close()
 
@@ -159,6 +120,11 @@ class GradientProbe(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._collect()
+        # Keras reports a short last execution of an epoch as a full one, so
+        # the host count can run ahead of the steps that ran; resynchronise
+        # with the device counter here, where a host sync happens anyway, so
+        # the next epoch reads after exactly the executions that probe.
+        self._steps_seen = self._step.steps_run()
         if self._writer is not None:
             self._writer.flush()
 

@@ -1,0 +1,129 @@
+"""`NonFiniteGuard`: stop at the first NaN/Inf and say where it was born."""
+
+import sys
+import warnings
+
+import keras
+
+from kgrad import install
+from kgrad.config import GuardConfig
+from kgrad.guard import NonFiniteError
+
+_ACTIONS = ("stop", "warn", "raise")
+
+
+class NonFiniteGuard(keras.callbacks.Callback):
+    """Finds the first NaN/Inf of a training step, also under XLA.
+
+    Keras' ``TerminateOnNaN`` sees the loss only; ``tf.debugging`` checks slow
+    every step and do not work under ``jit_compile``. This guard checks every
+    step, inside the compiled step, whether an input, activation, dJ/dŷ,
+    dJ/d(activation) or weight gradient holds a NaN or Inf: one cheap
+    reduction per tensor and one scalar flag read per execution. When a step
+    goes non-finite, its update is **not applied**, and the guard reports the
+    step, the first non-finite tensor in forward order (then backward, from the
+    loss down), its layer, its NaN and Inf counts and its norm on the last
+    finite step (plus the full summaries of that layer when a
+    `kgrad.GradientProbe` runs alongside).
+
+    Args:
+        action: ``"stop"`` (stop training, keep the last finite weights),
+            ``"warn"`` (warn, skip the bad update, go on) or ``"raise"``
+            (raise `kgrad.NonFiniteError`, whose ``.report`` says where).
+        watch: ``"all"`` or a subset of ``("inputs", "activations",
+            "prediction_gradient", "activation_gradients",
+            "weight_gradients")``.
+        layers: Layers whose activations and gradients are checked:
+            ``None`` (every leaf layer with weights), ``"all"``, names, layer
+            objects or a predicate.
+        ignore_loss_scale_skips: Under mixed precision, a
+            ``LossScaleOptimizer`` makes gradients overflow on purpose and
+            skips those steps itself; by default only the forward pass is
+            checked then, so expected skips do not stop training.
+
+    Attributes:
+        report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
+        reports: Every report of this fit (several with ``action="warn"``).
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)),
+    ...     keras.layers.Dense(4, name="hidden"),
+    ...     keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"),
+    ...     keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> guard = kgrad.NonFiniteGuard(layers="all")
+    >>> _ = model.fit(np.ones((4, 2)), np.ones((4, 1)), callbacks=[guard], verbose=0)
+    >>> guard.report.layer, guard.report.kind
+    ('log', 'activation')
+    """
+
+    def __init__(self, action="stop", watch="all", layers=None, ignore_loss_scale_skips=True):
+        super().__init__()
+        if action not in _ACTIONS:
+            raise ValueError(
+                f"`action` must be one of {list(_ACTIONS)}. Received: action={action!r}."
+            )
+        if not isinstance(ignore_loss_scale_skips, bool):
+            raise TypeError(
+                "`ignore_loss_scale_skips` must be True or False. Received: "
+                f"ignore_loss_scale_skips={ignore_loss_scale_skips!r}."
+            )
+        self.action = action
+        self.config = GuardConfig(
+            layers=layers,
+            watch=watch,
+            ignore_loss_scale_skips=ignore_loss_scale_skips,
+            halt_updates=action != "warn",
+        )
+        self.report = None
+        self.reports = []
+        self._step = None
+
+    def on_train_begin(self, logs=None):
+        self._step = install.attach(self.model, "guard", self.config)
+        self.report = None
+        self.reports = []
+
+    def on_train_end(self, logs=None):
+        install.detach(self.model, "guard")
+
+    def on_train_batch_end(self, batch, logs=None):
+        state = self._step.guard_state
+        if state is None:
+            return
+        # One scalar read per execution: the flag the step set on device.
+        report = state.read_report(self._latest_summaries)
+        if report is None:
+            return
+        self.reports.append(report)
+        self.report = self.report or report
+        if self.action == "warn":
+            state.reset()
+            warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=2)
+            return
+        self.model.stop_training = True
+        if self.action == "raise":
+            # Keras calls no on_train_end when a callback raises.
+            install.detach(self.model, "guard")
+            raise NonFiniteError(report)
+        print(
+            f"kgrad.NonFiniteGuard stopped training: {report} The weights are "
+            "those of the last finite step.",
+            file=sys.stderr,
+        )
+
+    def _latest_summaries(self, layer, last_finite_step):
+        """Summaries of ``layer`` from the latest probed step that was finite."""
+        state = self._step.state
+        if state is None or last_finite_step is None:
+            return {}
+        records, _ = state.read_since(0)
+        finite = [record for record in records if record.step <= last_finite_step]
+        if not finite:
+            return {}
+        suffix = f"/{layer}"
+        return {
+            tag: value for tag, value in finite[-1].scalars.items() if tag.endswith(suffix)
+        }

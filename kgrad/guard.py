@@ -1,0 +1,303 @@
+"""Finding the first NaN/Inf of a step: on-device check, host-side report.
+
+Every guarded step computes one cheap reduction per watched tensor (its sum
+of squares, which is non-finite whenever an element is NaN or Inf) and a
+single flag. Only when that flag trips does a second, exact pass count NaN
+and Inf per tensor, in forward order (inputs, activations, prediction) and
+then backward order (dJ/dŷ, dJ/d(activation) from the loss downward, weight
+gradients). A sum of squares can also overflow for huge finite values; the
+exact pass then finds nothing and the step is not reported.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from kgrad import stats, taps
+from kgrad.summaries import io_names
+
+#: Kinds computed by the forward pass; the rest come from the backward pass.
+FORWARD_KINDS = ("input", "activation", "prediction", "loss")
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFiniteReport:
+    """Where a step first went non-finite.
+
+    Attributes:
+        step: ``optimizer.iterations`` of the bad step.
+        tensor: Name of the first non-finite tensor, e.g. ``"grad/dense_2"``.
+        layer: The layer (or tap, input, output, weight path) it belongs to.
+        kind: ``"input"``, ``"activation"``, ``"prediction"``,
+            ``"pred_grad"``, ``"grad"`` (dJ/d activation) or ``"weight_grad"``.
+        pass_: ``"forward"`` or ``"backward"``.
+        nan_count: NaN elements in that tensor.
+        inf_count: Inf elements in that tensor.
+        last_finite_step: The latest step on which every watched tensor was
+            finite (``None`` if there was none).
+        last_finite_norm: L2 norm of the same tensor on that step.
+        last_summaries: Full summaries of that layer from the latest probed
+            step, when a `kgrad.GradientProbe` ran alongside (else ``{}``).
+        non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
+            non-finite tensor of the step, in check order.
+    """
+
+    step: int
+    tensor: str
+    layer: str
+    kind: str
+    pass_: str
+    nan_count: int
+    inf_count: int
+    last_finite_step: object
+    last_finite_norm: object
+    last_summaries: dict
+    non_finite: dict
+
+    def __str__(self):
+        lines = [
+            f"Non-finite values at step {self.step}: first in {self.pass_} order is "
+            f"{self.kind} of {self.layer!r} ({self.tensor}) with {self.nan_count} NaN "
+            f"and {self.inf_count} Inf."
+        ]
+        if self.last_finite_step is not None:
+            lines.append(
+                f"On the last finite step ({self.last_finite_step}) its L2 norm was "
+                f"{self.last_finite_norm:.6g}."
+            )
+        others = [name for name in self.non_finite if name != self.tensor]
+        if others:
+            lines.append(f"Also non-finite on this step: {', '.join(others[:10])}"
+                         + (" ..." if len(others) > 10 else "") + ".")
+        return " ".join(lines)
+
+
+class NonFiniteError(RuntimeError):
+    """Raised by `kgrad.NonFiniteGuard(action="raise")`; ``.report`` says where."""
+
+    def __init__(self, report):
+        super().__init__(str(report))
+        self.report = report
+
+
+def split_name(tensor_name):
+    """``"grad/dense_1"`` -> (``"grad"``, ``"dense_1"``)."""
+    kind, _, layer = tensor_name.partition("/")
+    return kind, layer
+
+
+class GuardState:
+    """Device variables of the guard, and the graph code that fills them.
+
+    Args:
+        names: Tensor names (``"<kind>/<layer>"``) in check order.
+    """
+
+    def __init__(self, names):
+        self.names = tuple(names)
+        count = len(self.names)
+        self.tripped = tf.Variable(False, trainable=False, name="kgrad_guard_tripped")
+        self.trip_step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="kgrad_guard_step")
+        self.counts = tf.Variable(tf.zeros([count, 2]), trainable=False, name="kgrad_guard_counts")
+        self.last_finite_step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="kgrad_guard_last_step")
+        self.last_finite_norms = tf.Variable(tf.zeros([count]), trainable=False, name="kgrad_guard_last_norms")
+
+    def check(self, tensors, step):
+        """Checks ``tensors`` (in ``names`` order); returns True when all finite.
+
+        Graph code: runs inside the train step, every step.
+        """
+        squares = tf.stack(
+            [tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors]
+        )
+        finite = tf.reduce_all(tf.math.is_finite(squares))
+
+        def record_finite():
+            self.last_finite_norms.assign(tf.sqrt(squares))
+            self.last_finite_step.assign(tf.cast(step, tf.int64))
+            return tf.constant(True)
+
+        def locate():
+            counts = tf.stack([stats.count_nonfinite(t) for t in tensors])
+            really_bad = tf.reduce_any(counts > 0)
+
+            def record_trip():
+                self.counts.assign(counts)
+                self.trip_step.assign(tf.cast(step, tf.int64))
+                self.tripped.assign(True)
+                return tf.constant(False)
+
+            first_trip = tf.logical_and(really_bad, tf.logical_not(self.tripped))
+            return tf.cond(first_trip, record_trip, lambda: tf.logical_not(really_bad))
+
+        return tf.cond(finite, record_finite, locate)
+
+    def read_report(self, last_summaries_for):
+        """Host side: the `NonFiniteReport` of a tripped guard, or ``None``.
+
+        Args:
+            last_summaries_for: ``fn(layer, last_finite_step) -> dict``, the
+                summaries of that layer from the latest finite probed step.
+        """
+        if not bool(self.tripped.numpy()):
+            return None
+        counts = self.counts.numpy()
+        bad = {
+            name: (int(nan), int(inf))
+            for name, (nan, inf) in zip(self.names, counts)
+            if nan > 0 or inf > 0
+        }
+        first = next(iter(bad))
+        index = self.names.index(first)
+        kind, layer = split_name(first)
+        last_step = int(self.last_finite_step.numpy())
+        return NonFiniteReport(
+            step=int(self.trip_step.numpy()),
+            tensor=first,
+            layer=layer,
+            kind=kind,
+            pass_="forward" if kind in FORWARD_KINDS else "backward",
+            nan_count=bad[first][0],
+            inf_count=bad[first][1],
+            last_finite_step=last_step if last_step >= 0 else None,
+            last_finite_norm=float(self.last_finite_norms.numpy()[index]) if last_step >= 0 else None,
+            last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
+            non_finite=bad,
+        )
+
+    def reset(self):
+        self.tripped.assign(False)
+
+
+def _uses_loss_scaling(model):
+    import keras
+
+    return isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, weights, layers):
+    """The ``(name, tensor)`` pairs to check, in forward then backward order.
+
+    Args:
+        config: The `kgrad.config.GuardConfig`.
+        model: The trained model.
+        probe: The step's `kgrad.ProbeResult`.
+        loss: The (possibly scaled) training loss.
+        prediction_gradient: dJ/dŷ, or ``None``.
+        gradients: Weight gradients, in the order of ``weights``.
+        weights: The trainable weights.
+        layers: Names of the guarded layers, or ``None`` for every captured
+            activation (the tape then captured only the guard's layers).
+    """
+    watched = []
+    captures = config.captures
+    if captures("inputs") and probe.input is not None:
+        inputs = taps.float_leaves(probe.input)
+        watched += [(f"input/{name}", t) for name, t in zip(io_names(inputs, "input"), inputs)]
+    activations = [
+        (name, tensor)
+        for name, tensor in probe.activations.items()
+        if layers is None or _belongs_to(name, layers)
+    ]
+    if captures("activations"):
+        watched += [(f"activation/{name}", tensor) for name, tensor in activations]
+    watched.append(("loss/loss", loss))
+    if config.ignore_loss_scale_skips and _uses_loss_scaling(model):
+        # Inf gradients are the loss scaler's signal; it skips those steps.
+        return watched
+    if captures("prediction_gradient") and prediction_gradient is not None:
+        gradients_of_outputs = tf.nest.flatten(prediction_gradient)
+        names = io_names(prediction_gradient, "output", getattr(model, "output_names", None))
+        watched += [(f"pred_grad/{name}", t) for name, t in zip(names, gradients_of_outputs)]
+    if captures("activation_gradients"):
+        watched += [
+            (f"grad/{name}", probe.gradients[name]) for name, _ in reversed(activations)
+        ]
+    if captures("weight_gradients"):
+        for weight, gradient in reversed(list(zip(weights, gradients))):
+            if gradient is not None:
+                watched.append((f"weight_grad/{weight.path}", tf.convert_to_tensor(gradient)))
+    return watched
+
+
+def _belongs_to(name, layers):
+    # Captured names are "<layer>", "<layer>#<call>" or "<layer>/<output>".
+    return any(
+        name == layer or name.startswith((f"{layer}#", f"{layer}/")) for layer in layers
+    )
+
+
+def may_apply(config, finite, state):
+    """Whether the optimizer may apply this step's update (graph code)."""
+    if config.halt_updates:
+        return tf.logical_and(finite, tf.logical_not(state.tripped))
+    return finite
+
+
+def first_non_finite(probe, step=None):
+    """Checks a `kgrad.ProbeResult` for NaN/Inf, in forward then backward order.
+
+    For custom training loops with `kgrad.ProbeTape`. Call it eagerly (on the
+    values a ``tf.function`` returned, if the step is compiled).
+
+    Args:
+        probe: A `kgrad.ProbeResult` (``tape.probe``).
+        step: Optional step number to put in the report.
+
+    Returns:
+        A `NonFiniteReport` for the first non-finite tensor, or ``None``.
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> model = keras.Sequential([keras.Input((2,)),
+    ...     keras.layers.Lambda(lambda t: tf.math.log(t), name="log"),
+    ...     keras.layers.Dense(1, name="out")])
+    >>> with kgrad.ProbeTape(model, layers=["log", "out"]) as tape:
+    ...     loss = tf.reduce_sum(model(tf.constant([[1.0, -1.0]])))
+    >>> _ = tape.gradient(loss, model.trainable_variables)
+    >>> report = kgrad.first_non_finite(tape.probe)
+    >>> report.kind, report.layer, report.nan_count
+    ('activation', 'log', 1)
+    """
+    ordered = _probe_tensors_in_order(probe)
+    bad = {}
+    for name, tensor in ordered:
+        if not tf.executing_eagerly():
+            raise RuntimeError(
+                "`first_non_finite` reads tensor values and must run eagerly. "
+                "Return the ProbeResult's tensors from your tf.function and call "
+                "it on them outside."
+            )
+        values = np.asarray(tensor)
+        if values.dtype.kind != "f":
+            continue
+        nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+        if nan or inf:
+            bad[name] = (nan, inf)
+    if not bad:
+        return None
+    first = next(iter(bad))
+    kind, layer = split_name(first)
+    return NonFiniteReport(
+        step=step, tensor=first, layer=layer, kind=kind,
+        pass_="forward" if kind in FORWARD_KINDS else "backward",
+        nan_count=bad[first][0], inf_count=bad[first][1],
+        last_finite_step=None, last_finite_norm=None, last_summaries={}, non_finite=bad,
+    )
+
+
+def _probe_tensors_in_order(probe):
+    def named(kind, structure, prefix):
+        leaves = tf.nest.flatten(structure)
+        return [(f"{kind}/{name}", t) for name, t in zip(io_names(structure, prefix), leaves)]
+
+    ordered = named("input", probe.input, "input") if probe.input is not None else []
+    ordered += [(f"activation/{name}", t) for name, t in probe.activations.items()]
+    if probe.prediction is not None:
+        ordered += named("prediction", probe.prediction, "output")
+    ordered += [(f"grad/{name}", t) for name, t in reversed(list(probe.gradients.items()))]
+    if probe.input_gradient is not None:
+        ordered += named("input_grad", probe.input_gradient, "input")
+    return ordered

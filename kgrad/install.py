@@ -1,0 +1,119 @@
+"""Installing a probing ``train_step`` on a model for the length of a ``fit``.
+
+`GradientProbe` and `NonFiniteGuard` each attach their part (summaries, finite
+check) when ``fit`` starts; both share one `ProbingStep`, so a probed and
+guarded step still runs a single backward pass. When the last one detaches,
+the model gets back exactly what it had: no instance ``train_step``, its
+previous ``train_function``.
+"""
+
+import dataclasses
+
+import keras
+
+from kgrad.model import ProbingModel
+from kgrad.step import ProbingStep
+
+#: The attribute of `ProbingStep` each role sets.
+_ROLE_ATTRIBUTES = {"probe": "config", "guard": "guard"}
+_ROLE_CALLBACKS = {"probe": "GradientProbe", "guard": "NonFiniteGuard"}
+
+
+@dataclasses.dataclass
+class _Installation:
+    step: ProbingStep
+    previous_step: object
+    train_function: object
+    roles: set
+    # Keras gives every fit() a new History; an installation whose History is
+    # not the current one was left by a fit that raised (Keras has no
+    # on_train_end then) and is undone before installing again.
+    history: object
+
+
+def _check_model(model, role):
+    callback = _ROLE_CALLBACKS[role]
+    if not isinstance(model, ProbingModel) and type(model).train_step is not keras.Model.train_step:
+        raise ValueError(
+            f"{callback} cannot probe model '{model.name}': its class "
+            f"{type(model).__name__} defines its own train_step, which the probe "
+            "would replace. Use kgrad.ProbeTape inside that train_step instead "
+            "(replace `tf.GradientTape()` with `kgrad.ProbeTape(self)`)."
+        )
+    if "train_step" in model.__dict__:
+        raise ValueError(
+            f"{callback} cannot probe model '{model.name}': a train_step was set "
+            "on the model instance by other code. Remove it, or use "
+            "kgrad.ProbeTape inside that train_step instead."
+        )
+    if model.optimizer is None:
+        raise ValueError(
+            f"{callback} needs a compiled model: call model.compile(...) before fit."
+        )
+
+
+def _install(model, role):
+    _check_model(model, role)
+    if isinstance(model, ProbingModel):
+        previous = model._probing_step()
+        step = ProbingStep(model, config=previous.config)
+        model._set_probing_step(step)
+    else:
+        previous = None
+        step = ProbingStep(model)
+        object.__setattr__(model, "train_step", step.train_step)
+    installation = _Installation(
+        step, previous, model.train_function, set(), getattr(model, "history", None)
+    )
+    object.__setattr__(model, "_kgrad_installation", installation)
+    return installation
+
+
+def attach(model, role, part):
+    """Attaches ``part`` (a config) as ``role`` and returns the shared step.
+
+    Args:
+        model: The model being fitted.
+        role: ``"probe"`` or ``"guard"``.
+        part: The `ProbeConfig` or `GuardConfig`.
+
+    Raises:
+        ValueError: If the role is already attached (two probes on one model),
+            or the model cannot be probed.
+    """
+    installation = model.__dict__.get("_kgrad_installation")
+    if installation is not None and installation.history is not getattr(model, "history", None):
+        _uninstall(model, installation)
+        installation = None
+    installation = installation or _install(model, role)
+    if role in installation.roles:
+        raise ValueError(
+            f"Model '{model.name}' already has a {_ROLE_CALLBACKS[role]} attached in "
+            f"this fit. Received a second one; pass a single {_ROLE_CALLBACKS[role]} "
+            "per model (it can cover any set of layers)."
+        )
+    installation.roles.add(role)
+    setattr(installation.step, _ROLE_ATTRIBUTES[role], part)
+    installation.step.prepare()
+    # Traced lazily on the first batch, after every callback has attached.
+    model.make_train_function(force=True)
+    return installation.step
+
+
+def detach(model, role):
+    """Detaches ``role``; the last one out restores the model as it was."""
+    installation = model.__dict__.get("_kgrad_installation")
+    if installation is None or role not in installation.roles:
+        return
+    installation.roles.discard(role)
+    if not installation.roles:
+        _uninstall(model, installation)
+
+
+def _uninstall(model, installation):
+    if isinstance(model, ProbingModel):
+        model._set_probing_step(installation.previous_step)
+    else:
+        del model.__dict__["train_step"]
+    model.train_function = installation.train_function
+    del model.__dict__["_kgrad_installation"]

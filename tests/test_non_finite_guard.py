@@ -1,0 +1,297 @@
+"""NonFiniteGuard: injected faults are located at the right layer and step."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kgrad
+import kgrad.stats
+
+BATCH = 4
+
+
+def _data(samples=32, features=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.5, 1.5, size=(samples, features)).astype("float32")
+    y = rng.normal(size=(samples, 1)).astype("float32")
+    return x, y
+
+
+def _model(middle, name="middle"):
+    """Dense -> `middle` (a Lambda named `name`) -> Dense."""
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Lambda(middle, name=name),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+
+
+def _fit(model, x, y, guard, jit_compile=False, steps_per_execution=1, epochs=1):
+    model.compile(
+        keras.optimizers.SGD(0.01),
+        "mse",
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )
+    return model.fit(
+        x, y, batch_size=BATCH, epochs=epochs, shuffle=False, callbacks=[guard], verbose=0
+    )
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_nan_from_log_of_negative_names_middle_layer(jit_compile):
+    x, y = _data()
+    # `first` outputs x - 2 after this kernel/bias: negative from the start.
+    model = _model(lambda t: keras.ops.log(t))
+    guard = kgrad.NonFiniteGuard(layers="all")
+    model.build((None, 3))
+    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), -2 * np.ones(4, "float32")])
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    report = guard.report
+    assert (report.step, report.layer, report.kind, report.pass_) == (0, "middle", "activation", "forward")
+    assert report.nan_count > 0 and report.inf_count == 0
+    assert report.last_finite_step is None
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_inf_from_overflowing_exp(jit_compile):
+    x, y = _data()
+    x[8:12] *= 200.0  # batch 2 overflows exp in float32
+    model = _model(lambda t: keras.ops.exp(t), name="exp")
+    model.build((None, 3))
+    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
+    guard = kgrad.NonFiniteGuard(layers="all")
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    report = guard.report
+    assert (report.step, report.layer, report.kind) == (2, "exp", "activation")
+    assert report.inf_count > 0
+    assert report.last_finite_step == 1
+    assert np.isfinite(report.last_finite_norm)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_nan_born_in_backward_pass_of_sqrt_at_zero(jit_compile):
+    x, y = _data()
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Lambda(lambda t: keras.ops.relu(t) * 0.0, name="zeros"),
+            keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    guard = kgrad.NonFiniteGuard(layers="all")
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    report = guard.report
+    # Forward is finite (sqrt(0) = 0); d sqrt/dt at 0 is infinite, so the
+    # first non-finite tensor from the loss down is dJ/d(output of `zeros`).
+    assert (report.step, report.pass_, report.kind, report.layer) == (0, "backward", "grad", "zeros")
+    assert "grad/root" not in report.non_finite
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_bad_batch_is_reported_as_input_and_update_skipped(jit_compile):
+    x, y = _data()
+    x[13, 1] = np.nan  # batch 3
+    model = _model(lambda t: keras.ops.tanh(t))
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard()
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    report = guard.report
+    assert (report.step, report.kind, report.nan_count) == (3, "input", 1)
+    assert report.last_finite_step == 2
+    # The weights are those after the three clean steps: the bad one was not applied.
+    reference = _model(lambda t: keras.ops.tanh(t))
+    reference.set_weights(initial)
+    reference.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
+    reference.fit(x[:12], y[:12], batch_size=BATCH, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def test_steps_per_execution_stops_updates_after_the_bad_step():
+    x, y = _data()
+    x[21, 0] = np.inf  # batch 5, inside the second execution of 4 steps
+    model = _model(lambda t: keras.ops.tanh(t))
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard()
+    _fit(model, x, y, guard, steps_per_execution=4)
+    assert (guard.report.step, guard.report.kind) == (5, "input")
+    reference = _model(lambda t: keras.ops.tanh(t))
+    reference.set_weights(initial)
+    reference.compile(keras.optimizers.SGD(0.01), "mse")
+    reference.fit(x[:20], y[:20], batch_size=BATCH, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_clean_run_raises_no_alarm_and_trains_like_plain_fit(jit_compile):
+    x, y = _data()
+    model = _model(lambda t: keras.ops.tanh(t))
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(layers="all")
+    history = _fit(model, x, y, guard, jit_compile=jit_compile, epochs=2)
+    assert guard.report is None and guard.reports == []
+    plain = _model(lambda t: keras.ops.tanh(t))
+    plain.set_weights(initial)
+    plain_history = _fit(plain, x, y, keras.callbacks.Callback(), jit_compile=jit_compile, epochs=2)
+    assert history.history == plain_history.history
+    for got, want in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_warn_reports_every_bad_step_and_continues():
+    x, y = _data()
+    x[1, 0] = np.nan
+    x[9, 0] = np.nan
+    model = _model(lambda t: keras.ops.tanh(t))
+    guard = kgrad.NonFiniteGuard(action="warn")
+    with pytest.warns(RuntimeWarning, match="Non-finite values at step"):
+        _fit(model, x, y, guard)
+    # Steps are optimizer.iterations, which skipped updates do not advance:
+    # batches 0 and 2 are bad, and batch 2 runs at iteration 1.
+    assert [report.step for report in guard.reports] == [0, 1]
+    assert model.optimizer.iterations.numpy() == len(x) // BATCH - 2
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def test_raise_gives_structured_error_and_restores_model():
+    x, y = _data()
+    x[5, 2] = np.nan
+    model = _model(lambda t: keras.ops.tanh(t))
+    guard = kgrad.NonFiniteGuard(action="raise")
+    with pytest.raises(kgrad.NonFiniteError, match="step 1") as error:
+        _fit(model, x, y, guard)
+    assert error.value.report.kind == "input"
+    assert "train_step" not in model.__dict__
+    # The model trains normally afterwards, without the guard.
+    model.fit(x[8:], y[8:], batch_size=BATCH, verbose=0)
+
+
+def test_guard_with_probe_reports_last_probed_summaries():
+    x, y = _data()
+    x[17, 0] = np.nan  # batch 4
+    model = _model(lambda t: keras.ops.tanh(t))
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    guard = kgrad.NonFiniteGuard()
+    probe = kgrad.GradientProbe(every_n_steps=2)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[probe, guard], verbose=0)
+    report = guard.report
+    assert (report.step, report.kind, report.layer) == (4, "input", "input")
+    # From probed step 2, the last finite one (step 4 was probed too, and bad).
+    assert report.last_summaries["input_grad_nonfinite/input"] == 0.0
+    assert set(report.last_summaries) == {f"input_grad_{stat}/input" for stat in kgrad.stats.MOMENT_NAMES}
+    assert probe.latest.step == 4
+    assert "train_step" not in model.__dict__ and "_kgrad_installation" not in model.__dict__
+
+
+def test_guard_with_probe_last_summaries_of_layer():
+    x, y = _data()
+    x[8:12] *= 200.0
+    model = _model(lambda t: keras.ops.exp(t), name="exp")
+    model.build((None, 3))
+    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    guard = kgrad.NonFiniteGuard(layers="all")
+    probe = kgrad.GradientProbe(layers="all", every_n_steps=1)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[probe, guard], verbose=0)
+    assert (guard.report.step, guard.report.layer) == (2, "exp")
+    assert guard.report.last_summaries["activation_norm/exp"] == pytest.approx(
+        guard.report.last_finite_norm, rel=1e-5
+    )
+
+
+def test_mixed_precision_loss_scale_skips_are_not_alarms():
+    x, y = _data(samples=64)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _model(lambda t: keras.ops.tanh(t))
+        # A huge initial scale overflows the float16 backward pass: the loss
+        # scaler skips those steps and halves its scale, as designed.
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**20)
+        model.compile(optimizer, "mse")
+        guard = kgrad.NonFiniteGuard()
+        model.fit(x, y, batch_size=BATCH, callbacks=[guard], verbose=0)
+        assert guard.report is None
+        assert 0 < model.optimizer.iterations.numpy() < len(x) // BATCH  # some steps skipped
+        strict_model = _model(lambda t: keras.ops.tanh(t))
+        strict_model.compile(
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**20), "mse"
+        )
+        strict = kgrad.NonFiniteGuard(ignore_loss_scale_skips=False)
+        strict_model.fit(x, y, batch_size=BATCH, callbacks=[strict], verbose=0)
+        assert strict.report is not None and strict.report.pass_ == "backward"
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_first_non_finite_on_probe_tape_result():
+    model = _model(lambda t: keras.ops.sqrt(t), name="root")
+    x = tf.constant([[1.0, 2.0, 3.0]])
+    with kgrad.ProbeTape(model, layers="all", watch_inputs=True) as tape:
+        loss = tf.reduce_sum(model(x))
+    tape.gradient(loss, model.trainable_variables)
+    assert kgrad.first_non_finite(tape.probe) is None or model.get_layer("first")(x).numpy().min() <= 0
+    with kgrad.ProbeTape(model, layers="all") as tape:
+        loss = tf.reduce_sum(model(tf.constant([[1.0, np.nan, 3.0]])))
+    tape.gradient(loss, model.trainable_variables)
+    report = kgrad.first_non_finite(tape.probe, step=7)
+    assert (report.step, report.kind, report.layer, report.nan_count) == (7, "input", "input", 1)
+    model.get_layer("first").set_weights([-np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
+    with kgrad.ProbeTape(model, layers="all") as tape:
+        loss = tf.reduce_sum(model(x))
+    tape.gradient(loss, model.trainable_variables)
+    report = kgrad.first_non_finite(tape.probe)
+    assert (report.kind, report.layer, report.pass_, report.nan_count) == ("activation", "root", "forward", 3)
+
+
+def test_first_non_finite_refuses_graph_mode():
+    model = _model(lambda t: t)
+    model.build((None, 3))
+
+    @tf.function
+    def step(x):
+        with kgrad.ProbeTape(model) as tape:
+            loss = tf.reduce_sum(model(x))
+        tape.gradient(loss, model.trainable_variables)
+        return kgrad.first_non_finite(tape.probe)
+
+    with pytest.raises(RuntimeError, match="must run eagerly"):
+        step(tf.ones((1, 3)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"action": "explode"}, r"`action` must be one of .* Received: action='explode'"),
+        ({"watch": ["nothing"]}, r"`watch` must be a non-empty subset .* Received: watch=\['nothing'\]"),
+        ({"watch": 3}, r"`watch` must be 'all' or a list"),
+        ({"ignore_loss_scale_skips": "yes"}, r"`ignore_loss_scale_skips` must be True or False"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        kgrad.NonFiniteGuard(**kwargs)
+
+
+def test_two_guards_on_one_model_is_an_error():
+    x, y = _data()
+    model = _model(lambda t: t)
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="already has a NonFiniteGuard attached"):
+        model.fit(x, y, callbacks=[kgrad.NonFiniteGuard(), kgrad.NonFiniteGuard()], verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # The failed fit left nothing behind: a new fit installs cleanly.
+        model.fit(x, y, callbacks=[kgrad.NonFiniteGuard()], verbose=0)
