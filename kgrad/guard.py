@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import stats, taps
+from kgrad.replicas import state_variable, sum_over_replicas
 from kgrad.summaries import io_names
 
 #: Kinds computed by the forward pass; the rest come from the backward pass.
@@ -97,19 +98,21 @@ class GuardState:
     def __init__(self, names):
         self.names = tuple(names)
         count = len(self.names)
-        self.tripped = tf.Variable(False, trainable=False, name="kgrad_guard_tripped")
-        self.trip_step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="kgrad_guard_step")
-        self.counts = tf.Variable(tf.zeros([count, 2]), trainable=False, name="kgrad_guard_counts")
-        self.last_finite_step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="kgrad_guard_last_step")
-        self.last_finite_norms = tf.Variable(tf.zeros([count]), trainable=False, name="kgrad_guard_last_norms")
+        self.tripped = state_variable(False, "kgrad_guard_tripped")
+        self.trip_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_step")
+        self.counts = state_variable(tf.zeros([count, 2]), "kgrad_guard_counts")
+        self.last_finite_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_last_step")
+        self.last_finite_norms = state_variable(tf.zeros([count]), "kgrad_guard_last_norms")
 
     def check(self, tensors, step):
         """Checks ``tensors`` (in ``names`` order); returns True when all finite.
 
         Graph code: runs inside the train step, every step.
         """
-        squares = tf.stack(
-            [tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors]
+        # Summed over replicas: every replica then takes the same branch and
+        # the same apply decision, which the optimizer's all-reduce needs.
+        squares = sum_over_replicas(
+            tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
         )
         finite = tf.reduce_all(tf.math.is_finite(squares))
 
@@ -119,7 +122,7 @@ class GuardState:
             return tf.constant(True)
 
         def locate():
-            counts = tf.stack([stats.count_nonfinite(t) for t in tensors])
+            counts = sum_over_replicas(tf.stack([stats.count_nonfinite(t) for t in tensors]))
             really_bad = tf.reduce_any(counts > 0)
 
             def record_trip():

@@ -12,6 +12,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from kgrad.replicas import state_variable
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeRecord:
@@ -45,25 +47,31 @@ class ProbeState:
         self.scalar_names = tuple(scalar_names)
         self.histogram_names = tuple(histogram_names)
         self.bucket_count = bucket_count
-        self.written = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="kgrad_written")
-        self.steps = tf.Variable(tf.fill([capacity], tf.constant(-1, tf.int64)), trainable=False, name="kgrad_steps")
-        self.scalars = tf.Variable(
-            tf.zeros([capacity, len(self.scalar_names)]), trainable=False, name="kgrad_scalars"
-        )
-        self.histograms = tf.Variable(
-            tf.zeros([capacity, len(self.histogram_names), bucket_count, 3]),
-            trainable=False,
-            name="kgrad_histograms",
+        self.written = state_variable(tf.constant(0, tf.int64), "kgrad_written")
+        self.steps = state_variable(tf.fill([capacity], tf.constant(-1, tf.int64)), "kgrad_steps")
+        self.scalars = state_variable(tf.zeros([capacity, len(self.scalar_names)]), "kgrad_scalars")
+        self.histograms = state_variable(
+            tf.zeros([capacity, len(self.histogram_names), bucket_count, 3]), "kgrad_histograms"
         )
 
-    def write(self, step, scalars, histograms):
-        """Stores one probed step (graph code; runs inside the train step)."""
+    def write(self, step, scalars, histograms, where=None):
+        """Stores one probed step (graph code; runs inside the train step).
+
+        With ``where`` (a scalar bool tensor), the write happens only where it
+        is true, without a branch (for multi-replica steps).
+        """
         slot = tf.math.floormod(self.written, self.capacity)
         index = tf.reshape(slot, [1, 1])
-        self.steps.scatter_nd_update(index, tf.reshape(tf.cast(step, tf.int64), [1]))
-        self.scalars.scatter_nd_update(index, scalars[tf.newaxis])
-        self.histograms.scatter_nd_update(index, histograms[tf.newaxis])
-        self.written.assign_add(1)
+        # Whole-buffer assigns (the buffers are small): distributed variables
+        # support `assign` in a replica, not `scatter_nd_update`.
+        _assign_row(self.steps, index, tf.reshape(tf.cast(step, tf.int64), [1]), where)
+        # A scatter into an empty variable (no scalars, or histograms=False)
+        # fails to build, so empty buffers are left alone.
+        if self.scalar_names:
+            _assign_row(self.scalars, index, scalars[tf.newaxis], where)
+        if self.histogram_names:
+            _assign_row(self.histograms, index, histograms[tf.newaxis], where)
+        self.written.assign_add(1 if where is None else tf.cast(where, tf.int64))
 
     def read_since(self, delivered):
         """Returns the records written after the first ``delivered`` ones.
@@ -98,3 +106,10 @@ class ProbeState:
                 )
             )
         return records, written
+
+
+def _assign_row(variable, index, rows, where=None):
+    updated = tf.tensor_scatter_nd_update(variable.value(), index, rows)
+    if where is not None:
+        updated = tf.where(where, updated, variable.value())
+    variable.assign(updated)

@@ -16,7 +16,7 @@ import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 
 from kgrad import guard as guard_module
-from kgrad import selection, stats
+from kgrad import replicas, selection, stats
 from kgrad import losses
 from kgrad.state import ProbeState
 from kgrad.summaries import SummaryBuilder, io_names
@@ -79,10 +79,10 @@ class ProbingStep:
     def prepare(self):
         """Resets the probe schedule; call eagerly before ``fit`` trains."""
         if self._counter is None:
-            with tf.init_scope():
-                self._counter = tf.Variable(
-                    tf.constant(0, tf.int64), trainable=False, name="kgrad_step_counter"
-                )
+            self._counter = replicas.create_variables(
+                self.model,
+                lambda: replicas.state_variable(tf.constant(0, tf.int64), "kgrad_step_counter"),
+            )
         self._counter.assign(0)
 
     def steps_run(self):
@@ -101,19 +101,21 @@ class ProbingStep:
             or state.scalar_names != tuple(scalar_names)
             or state.histogram_names != tuple(histogram_names)
         ):
-            with tf.init_scope():
-                self.state = ProbeState(
-                    capacity, scalar_names, histogram_names, self.config.bucket_count
-                )
+            self.state = replicas.create_variables(
+                self.model,
+                lambda: ProbeState(capacity, scalar_names, histogram_names, self.config.bucket_count),
+            )
         return self.state
 
     def _ensure_snapshots(self, weights):
         if self._snapshots is None or len(self._snapshots) != len(weights):
-            with tf.init_scope():
-                self._snapshots = [
-                    tf.Variable(tf.zeros(w.shape, tf.float32), trainable=False, name="kgrad_snapshot")
+            self._snapshots = replicas.create_variables(
+                self.model,
+                lambda: [
+                    replicas.state_variable(tf.zeros(w.shape, tf.float32), "kgrad_snapshot")
                     for w in weights
-                ]
+                ],
+            )
         return self._snapshots
 
     def _probe_now(self):
@@ -171,6 +173,12 @@ class ProbingStep:
             warnings.warn("The model does not have any trainable weights.")
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         weights = model.trainable_weights
+        if replicas.multi_replica():
+            scalars, histograms = self._every_step_update(tape, loss, weights, x, y, y_pred, sample_weight)
+            # No tf.cond here: under MirroredStrategy a cross-replica sync
+            # (all-gather, mirrored-variable write) cannot sit in a branch.
+            self._write(step, scalars, histograms, weights, where=probe_now)
+            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if self.guard is None:
             scalars, histograms = self._probed_update(tape, loss, weights, probe_now, x, y, y_pred, sample_weight)
         else:
@@ -182,6 +190,30 @@ class ProbingStep:
                 lambda: tf.no_op(),
             )
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _every_step_update(self, tape, loss, weights, x, y, y_pred, sample_weight):
+        """Multi-replica: summaries of the global batch computed on every step.
+
+        They are written only on probed steps; computing them on every step
+        is the price of TensorFlow not allowing collectives inside a branch.
+        """
+        if self.guard is not None:
+            raise ValueError(
+                "kgrad.NonFiniteGuard does not support tf.distribute strategies with "
+                f"more than one replica yet (this model trains on "
+                f"{tf.distribute.get_replica_context().num_replicas_in_sync} replicas): "
+                "skipping a bad update must be decided in a branch, which "
+                "MirroredStrategy forbids. Use it on a single device, or use "
+                "keras.callbacks.TerminateOnNaN with the strategy."
+            )
+        gradients = tape.gradient(loss, weights)
+        builder = self._summarize(
+            tape.probe, gradients, weights, x,
+            lambda: self._prediction_gradient(y, y_pred, sample_weight),
+        )
+        self._names = (builder.scalar_names, builder.histogram_names)
+        self.model.optimizer.apply_gradients(zip(gradients, weights))
+        return builder.scalars(), builder.histograms()
 
     def _no_summaries(self):
         # Run eagerly, only one branch runs and these zeros are never read.
@@ -246,8 +278,9 @@ class ProbingStep:
 
     def _ensure_guard_state(self, names):
         if self.guard_state is None or self.guard_state.names != tuple(names):
-            with tf.init_scope():
-                self.guard_state = guard_module.GuardState(names)
+            self.guard_state = replicas.create_variables(
+                self.model, lambda: guard_module.GuardState(names)
+            )
         return self.guard_state
 
     def _prediction_gradient(self, y, y_pred, sample_weight):
@@ -276,33 +309,42 @@ class ProbingStep:
             return tf.cast(tensor, tf.float32) * inverse_scale
 
         builder = SummaryBuilder(self.config.histograms, self.config.bucket_count)
+        # Under tf.distribute, statistics are of the global batch.
+        batch = replicas.gather_batch
         if capture("activations"):
             for name, tensor in probe.activations.items():
-                builder.add_tensor("activation", name, tensor)
+                builder.add_tensor("activation", name, batch(tensor))
         if capture("activation_gradients"):
             for name, gradient in probe.gradients.items():
-                builder.add_tensor("grad", name, unscale(gradient))
+                builder.add_tensor("grad", name, batch(unscale(gradient)))
         if capture("prediction_gradient"):
-            _add_prediction_gradient(builder, model, prediction_gradient())
+            _add_prediction_gradient(
+                builder, model, tf.nest.map_structure(batch, prediction_gradient())
+            )
         if capture("input_gradient") and probe.input_gradient is not None:
             input_gradients = tf.nest.flatten(probe.input_gradient)
             names = io_names(input_gradients, "input", _float_input_names(model, x))
             for name, gradient in zip(names, input_gradients):
-                builder.add_tensor("input_grad", name, unscale(gradient))
+                builder.add_tensor("input_grad", name, batch(unscale(gradient)))
         if capture("weight_gradients"):
-            dense = [unscale(tf.convert_to_tensor(g)) for g in gradients if g is not None]
-            snapshots = self._ensure_snapshots(weights)
-            for weight, gradient, snapshot in zip(weights, gradients, snapshots):
-                value = tf.cast(weight.value, tf.float32)
-                builder.add_scalar(f"weight_norm/{weight.path}", tf.norm(value))
-                snapshot.assign(value)
-                if gradient is not None:
-                    gradient = unscale(tf.convert_to_tensor(gradient))
-                    builder.add_tensor("weight_grad", weight.path, gradient)
-            builder.add_scalar("global/grad_norm", stats.global_norm(dense))
+            self._add_weight_gradients(builder, gradients, weights, unscale)
         return builder
 
-    def _write(self, step, scalars, histograms, weights):
+    def _add_weight_gradients(self, builder, gradients, weights, unscale):
+        total = []
+        snapshots = self._ensure_snapshots(weights)
+        for weight, gradient, snapshot in zip(weights, gradients, snapshots):
+            value = tf.cast(weight.value, tf.float32)
+            builder.add_scalar(f"weight_norm/{weight.path}", tf.norm(value))
+            snapshot.assign(value)
+            if gradient is not None:
+                # Each replica holds the gradient of its share of the loss.
+                gradient = replicas.sum_over_replicas(unscale(tf.convert_to_tensor(gradient)))
+                builder.add_tensor("weight_grad", weight.path, gradient)
+                total.append(gradient)
+        builder.add_scalar("global/grad_norm", stats.global_norm(total))
+
+    def _write(self, step, scalars, histograms, weights, where=None):
         scalar_names, histogram_names = self._names
         if self.config.captures("weight_gradients"):
             ratios = []
@@ -313,7 +355,7 @@ class ProbingStep:
             scalars = tf.concat([scalars, tf.stack(ratios)], axis=0)
             scalar_names = scalar_names + [f"update_ratio/{w.path}" for w in weights]
         state = self._ensure_state(scalar_names, histogram_names)
-        state.write(step, scalars, histograms)
+        state.write(step, scalars, histograms, where=where)
         return tf.no_op()
 
 

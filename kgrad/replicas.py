@@ -1,0 +1,75 @@
+"""Global-batch views of per-replica tensors under ``tf.distribute``.
+
+Inside a replica of a ``MirroredStrategy`` (or multi-worker) step, each
+replica holds its own slice of the batch and the loss Keras differentiates is
+that replica's share of the global mean. dJ/d(activation) on a slice is
+therefore already the gradient of the global loss; weight gradients must be
+summed over replicas; statistics must be taken over the gathered batch. These
+helpers are identities outside a multi-replica context.
+"""
+
+import tensorflow as tf
+
+
+def _replica_context():
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    return context
+
+
+def multi_replica():
+    """True inside a replica of a strategy with more than one replica."""
+    return _replica_context() is not None
+
+
+def gather_batch(tensor):
+    """The global batch: ``tensor`` of every replica concatenated on axis 0."""
+    context = _replica_context()
+    if context is None or tensor.shape.rank == 0:
+        return tensor
+    return context.all_gather(tensor, axis=0)
+
+
+def sum_over_replicas(tensor):
+    """``tensor`` summed over replicas (e.g. weight gradients)."""
+    context = _replica_context()
+    if context is None:
+        return tensor
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, tensor)
+
+
+def create_variables(model, create):
+    """Runs ``create()``, making kgrad's variables mirrored with the model's.
+
+    Every replica writes the same values into them (they are computed from
+    gathered tensors), so the first replica's write is kept. The variables
+    are created eagerly (lifted out of the traced step), in the cross-replica
+    context of the model's strategy.
+
+    Args:
+        model: The model whose ``distribute_strategy`` to use.
+        create: A function with no arguments that creates the variables.
+
+    Returns:
+        What ``create`` returns.
+    """
+
+    def in_cross_replica_context(strategy=None):
+        with tf.init_scope(), model.distribute_strategy.scope():
+            return create()
+
+    if multi_replica():
+        return tf.distribute.get_replica_context().merge_call(in_cross_replica_context)
+    return in_cross_replica_context()
+
+
+def state_variable(initial_value, name):
+    """A non-trainable variable that replicas update once per step."""
+    return tf.Variable(
+        initial_value,
+        trainable=False,
+        name=name,
+        synchronization=tf.VariableSynchronization.ON_WRITE,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
