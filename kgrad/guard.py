@@ -26,6 +26,23 @@ FORWARD_KINDS = ("input", "activation", "prediction", "loss")
 class NonFiniteReport:
     """Where a step first went non-finite.
 
+    Returned by `kgrad.first_non_finite` and kept by `kgrad.NonFiniteGuard`
+    (``guard.report``); ``str(report)`` is the message printed.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)),
+    ...     keras.layers.Dense(2, name="hidden"), keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> x = np.ones((4, 2), "float32"); x[3, 1] = np.inf
+    >>> guard = kgrad.NonFiniteGuard(layers="all")
+    >>> _ = model.fit(x, np.ones((4, 1)), batch_size=2, callbacks=[guard],
+    ...               shuffle=False, verbose=0)
+    >>> report = guard.report
+    >>> report.step, report.kind, report.inf_count, report.last_finite_step
+    (1, 'input', 1, 0)
+
     Attributes:
         step: ``optimizer.iterations`` of the bad step.
         tensor: Name of the first non-finite tensor, e.g. ``"grad/dense_2"``.
@@ -75,7 +92,21 @@ class NonFiniteReport:
 
 
 class NonFiniteError(RuntimeError):
-    """Raised by `kgrad.NonFiniteGuard(action="raise")`; ``.report`` says where."""
+    """Raised by `kgrad.NonFiniteGuard(action="raise")`; ``.report`` says where.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> x = np.ones((4, 2), "float32"); x[2, 0] = np.nan
+    >>> try:
+    ...     model.fit(x, np.ones((4, 1)), batch_size=2, verbose=0, shuffle=False,
+    ...               callbacks=[kgrad.NonFiniteGuard(action="raise")])
+    ... except kgrad.NonFiniteError as error:
+    ...     print(error.report.step, error.report.kind, error.report.nan_count)
+    1 input 1
+    """
 
     def __init__(self, report):
         super().__init__(str(report))

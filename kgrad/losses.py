@@ -3,11 +3,22 @@
 import tensorflow as tf
 
 
-def _plain_copy(y_pred):
+def _plain_tensor(tensor):
     # `tf.identity` returns a tensor without the `_keras_logits` attribute that
-    # softmax/sigmoid outputs carry, so the loss below is computed from the
-    # prediction itself and its gradient is connected.
-    return tf.nest.map_structure(tf.identity, y_pred)
+    # softmax/sigmoid outputs carry (and, in graph mode, of another op type
+    # than Softmax/Sigmoid), so the loss below is computed from the prediction
+    # itself and its gradient is connected.
+    copy = tf.identity(tensor)
+    # The Keras mask, though, changes the loss (masked time steps do not
+    # count): keep it, or dJ/dŷ would be that of another loss.
+    mask = getattr(tensor, "_keras_mask", None)
+    if mask is not None:
+        copy._keras_mask = mask
+    return copy
+
+
+def _plain_copy(y_pred):
+    return tf.nest.map_structure(_plain_tensor, y_pred)
 
 
 def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
@@ -21,10 +32,13 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
     prediction, and the training loss and weight gradients are left untouched.
 
     The reduction is the loss function's own. With Keras' default
-    ``"sum_over_batch_size"``, J is the mean over the batch, so each row of
-    dJ/dŷ carries a factor 1/batch_size. A ``loss_fn`` that returns a
-    per-example (non-scalar) loss is averaged over all its elements, which is
-    the same convention.
+    ``"sum_over_batch_size"``, J is the mean over the batch (also with
+    ``sample_weight``: the weighted sum divided by the batch size), so each
+    row of dJ/dŷ carries a factor 1/batch_size: multiply by the batch size
+    for per-example gradients. A ``loss_fn`` that returns a per-example
+    (non-scalar) loss is averaged over all its elements, which is the same
+    convention. The Keras mask of ``y_pred`` is kept, so masked time steps
+    get zero gradient, as in the training loss.
 
     Args:
         loss_fn: A ``keras.losses.Loss``, or a callable
@@ -55,7 +69,8 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
     if not callable(loss_fn):
         raise TypeError(
             "`loss_fn` must be a keras.losses.Loss or a callable "
-            f"loss_fn(y_true, y_pred). Received: loss_fn={loss_fn!r}. "
+            f"loss_fn(y_true, y_pred). Received: loss_fn={loss_fn!r} of type "
+            f"{type(loss_fn).__name__}. "
             "Example: kgrad.prediction_gradient(keras.losses.MeanSquaredError(), y, y_pred)."
         )
     y_copy = _plain_copy(y_pred)

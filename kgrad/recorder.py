@@ -3,6 +3,12 @@
 A `Recorder` is filled by the intercepted ``call``s (see `kgrad.taps`) and by
 `kgrad.tap`. It watches every captured float tensor on the gradient tape, so
 that the backward pass can return dJ/d(tensor) for it.
+
+Only tensors of the graph the tape was opened in are captured. Inside
+``tf.function``, the body of a loop (an RNN cell under ``tf.while_loop``) or of
+``tf.map_fn`` is traced into a graph of its own: a tensor from there cannot be
+a source of the tape's gradient (the tape would silently return zeros), so it
+is counted as unreachable instead.
 """
 
 import tensorflow as tf
@@ -30,9 +36,11 @@ class Recorder:
         self.activations = {}
         self.non_float = {}
         self.calls_per_name = {}
+        self.unreachable = set()
         self.model_called = False
         self.inputs = None
         self.prediction = None
+        self._graph = _current_graph()
 
     def _unique_name(self, name):
         count = self.calls_per_name.get(name, 0) + 1
@@ -44,6 +52,9 @@ class Recorder:
         if in_symbolic_scope():
             # Keras traces call() in a scratch graph to infer shapes when it
             # builds a subclassed model; those tensors never reach the loss.
+            return
+        if _current_graph() is not self._graph:
+            self.unreachable.add(name)
             return
         name = self._unique_name(name)
         leaves = tf.nest.flatten(outputs)
@@ -58,7 +69,7 @@ class Recorder:
 
     def watch_model_inputs(self, inputs):
         """Called with the model's inputs before its forward pass runs."""
-        if self.model_called or in_symbolic_scope():
+        if self.model_called or in_symbolic_scope() or _current_graph() is not self._graph:
             return
         self.model_called = True
         self.inputs = inputs
@@ -71,25 +82,35 @@ class Recorder:
         ]
         if integer_inputs and self._integer_inputs == "raise":
             raise ValueError(
-                "`watch_inputs=True` asks for dJ/d(input), but the model "
-                f"'{self._model.name}' received non-float inputs (dtypes: "
-                f"{[leaf.dtype.name for leaf in integer_inputs]}). Integers "
-                "(e.g. token ids) have no gradient. Pass watch_inputs=False "
-                "and tap the first float tensor instead, e.g. the output of "
-                "the Embedding layer: layers=[" + _embedding_hint(self._model) + "]."
+                "`watch_inputs=True` asks for dJ/d(input), but model "
+                f"'{self._model.name}' received non-float inputs. Received: "
+                f"input dtypes {[leaf.dtype.name for leaf in integer_inputs]}. "
+                "Integers (e.g. token ids) have no gradient. Pass "
+                "watch_inputs=False and capture the first float tensor instead, "
+                "e.g. the output of the embedding layer: "
+                f"kgrad.ProbeTape(model, layers=[{_embedding_hint(self._model)}])."
             )
         for tensor in taps.float_leaves(inputs):
             self._tape.watch(tensor)
 
     def record_prediction(self, outputs):
+        """Called with the model's outputs; the first call's are kept."""
         if self.prediction is None and not in_symbolic_scope():
-            self.prediction = outputs
+            if _current_graph() is self._graph:
+                self.prediction = outputs
 
     def watched_inputs(self):
         """The float input tensors that were watched, in flatten order."""
         if not self._watch_inputs or self.inputs is None:
             return []
         return taps.float_leaves(self.inputs)
+
+
+def _current_graph():
+    """The graph being traced, or ``None`` when executing eagerly."""
+    if tf.executing_eagerly():
+        return None
+    return tf.compat.v1.get_default_graph()
 
 
 def _embedding_hint(model):

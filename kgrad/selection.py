@@ -6,12 +6,18 @@ from kgrad import taps
 
 
 def default_layer_filter(operation):
-    """True for a leaf layer that owns weights (Dense, Conv2D, BatchNorm...)."""
-    return (
-        isinstance(operation, keras.layers.Layer)
-        and not taps._children(operation)
-        and bool(operation.weights)
-    )
+    """True for a leaf layer that owns weights (Dense, Conv2D, BatchNorm...).
+
+    A recurrent layer (``LSTM``, ``GRU``, any ``keras.layers.RNN``) counts as
+    one leaf and its cell is left out: the cell runs once per time step, and
+    under ``tf.function`` inside a loop whose tensors a tape cannot reach.
+    """
+    if not isinstance(operation, keras.layers.Layer) or not operation.weights:
+        return False
+    if isinstance(operation, keras.layers.RNN):
+        return True
+    # Keras requires every RNN cell to define `state_size`.
+    return not taps._children(operation) and not hasattr(operation, "state_size")
 
 
 def _describe(names, limit=40):
@@ -36,55 +42,91 @@ def resolve_layers(model, layers, argument="layers"):
         ValueError: For unknown names, duplicates or foreign layer objects.
         TypeError: For anything else.
     """
+    candidates, keep = resolve_selection(model, layers, argument)
+    if keep is None:
+        return candidates
+    return {name: op for name, op in candidates.items() if keep(op)}
+
+
+def resolve_selection(model, layers, argument="layers"):
+    """Like `resolve_layers`, leaving a predicate to be applied later.
+
+    A predicate (also the default one, which looks at a layer's weights) is
+    only meaningful once Keras has built the layer, and a subclassed model is
+    often built by its first call, inside the probe. The predicate is
+    therefore returned, to be applied to each operation when it runs.
+
+    Returns:
+        ``(operations_by_name, keep)``: the candidate operations, and
+        ``keep(operation) -> bool``, or ``None`` when ``layers`` lists them.
+    """
     named = taps.tappable_operations(model)
-    # Report every operation under one name: its plain name when unique.
+    canonical = _canonical_names(named)
+    if layers is None:
+        layers = default_layer_filter
+    if isinstance(layers, str) and layers == "all":
+        layers = _every_operation
+    if callable(layers) and not isinstance(layers, (str, keras.layers.Layer)):
+        candidates = {
+            name: operation
+            for name, operation in named.items()
+            if canonical[id(operation)] == name
+        }
+        return candidates, layers
+    return _resolve_list(model, layers, argument, named, canonical), None
+
+
+def _every_operation(operation):
+    return True
+
+
+def _canonical_names(named):
+    """Reports every operation under one name: its plain name when unique."""
     canonical = {}
     for name, operation in named.items():
         if id(operation) not in canonical or "/" not in name:
             canonical[id(operation)] = name
-    if layers is None:
-        layers = default_layer_filter
-    if isinstance(layers, str) and layers == "all":
-        layers = lambda operation: True  # noqa: E731
-    if callable(layers) and not isinstance(layers, (str, keras.layers.Layer)):
-        selected = {}
-        for name, operation in named.items():
-            if canonical[id(operation)] == name and layers(operation):
-                selected[name] = operation
-        return selected
+    return canonical
+
+
+def _resolve_list(model, layers, argument, named, canonical):
     if isinstance(layers, (str, keras.layers.Layer)) or not hasattr(layers, "__iter__"):
+        example = repr(layers) if isinstance(layers, str) else "'dense_1'"
         raise TypeError(
             f"`{argument}` must be None, 'all', a predicate or a list of layer "
             f"names / layer objects. Received: {argument}={layers!r}. "
-            f"Example: {argument}=['dense_1', 'conv1']."
+            f"Pass a list, e.g. {argument}=[{example}]."
         )
+    layers = list(layers)
     selected = {}
     for item in layers:
         if isinstance(item, str):
             if item not in named:
                 raise ValueError(
                     f"`{argument}` names a layer that model '{model.name}' does "
-                    f"not have: {item!r}. Available names: {_describe(named)}."
+                    f"not have: {item!r}. Received: {argument}={layers!r}. Use one of the "
+                    f"available names: {_describe(named)}."
                 )
             operation = named[item]
         elif isinstance(item, keras.Operation):
             if id(item) not in canonical:
                 raise ValueError(
                     f"`{argument}` contains layer {item.name!r}, which is not part "
-                    f"of model '{model.name}'. Pass a layer of this model; "
-                    f"available names: {_describe(named)}."
+                    f"of model '{model.name}'. Received: {argument}={layers!r}. "
+                    f"Pass a layer of this model; available names: {_describe(named)}."
                 )
             operation = item
         else:
             raise TypeError(
                 f"`{argument}` items must be layer names or layer objects. "
-                f"Received: {item!r} of type {type(item).__name__}."
+                f"Received: {argument}={layers!r}, whose item {item!r} is of "
+                f"type {type(item).__name__}. Example: {argument}=['dense_1']."
             )
         name = canonical[id(operation)]
         if name in selected:
             raise ValueError(
                 f"`{argument}` lists layer {name!r} twice. Received: "
-                f"{argument}={list(layers)!r}. List each layer once."
+                f"{argument}={layers!r}. List each layer once."
             )
         selected[name] = operation
     return selected

@@ -24,6 +24,18 @@ class ProbeRecord:
         scalars: ``dict`` tag -> ``float``.
         histograms: ``dict`` tag -> ``numpy`` array ``[buckets, 3]`` of
             (left edge, right edge, count).
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> records = []
+    >>> probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append)
+    >>> _ = model.fit(np.ones((4, 2)), np.ones((4, 1)), batch_size=2,
+    ...               callbacks=[probe], verbose=0)
+    >>> [record.step for record in records], records[0].histograms["grad_hist/out"].shape
+    ([0, 1], (30, 3))
     """
 
     step: int

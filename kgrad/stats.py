@@ -18,6 +18,21 @@ def _finite_parts(x):
     return tf.where(finite, x, tf.zeros_like(x)), finite
 
 
+def _count(mask):
+    # Counted as integers: a float32 sum of ones stops growing at 2**24, which
+    # an activation gradient of a real network easily exceeds.
+    return tf.cast(tf.reduce_sum(tf.cast(mask, tf.int32)), tf.float32)
+
+
+def _safe_scale(values, axis=None):
+    # Squares of exploding gradients (|g| > 1e19) overflow float32; dividing
+    # by the largest magnitude first keeps norms and std finite.
+    # Inf and NaN are left to propagate as they would without scaling.
+    scale = tf.reduce_max(tf.abs(values), axis=axis, keepdims=axis is not None)
+    usable = tf.logical_and(scale > 0, tf.math.is_finite(scale))
+    return tf.where(usable, scale, tf.ones_like(scale))
+
+
 def moments(x):
     """Summary statistics of ``x`` as a float32 vector of `MOMENT_NAMES`.
 
@@ -25,10 +40,11 @@ def moments(x):
         x: A tensor of any float dtype and shape.
 
     Returns:
-        A ``[7]`` float32 tensor: L2 norm, mean, standard deviation, min and max
-        of the finite elements, fraction of elements exactly zero, and the count
-        of non-finite (NaN or Inf) elements. Min and max are 0 when there is no
-        finite element.
+        A ``[7]`` float32 tensor: L2 norm, mean, standard deviation
+        (population, ``ddof=0``), min and max of the finite elements,
+        fraction of all elements that are exactly zero, and the count of
+        non-finite (NaN or Inf) elements. Min and max are 0 when there is no
+        finite element. Values beyond the float32 range count as non-finite.
 
     Example:
 
@@ -39,25 +55,27 @@ def moments(x):
     """
     values, finite = _finite_parts(x)
     total = tf.cast(tf.size(values), tf.float32)
-    count = tf.reduce_sum(tf.cast(finite, tf.float32))
+    count = _count(finite)
     safe_count = tf.maximum(count, 1.0)
-    mean = tf.reduce_sum(values) / safe_count
-    centered = tf.where(finite, values - mean, tf.zeros_like(values))
-    std = tf.sqrt(tf.reduce_sum(tf.square(centered)) / safe_count)
+    scale = _safe_scale(values)
+    scaled = values / scale
+    scaled_mean = tf.reduce_sum(scaled) / safe_count
+    centered = tf.where(finite, scaled - scaled_mean, tf.zeros_like(scaled))
+    std = scale * tf.sqrt(tf.reduce_sum(tf.square(centered)) / safe_count)
     has_finite = count > 0
     big = tf.float32.max
     minimum = tf.where(has_finite, tf.reduce_min(tf.where(finite, values, big)), 0.0)
     maximum = tf.where(has_finite, tf.reduce_max(tf.where(finite, values, -big)), 0.0)
-    zeros = tf.reduce_sum(tf.cast(tf.logical_and(finite, tf.equal(values, 0.0)), tf.float32))
+    zeros = _count(tf.logical_and(finite, tf.equal(values, 0.0)))
     return tf.stack(
         [
-            tf.norm(values),
-            mean,
+            scale * tf.norm(scaled),
+            scale * scaled_mean,
             std,
             minimum,
             maximum,
             zeros / tf.maximum(total, 1.0),
-            total - count,
+            _count(tf.logical_not(finite)),
         ]
     )
 
@@ -73,12 +91,16 @@ def histogram(x, bucket_count, value_range=None):
         bucket_count: Number of equal-width buckets (a Python ``int`` > 0).
         value_range: Optional ``(min, max)`` tensors; defaults to the min and
             max of the finite elements. A zero-width range is widened by 0.5 on
-            each side, as TensorBoard does.
+            each side. Elements outside the range are counted in the first or
+            last bucket.
 
     Returns:
         A ``[bucket_count, 3]`` float32 tensor of (left edge, right edge,
         count), the format of TensorBoard's histogram plugin. The counts add up
         to the number of finite elements.
+
+    Raises:
+        ValueError: If ``bucket_count`` is not a positive ``int``.
 
     Example:
 
@@ -87,6 +109,11 @@ def histogram(x, bucket_count, value_range=None):
     >>> stats.histogram(tf.constant([0.0, 1.0, 1.0, 4.0]), 2).numpy().tolist()
     [[0.0, 2.0, 3.0], [2.0, 4.0, 1.0]]
     """
+    if isinstance(bucket_count, bool) or not isinstance(bucket_count, int) or bucket_count < 1:
+        raise ValueError(
+            "`bucket_count` must be a positive Python int. Received: "
+            f"bucket_count={bucket_count!r}. Example: histogram(x, bucket_count=30)."
+        )
     values, finite = _finite_parts(x)
     if value_range is None:
         big = tf.float32.max
@@ -103,15 +130,25 @@ def histogram(x, bucket_count, value_range=None):
     width = (high - low) / bucket_count
     index = tf.cast(tf.floor((values - low) / width), tf.int32)
     index = tf.clip_by_value(index, 0, bucket_count - 1)
-    counts = tf.math.unsorted_segment_sum(tf.cast(finite, tf.float32), index, bucket_count)
+    # Integer counts: a float32 count stops growing at 2**24 elements.
+    counts = tf.math.unsorted_segment_sum(tf.cast(finite, tf.int32), index, bucket_count)
+    counts = tf.cast(counts, tf.float32)
     edges = low + width * tf.range(bucket_count + 1, dtype=tf.float32)
     # The last edge is set exactly so float rounding never cuts off the max.
     edges = tf.concat([edges[:-1], [high]], axis=0)
     return tf.stack([edges[:-1], edges[1:], counts], axis=1)
 
 
+def _norm(x, axis=None):
+    scale = _safe_scale(x, axis)
+    norm = tf.norm(x / scale, axis=axis, keepdims=axis is not None) * scale
+    return norm if axis is None else tf.squeeze(norm, axis)
+
+
 def example_norms(x):
     """L2 norm of each example (row) of ``x``; a ``[batch]`` float32 tensor.
+
+    Exact also for gradients too large to square in float32.
 
     Example:
 
@@ -122,18 +159,50 @@ def example_norms(x):
     """
     x = tf.cast(x, tf.float32)
     batch = tf.shape(x)[0]
-    return tf.norm(tf.reshape(x, [batch, -1]), axis=1)
+    return _norm(tf.reshape(x, [batch, -1]), axis=1)
 
 
 def global_norm(tensors):
-    """The L2 norm of all ``tensors`` taken together, in float32."""
-    squares = [tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors]
-    return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0)
+    """The L2 norm of all ``tensors`` taken together, in float32.
+
+    Args:
+        tensors: A list of tensors of any float dtype and shape.
+
+    Returns:
+        A float32 scalar, ``sqrt(sum of all squares)``; 0 for an empty list,
+        Inf or NaN when an element is.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> float(stats.global_norm([tf.constant([3.0]), tf.constant([[4.0]])]))
+    5.0
+    """
+    if not tensors:
+        return tf.constant(0.0)
+    norms = [_norm(tf.reshape(tf.cast(t, tf.float32), [-1])) for t in tensors]
+    return _norm(tf.stack(norms))
 
 
 def count_nonfinite(x):
-    """Number of NaN and Inf elements of ``x`` as ``[nan_count, inf_count]``."""
-    x = tf.reshape(x, [-1])
-    nans = tf.reduce_sum(tf.cast(tf.math.is_nan(x), tf.float32))
-    infs = tf.reduce_sum(tf.cast(tf.math.is_inf(x), tf.float32))
-    return tf.stack([nans, infs])
+    """Number of NaN and Inf elements of ``x`` as ``[nan_count, inf_count]``.
+
+    Args:
+        x: A tensor of any dtype and shape (non-float tensors have none).
+
+    Returns:
+        A ``[2]`` float32 tensor.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> nan, inf = float("nan"), float("inf")
+    >>> stats.count_nonfinite(tf.constant([1.0, nan, inf, -inf])).numpy().tolist()
+    [1.0, 2.0]
+    """
+    x = tf.reshape(tf.convert_to_tensor(x), [-1])
+    if not x.dtype.is_floating:
+        return tf.zeros([2], tf.float32)
+    return tf.stack([_count(tf.math.is_nan(x)), _count(tf.math.is_inf(x))])

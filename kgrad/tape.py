@@ -18,10 +18,24 @@ class ProbeResult:
             operation or `kgrad.tap`, in forward order.
         gradients: ``dict`` name -> dJ/d(activation), same keys and shapes.
         input: The model's input (same structure as passed), or ``None``.
-        input_gradient: dJ/d(input) with the structure of the float inputs
-            (a tensor, or a list in flatten order), or ``None`` when inputs
-            were not watched.
+        input_gradient: dJ/d(input), or ``None`` when inputs were not
+            watched. It has the structure of ``input`` (a tensor, a list, a
+            dict...) when every input is float; otherwise it is the list of
+            the gradients of the float inputs, in ``tf.nest.flatten`` order.
         prediction: The model's output.
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> with kgrad.ProbeTape(model, watch_inputs=True) as tape:
+    ...     loss = tf.reduce_sum(model(tf.ones((3, 2))))
+    >>> _ = tape.gradient(loss, model.trainable_variables)
+    >>> probe = tape.probe  # a ProbeResult
+    >>> list(probe.gradients), probe.gradients["out"].numpy().tolist()
+    (['out'], [[1.0], [1.0], [1.0]])
+    >>> probe.input_gradient.shape, probe.prediction.shape
+    (TensorShape([3, 2]), TensorShape([3, 1]))
     """
 
     activations: dict
@@ -48,10 +62,18 @@ class ProbeTape(tf.GradientTape):
     Args:
         model: The ``keras.Model`` to look inside.
         layers: Which layers / operations to capture: ``None`` (every leaf
-            layer with weights), ``"all"``, a list of names or layer objects,
-            or a predicate ``fn(layer) -> bool``. A layer called several times
-            in one pass is captured per call: ``name``, ``name#2``, ...
-        watch_inputs: Also compute dJ/d(input). Integer inputs raise.
+            layer with weights; a recurrent layer counts as a leaf), ``"all"``,
+            a list of names or layer objects, or a predicate
+            ``fn(layer) -> bool``. A layer of a nested model is named by its
+            path ``"outer/inner"`` or by its plain name when that is unique;
+            it is reported under its plain name when unique, its path
+            otherwise. A layer called several times in one pass (a shared
+            layer) is captured per call: ``name``, ``name#2``, ... A layer
+            with several float outputs is reported as ``name/0``,
+            ``name/1``, ... Tensors marked with `kgrad.tap` are always
+            captured.
+        watch_inputs: Also compute dJ/d(input) (of the first argument of the
+            model's ``call``). Integer inputs raise a ``ValueError``.
         persistent: As for ``tf.GradientTape``. A non-persistent tape allows
             exactly one ``gradient`` call.
         watch_accessed_variables: As for ``tf.GradientTape``.
@@ -85,15 +107,18 @@ class ProbeTape(tf.GradientTape):
         if not hasattr(model, "call") or not hasattr(model, "layers"):
             raise TypeError(
                 "`model` must be a keras.Model. Received: "
-                f"model={model!r} of type {type(model).__name__}."
+                f"model={model!r} of type {type(model).__name__}. Pass the model "
+                "you call inside the block, e.g. kgrad.ProbeTape(model)."
             )
         if not isinstance(watch_inputs, bool):
             raise TypeError(
-                f"`watch_inputs` must be True or False. Received: watch_inputs={watch_inputs!r}."
+                "`watch_inputs` must be True or False (a bool). Received: "
+                f"watch_inputs={watch_inputs!r} of type {type(watch_inputs).__name__}."
             )
         self._model = model
-        self._operations = selection.resolve_layers(model, layers)
-        self._explicit_layers = layers is not None and not callable(layers) and layers != "all"
+        self._layers = layers
+        self._operations, self._keep = selection.resolve_selection(model, layers)
+        self._explicit_layers = self._keep is None
         self._recorder = Recorder(self, model, watch_inputs, _integer_inputs)
         self._open_contexts = None
         self._probe = None
@@ -104,7 +129,9 @@ class ProbeTape(tf.GradientTape):
         )
         self._probe = None
         stack = contextlib.ExitStack()
-        stack.enter_context(taps.intercept(self._model, self._operations, self._recorder))
+        stack.enter_context(
+            taps.intercept(self._model, self._operations, self._recorder, self._keep)
+        )
         stack.enter_context(taps.recording(self._recorder))
         self._open_contexts = stack
         try:
@@ -140,27 +167,39 @@ class ProbeTape(tf.GradientTape):
         recorder = self._recorder
         if not recorder.model_called:
             raise ValueError(
-                f"This ProbeTape was opened on model '{self._model.name}', but that "
-                "model was not called inside the `with` block. Call it there "
-                "(e.g. `y = model(x)`), or open the ProbeTape on the model you call."
+                "`model` was never called inside the `with` block of this "
+                f"ProbeTape. Received: model='{self._model.name}'. Call it inside "
+                "the block (e.g. `y = model(x)`), or open the ProbeTape on the "
+                "model you call."
             )
         if not self._explicit_layers:
             return
         for name in self._operations:
             if name in recorder.non_float:
+                dtypes = [getattr(d, "name", str(d)) for d in recorder.non_float[name]]
                 raise ValueError(
-                    f"Layer {name!r} produced no floating-point output (dtypes: "
-                    f"{[str(d) for d in recorder.non_float[name]]}), so it has no "
-                    "gradient to report. Remove it from `layers` and probe the "
-                    "first layer after it whose output is float."
+                    f"`layers` asks for layer {name!r}, which produced no "
+                    f"floating-point output (output dtypes: {dtypes}), so it has no "
+                    f"gradient to report. Received: layers={self._layers!r}. Remove "
+                    "it from `layers` and probe the first layer after it whose "
+                    "output is float."
                 )
-            if name not in recorder.calls_per_name:
+            if name in recorder.unreachable:
                 raise ValueError(
-                    f"Layer {name!r} was requested in `layers` but was never "
-                    f"called during the forward pass of model '{self._model.name}' "
-                    "recorded by this ProbeTape. Check that the model's call() uses "
-                    "it, or remove it from `layers`."
+                    f"`layers` asks for layer {name!r}, which ran inside a loop "
+                    "traced by tf.function (e.g. an RNN cell inside tf.while_loop, or "
+                    "tf.map_fn): the tape cannot differentiate with respect to those "
+                    f"tensors. Received: layers={self._layers!r}. Probe the layer "
+                    "that runs the loop (e.g. the LSTM layer) instead."
                 )
+            if name in recorder.calls_per_name:
+                continue
+            raise ValueError(
+                f"`layers` asks for layer {name!r}, which was never called during "
+                f"the forward pass of model '{self._model.name}' recorded by this "
+                f"ProbeTape. Received: layers={self._layers!r}. Check that the "
+                "model's call() uses it, or remove it from `layers`."
+            )
 
     def gradient(
         self,
@@ -194,7 +233,9 @@ class ProbeTape(tf.GradientTape):
             activations=dict(zip(names, captured)),
             gradients=activation_gradients,
             input=self._recorder.inputs,
-            input_gradient=_single_or_list(input_gradients) if inputs else None,
+            input_gradient=_like_inputs(self._recorder.inputs, input_gradients)
+            if inputs
+            else None,
             prediction=self._recorder.prediction,
         )
         return tf.nest.pack_sequence_as(sources, user_part)
@@ -207,5 +248,9 @@ def _zeros_for_none(gradients, tensors):
     ]
 
 
-def _single_or_list(tensors):
-    return tensors[0] if len(tensors) == 1 else list(tensors)
+def _like_inputs(inputs, gradients):
+    """Packs input gradients like the inputs, when every input is float."""
+    if len(gradients) == len(tf.nest.flatten(inputs)):
+        return tf.nest.pack_sequence_as(inputs, gradients)
+    # Integer inputs (skipped) have no gradient: no place to pack a None in.
+    return gradients[0] if len(gradients) == 1 else list(gradients)

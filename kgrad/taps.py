@@ -12,6 +12,7 @@ tensor would silently change how the loss is computed.
 """
 
 import contextlib
+import inspect
 import threading
 
 import keras
@@ -30,6 +31,10 @@ def tap(name, x):
     Returns ``x`` itself. When no :class:`kgrad.ProbeTape` (or probing
     ``train_step``) is recording, ``tap`` does nothing else, so it can stay in
     a model permanently at no cost.
+
+    Inside ``tf.function``, a tap in the body of a loop (``tf.while_loop``,
+    ``tf.map_fn``) is not captured: the tape cannot differentiate with
+    respect to tensors of a loop body.
 
     Args:
         name: The name the tensor is reported under (``str``). A name tapped
@@ -134,19 +139,32 @@ def tappable_operations(model):
     return names
 
 
-def _layer_wrapper(original_call, recorder, name):
+def _layer_wrapper(original_call, recorder, name, keep):
     def call(*args, **kwargs):
         outputs = original_call(*args, **kwargs)
-        recorder.record(name, outputs, source="layer")
+        if keep is None or keep():
+            recorder.record(name, outputs, source="layer")
         return outputs
 
     return call
 
 
+def _first_argument(original_call, args, kwargs):
+    """The model's inputs: the first argument of its ``call``, as Keras defines them."""
+    if args:
+        return args[0]
+    try:
+        first = next(iter(inspect.signature(original_call).parameters))
+    except (StopIteration, TypeError, ValueError):
+        return None
+    # `model(x=...)` reaches a subclassed `call(self, x)` as a keyword.
+    return kwargs.get(first)
+
+
 def _model_wrapper(original_call, recorder):
     def call(*args, **kwargs):
         # Inputs must be watched before the forward pass consumes them.
-        recorder.watch_model_inputs(args[0] if args else kwargs.get("inputs"))
+        recorder.watch_model_inputs(_first_argument(original_call, args, kwargs))
         outputs = original_call(*args, **kwargs)
         recorder.record_prediction(outputs)
         return outputs
@@ -155,7 +173,7 @@ def _model_wrapper(original_call, recorder):
 
 
 @contextlib.contextmanager
-def intercept(model, operations_by_name, recorder):
+def intercept(model, operations_by_name, recorder, keep=None):
     """Records inputs, outputs and chosen operations while the block runs.
 
     Each operation's ``call`` (and the model's own) is replaced on the
@@ -165,8 +183,15 @@ def intercept(model, operations_by_name, recorder):
         model: The probed model: its inputs and outputs are recorded.
         operations_by_name: ``dict`` from report name to operation.
         recorder: A `kgrad.recorder.Recorder`.
+        keep: Optional ``keep(operation) -> bool``, asked each time an
+            operation has run (so Keras has built it): only operations it
+            keeps are recorded.
     """
     replaced = []
+
+    def wrapper_for(name, operation):
+        condition = None if keep is None else (lambda: keep(operation))
+        return lambda call: _layer_wrapper(call, recorder, name, condition)
 
     def replace(operation, wrapper):
         had_own_call = "call" in operation.__dict__
@@ -177,7 +202,7 @@ def intercept(model, operations_by_name, recorder):
     try:
         replace(model, lambda call: _model_wrapper(call, recorder))
         for name, operation in operations_by_name.items():
-            replace(operation, lambda call, name=name: _layer_wrapper(call, recorder, name))
+            replace(operation, wrapper_for(name, operation))
         yield
     finally:
         for operation, had_own_call, original in reversed(replaced):

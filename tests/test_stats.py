@@ -1,0 +1,180 @@
+"""`kgrad.stats`: on-device summaries, checked against NumPy in float64."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kgrad import stats
+
+NAN, INF = float("nan"), float("inf")
+MODES = ["eager", "xla"]
+
+
+def _compiled(fn, mode):
+    return fn if mode == "eager" else tf.function(fn, jit_compile=True)
+
+
+def _with_nonfinite(shape=(6, 5), seed=0):
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=shape).astype(np.float32)
+    values[0, 0], values[1, 1], values[2, 2] = NAN, INF, -INF
+    values[3, :2] = 0.0
+    return values
+
+
+def _numpy_moments(values):
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    finite = flat[np.isfinite(flat)]
+    return {
+        "norm": np.linalg.norm(finite),
+        "mean": finite.mean(),
+        "std": finite.std(),
+        "min": finite.min(),
+        "max": finite.max(),
+        "zero_fraction": np.count_nonzero(flat == 0.0) / flat.size,
+        "nonfinite": flat.size - finite.size,
+    }
+
+
+# --- moments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.float64])
+def test_moments_match_numpy_over_finite_elements(dtype, mode):
+    values = _with_nonfinite()
+    tensor = tf.constant(values, dtype=dtype)
+    got = _compiled(stats.moments, mode)(tensor).numpy()
+    expected = _numpy_moments(tensor.numpy())
+    assert got.dtype == np.float32 and got.shape == (len(stats.MOMENT_NAMES),)
+    for index, name in enumerate(stats.MOMENT_NAMES):
+        np.testing.assert_allclose(got[index], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_moments_of_only_non_finite_elements():
+    got = stats.moments(tf.constant([NAN, INF, -INF])).numpy()
+    np.testing.assert_array_equal(got, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0])
+
+
+def test_moments_of_an_empty_tensor_are_zero_not_nan():
+    np.testing.assert_array_equal(stats.moments(tf.zeros([0, 3])).numpy(), np.zeros(7))
+
+
+def test_moments_of_exploding_values_stay_finite():
+    # Squares of 1e20 overflow float32; an exploding gradient must still get
+    # a finite norm, or it would read as NaN/Inf.
+    values = np.array([3e20, -4e20, 1e19, 0.0], dtype=np.float32)
+    got = stats.moments(tf.constant(values)).numpy()
+    expected = _numpy_moments(values)
+    for index, name in enumerate(stats.MOMENT_NAMES):
+        np.testing.assert_allclose(got[index], expected[name], rtol=1e-5, err_msg=name)
+
+
+# --- histogram -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_histogram_matches_numpy_and_counts_add_up(mode):
+    values = _with_nonfinite(shape=(40, 25))
+    got = _compiled(lambda x: stats.histogram(x, 7), mode)(tf.constant(values)).numpy()
+    finite = values[np.isfinite(values)].astype(np.float64)
+    counts, edges = np.histogram(finite, bins=7, range=(finite.min(), finite.max()))
+    assert got.shape == (7, 3)
+    np.testing.assert_allclose(got[:, 0], edges[:-1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[:, 1], edges[1:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[:, 2], counts)
+    assert got[:, 2].sum() == finite.size == values.size - 3
+    assert got[-1, 1] == np.float32(finite.max())  # the max is never cut off
+
+
+def test_histogram_edges_are_contiguous():
+    got = stats.histogram(tf.random.normal([100]), 5).numpy()
+    np.testing.assert_array_equal(got[1:, 0], got[:-1, 1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_histogram_of_a_constant_tensor(mode):
+    got = _compiled(lambda x: stats.histogram(x, 4), mode)(tf.fill([10], 2.0)).numpy()
+    # A zero-width range is widened by 0.5 on each side.
+    np.testing.assert_allclose(got[:, 0], [1.5, 1.75, 2.0, 2.25])
+    np.testing.assert_allclose(got[:, 1], [1.75, 2.0, 2.25, 2.5])
+    np.testing.assert_array_equal(got[:, 2], [0, 0, 10, 0])
+
+
+def test_histogram_excludes_nan_and_inf():
+    got = stats.histogram(tf.constant([NAN, 1.0, INF, 3.0, -INF]), 2).numpy()
+    np.testing.assert_array_equal(got, [[1.0, 2.0, 1.0], [2.0, 3.0, 1.0]])
+
+
+def test_histogram_of_only_non_finite_elements_is_empty():
+    got = stats.histogram(tf.constant([NAN, INF]), 3).numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got[:, 2], [0, 0, 0])
+
+
+def test_histogram_value_range_counts_outliers_in_the_edge_buckets():
+    got = stats.histogram(tf.constant([-5.0, 0.1, 0.6, 9.0]), 2, value_range=(0.0, 1.0)).numpy()
+    np.testing.assert_allclose(got[:, :2], [[0.0, 0.5], [0.5, 1.0]])
+    np.testing.assert_array_equal(got[:, 2], [2, 2])
+
+
+def test_counts_beyond_float32_integer_precision():
+    # A float32 running count stops at 2**24; activation gradients are larger.
+    size = 2**24 + 64  # exactly representable in float32
+    ones = tf.ones([size])
+    assert stats.histogram(ones, 1).numpy()[0, 2] == size
+    moments = dict(zip(stats.MOMENT_NAMES, stats.moments(tf.zeros([size])).numpy()))
+    assert moments["zero_fraction"] == 1.0 and moments["nonfinite"] == 0.0
+
+
+@pytest.mark.parametrize("bucket_count", [0, -1, 2.0, True, None])
+def test_histogram_rejects_a_bad_bucket_count(bucket_count):
+    with pytest.raises(
+        ValueError, match=r"`bucket_count` must be a positive Python int\. Received: bucket_count="
+    ):
+        stats.histogram(tf.ones([3]), bucket_count)
+
+
+# --- norms and non-finite counts -------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_example_norms_match_numpy(mode):
+    values = np.random.default_rng(2).normal(size=(4, 3, 2)).astype(np.float32)
+    values[1] *= 1e20  # would overflow if squared directly
+    got = _compiled(stats.example_norms, mode)(tf.constant(values)).numpy()
+    expected = np.linalg.norm(values.astype(np.float64).reshape(4, -1), axis=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_example_norms_keep_non_finite_rows_non_finite():
+    got = stats.example_norms(tf.constant([[1.0, INF], [NAN, 0.0], [3.0, 4.0]])).numpy()
+    assert got[0] == INF and np.isnan(got[1]) and got[2] == 5.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_global_norm_matches_numpy(mode):
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=(3, 2)), rng.normal(size=(5,)) * 1e20, rng.normal(size=(2, 2, 2))]
+    tensors = [tf.constant(a, tf.float32) for a in arrays]
+    got = _compiled(stats.global_norm, mode)(tensors).numpy()
+    expected = np.sqrt(sum(np.sum(np.float64(np.float32(a)) ** 2) for a in arrays))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_global_norm_of_nothing_is_zero_and_of_mixed_dtypes_is_float32():
+    assert float(stats.global_norm([])) == 0.0
+    got = stats.global_norm([tf.constant([3.0], tf.float16), tf.constant([4.0], tf.float64)])
+    assert got.dtype == tf.float32 and float(got) == 5.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_count_nonfinite_matches_numpy(mode):
+    values = _with_nonfinite()
+    values[4, 4] = NAN
+    got = _compiled(stats.count_nonfinite, mode)(tf.constant(values)).numpy()
+    np.testing.assert_array_equal(got, [np.isnan(values).sum(), np.isinf(values).sum()])
+
+
+def test_count_nonfinite_of_integers_is_zero():
+    np.testing.assert_array_equal(stats.count_nonfinite(tf.constant([1, 2, 3])).numpy(), [0, 0])
