@@ -10,6 +10,8 @@ from kgrad.guard import first_non_finite
 from kgrad.losses import prediction_gradient
 from kgrad.model import ProbingModel
 from kgrad.reading import read_logs
+from kgrad.report import HealthThresholds
+from kgrad.report import health_report
 from kgrad.state import ProbeRecord
 from kgrad.taps import tap
 from kgrad.tape import ProbeResult
@@ -21,6 +23,7 @@ __all__ = [
     "CAPTURE_KINDS",
     "GUARD_KINDS",
     "GradientProbe",
+    "HealthThresholds",
     "NonFiniteError",
     "NonFiniteGuard",
     "NonFiniteReport",
@@ -29,6 +32,7 @@ __all__ = [
     "ProbeTape",
     "ProbingModel",
     "first_non_finite",
+    "health_report",
     "prediction_gradient",
     "read_logs",
     "tap",

@@ -2,43 +2,99 @@
 
 Records arrive as host values (`kgrad.ProbeRecord`); histograms are the
 ``[k, 3]`` buckets computed on device, written with the histogram plugin's
-metadata, so no full tensor ever crosses to the host.
+metadata, so no full tensor ever crosses to the host. The tag scheme is
+documented in `kgrad.summaries`.
 """
 
 import os
 
+import numpy as np
 import tensorflow as tf
+from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.util import tensor_util
 
 #: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
 RUN_NAME = "kgrad"
 
 #: Charts of the custom-scalars dashboard: (category, chart title, tag regex).
+#: TensorBoard matches each regex at the start of the tag.
 LAYOUT_CHARTS = (
-    ("kgrad: gradients", "dJ/d(activation) norm, every layer", r"grad_norm/.*"),
-    ("kgrad: gradients", "dJ/dw norm, every weight", r"weight_grad_norm/.*"),
-    ("kgrad: gradients", "global gradient norm", r"global/grad_norm"),
-    ("kgrad: updates", "update / weight ratio", r"update_ratio/.*"),
-    ("kgrad: activations", "fraction of zero activations", r"activation_zero_fraction/.*"),
-    ("kgrad: health", "non-finite gradient values", r"(grad|weight_grad|pred_grad)_nonfinite/.*"),
+    ("kgrad: gradients", "dJ/d(activation) norm, every layer", r"grad_norm/"),
+    ("kgrad: gradients", "dJ/dw norm, every weight", r"weight_grad_norm/"),
+    ("kgrad: gradients", "dJ/dŷ and dJ/dx norm", r"(pred_grad|input_grad)_norm/"),
+    ("kgrad: gradients", "global gradient norm", r"global/grad_norm$"),
+    ("kgrad: updates", "update / weight ratio, every weight", r"update_ratio/"),
+    ("kgrad: activations", "activation norm, every layer", r"activation_norm/"),
+    ("kgrad: activations", "fraction of zero activations", r"activation_zero_fraction/"),
+    ("kgrad: health", "non-finite values", r"[a-z_]*_nonfinite/"),
 )
+
+# What each tag prefix measures; shown by TensorBoard as the chart's description.
+_KIND_DESCRIPTIONS = {
+    "activation": "the output of layer `{name}`",
+    "grad": "dJ/d(output of layer `{name}`)",
+    "pred_grad": "dJ/dŷ for output `{name}`",
+    "input_grad": "dJ/dx for input `{name}`",
+    "weight_grad": "dJ/dw for weight `{name}`",
+}
+_STAT_WORDS = {
+    "norm": "L2 norm of",
+    "mean": "mean of",
+    "std": "standard deviation of",
+    "min": "min of",
+    "max": "max of",
+    "zero_fraction": "fraction of zeros in",
+    "nonfinite": "count of NaN/Inf in",
+    "hist": "histogram of",
+}
+_OTHER_DESCRIPTIONS = {
+    "weight_norm": "‖w‖ of weight `{name}` before the update",
+    "update_ratio": "‖Δw‖ / ‖w‖ of weight `{name}` in the probed step",
+    "pred_grad_example_norm_mean": "mean over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+    "pred_grad_example_norm_max": "max over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+}
+# Tags under ``global/`` described one by one.
+_GLOBAL_DESCRIPTIONS = {
+    "global/grad_norm": "‖dJ/dw‖ over all trainable weights",
+    "global/loss_scale": "loss scale of the LossScaleOptimizer in the probed step",
+    "global/loss_scale_skipped": "1 if the loss scaler skipped the update "
+    "(its scaled gradients overflowed), else 0",
+}
+
+
+def describe_tag(tag):
+    """A one-line description of a kgrad tag, for TensorBoard's tooltips.
+
+    Example:
+
+    >>> from kgrad.tensorboard import describe_tag
+    >>> describe_tag("grad_norm/dense_1")
+    'kgrad: L2 norm of dJ/d(output of layer `dense_1`)'
+    """
+    if tag in _GLOBAL_DESCRIPTIONS:
+        return "kgrad: " + _GLOBAL_DESCRIPTIONS[tag]
+    prefix, _, name = tag.partition("/")
+    if prefix in _OTHER_DESCRIPTIONS:
+        return "kgrad: " + _OTHER_DESCRIPTIONS[prefix].format(name=name)
+    for kind, what in _KIND_DESCRIPTIONS.items():
+        stat = prefix[len(kind) + 1 :]
+        if prefix.startswith(kind + "_") and stat in _STAT_WORDS:
+            return f"kgrad: {_STAT_WORDS[stat]} {what.format(name=name)}"
+    return "kgrad"
 
 
 def custom_scalar_layout():
     """The custom-scalars dashboard layout: one chart per quantity, all layers."""
     categories = {}
     for category, title, regex in LAYOUT_CHARTS:
-        chart = layout_pb2.Chart(
-            title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex])
-        )
+        chart = layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
         categories.setdefault(category, []).append(chart)
     return layout_pb2.Layout(
-        category=[
-            layout_pb2.Category(title=title, chart=charts)
-            for title, charts in categories.items()
-        ]
+        category=[layout_pb2.Category(title=title, chart=charts) for title, charts in categories.items()]
     )
 
 
@@ -54,12 +110,14 @@ class ProbeWriter:
         self.log_dir = os.fspath(log_dir)
         self.run_dir = os.path.join(self.log_dir, RUN_NAME)
         self._writer = None
+        self._described = set()  # tags whose metadata this event file holds
 
     def _file_writer(self):
         if self._writer is None:
             # Created on first write: no event file for runs that never log.
             self._writer = tf.summary.create_file_writer(self.run_dir)
-            with self._writer.as_default():
+            self._described = set()
+            with self._writer.as_default(), tf.summary.record_if(True):
                 tf.summary.experimental.write_raw_pb(
                     custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString(),
                     step=0,
@@ -68,24 +126,36 @@ class ProbeWriter:
 
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
-        with self._file_writer().as_default():
-            for tag, value in record.scalars.items():
-                tf.summary.scalar(tag, value, step=record.step)
-            for tag, buckets in record.histograms.items():
-                tf.summary.write(
-                    tag,
-                    tensor=tf.constant(buckets, tf.float64),
-                    step=record.step,
-                    metadata=histogram_metadata.create_summary_metadata(
-                        display_name=tag, description=""
-                    ),
-                )
+        # One Summary proto per record, built on the host: one TF op instead
+        # of one per tag (hundreds per probed step in a deep model).
+        summary = summary_pb2.Summary()
+        for tag, value in record.scalars.items():
+            self._add(summary, tag, np.float32(value), scalar_metadata)
+        for tag, buckets in record.histograms.items():
+            self._add(summary, tag, np.asarray(buckets, np.float64), histogram_metadata)
+        # record_if(True): Keras' TensorBoard(update_freq=N) sets a global
+        # record_if around each batch that would drop probed steps.
+        with self._file_writer().as_default(), tf.summary.record_if(True):
+            tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=record.step)
+
+    def _add(self, summary, tag, array, plugin_metadata):
+        entry = summary.value.add(tag=tag)
+        entry.tensor.CopyFrom(tensor_util.make_tensor_proto(array))
+        # TensorBoard reads a tag's plugin and description from its first
+        # event in a file, as tf.summary does; later events omit them.
+        if tag not in self._described:
+            self._described.add(tag)
+            entry.metadata.CopyFrom(
+                plugin_metadata.create_summary_metadata(display_name=tag, description=describe_tag(tag))
+            )
 
     def flush(self):
+        """Writes buffered events to disk (called at the end of each epoch)."""
         if self._writer is not None:
             self._writer.flush()
 
     def close(self):
+        """Flushes and closes the event file; a later `write` opens a new one."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

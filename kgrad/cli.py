@@ -1,0 +1,163 @@
+"""The ``kgrad`` command: ``kgrad demo`` and ``kgrad report``.
+
+Exit status: 0 when all is well, 1 when ``kgrad report`` flags a layer,
+2 for usage errors (bad arguments, no kgrad logs where asked to look).
+"""
+
+import argparse
+import os
+import sys
+
+from kgrad import demo, report, report_table
+from kgrad.reading import read_logs
+
+#: Exit status of ``kgrad report`` when a layer is flagged.
+EXIT_FLAGGED = 1
+#: Exit status for usage errors (as ``argparse`` uses).
+EXIT_USAGE = 2
+
+DEFAULT_DEMO_DIR = os.path.join("logs", "kgrad-demo")
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _positive_float(text):
+    value = _number(text)
+    if value is None or not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, received {text!r}")
+    return value
+
+
+def _fraction(text, top_included):
+    value = _number(text)
+    inside = value is not None and 0 < value and (value <= 1 if top_included else value < 1)
+    if not inside:
+        interval = "(0, 1]" if top_included else "(0, 1)"
+        raise argparse.ArgumentTypeError(f"must be a number in {interval}, received {text!r}")
+    return value
+
+
+def _ratio(text):
+    return _fraction(text, top_included=False)
+
+
+def _fraction_or_one(text):
+    return _fraction(text, top_included=True)
+
+
+def _positive_int(text):
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, received {text!r}")
+    return int(text)
+
+
+def build_parser():
+    """The ``argparse`` parser of the ``kgrad`` command."""
+    # Thresholds' defaults come from the one place that defines them.
+    defaults = report.HealthThresholds()
+    parser = argparse.ArgumentParser(
+        prog="kgrad",
+        description="See what the gradients are doing inside a Keras model while it trains.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo_parser = commands.add_parser(
+        "demo",
+        help="train a vanishing-gradient model beside a healthy one; write TensorBoard logs",
+        description="Trains a deep sigmoid MLP (its early-layer gradients vanish) beside a "
+        "deep ReLU MLP (it trains) on data made locally, and writes TensorBoard logs "
+        "with kgrad's gradient probes. About a minute on 2 CPU cores.",
+    )
+    demo_parser.set_defaults(run=_demo, parser=demo_parser)
+    demo_parser.add_argument("--log-dir", default=DEFAULT_DEMO_DIR, help=f"default: {DEFAULT_DEMO_DIR}")
+    demo_parser.add_argument("--epochs", type=_positive_int, default=10, help="per model; default: 10")
+    demo_parser.add_argument("--overwrite", action="store_true", help="replace earlier demo logs")
+    report_parser = commands.add_parser(
+        "report",
+        help="per-layer gradient-health table from kgrad's TensorBoard logs",
+        description="Reads every run under LOG_DIR written by kgrad.GradientProbe and "
+        "prints one gradient-health table per run. Exit status: 0 healthy, 1 when "
+        "a layer is flagged, 2 for usage errors.",
+    )
+    report_parser.set_defaults(run=_report, parser=report_parser)
+    report_parser.add_argument("log_dir", metavar="LOG_DIR", help="a TensorBoard log directory")
+    report_parser.add_argument(
+        "--vanishing-ratio",
+        type=_ratio,
+        default=defaults.vanishing_ratio,
+        help="flag a layer whose gradient norm is below this fraction of the "
+        f"largest layer's; default: {defaults.vanishing_ratio:g}",
+    )
+    report_parser.add_argument(
+        "--exploding-norm",
+        type=_positive_float,
+        default=defaults.exploding_norm,
+        help=f"flag a layer whose gradient norm is above this; default: {defaults.exploding_norm:g}",
+    )
+    report_parser.add_argument(
+        "--dead-fraction",
+        type=_fraction_or_one,
+        default=defaults.dead_fraction,
+        help="flag a layer with at least this fraction of zero activations; "
+        f"default: {defaults.dead_fraction:g}",
+    )
+    return parser
+
+
+def _demo(args):
+    try:
+        demo.main(args.log_dir, epochs=args.epochs, overwrite=args.overwrite)
+    except FileExistsError as error:
+        args.parser.error(str(error))
+    return 0
+
+
+def _report(args):
+    parser = args.parser
+    try:
+        thresholds = report.HealthThresholds(
+            vanishing_ratio=args.vanishing_ratio,
+            exploding_norm=args.exploding_norm,
+            dead_fraction=args.dead_fraction,
+        )
+        logs = read_logs(args.log_dir)
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
+    runs = report.health_report(logs, thresholds)
+    if not runs:
+        found = ", ".join(repr(run) for run in logs)
+        found = f"only runs without kgrad tags: {found}" if found else "no event files"
+        parser.error(
+            f"no kgrad logs under LOG_DIR={args.log_dir!r} ({found}). "
+            "Train with kgrad.GradientProbe(log_dir=...) and pass that log_dir, "
+            "or run `kgrad demo` first."
+        )
+    print(report_table.format_report(runs, thresholds))
+    return EXIT_FLAGGED if any(run.flagged for run in runs) else 0
+
+
+def main(argv=None):
+    """Runs the ``kgrad`` command; returns its exit status.
+
+    Example:
+
+    >>> from kgrad.cli import main
+    >>> main(["--help"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    SystemExit: 0
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

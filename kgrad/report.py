@@ -1,0 +1,296 @@
+"""Gradient health per layer, computed from the logs a `GradientProbe` wrote.
+
+Pure functions over what `kgrad.read_logs` returns: `health_report` turns
+logs into `RunHealth` values (`kgrad.report_table` turns those into text).
+Nothing here reads files or prints, so notebooks and CI scripts can use the
+numbers directly.
+
+A layer's *gradient norm* is the L2 norm of dJ/dw over all of its weights
+(what the optimizer gets), or, when weight gradients were not captured, of
+dJ/d(layer output). Flags:
+
+- ``vanishing``: the latest gradient norm is below ``vanishing_ratio`` times
+  the largest layer's latest gradient norm in the same run.
+- ``exploding``: the latest gradient norm is above ``exploding_norm``.
+- ``dead``: at least ``dead_fraction`` of the layer's latest activations are
+  exactly zero (e.g. ReLUs that never fire).
+- ``nonfinite``: a NaN or Inf was counted in the layer's activations or
+  gradients on any probed step.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from kgrad.reading import Series
+
+#: Tag prefixes that mark a run as written by kgrad.
+_KGRAD_PREFIXES = ("grad_norm/", "weight_grad_norm/", "global/grad_norm")
+
+#: The flags `layer_flags` can raise, in the order they are shown.
+FLAGS = ("nonfinite", "exploding", "vanishing", "dead")
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthThresholds:
+    """When `health_report` flags a layer (see the module docstring).
+
+    Args:
+        vanishing_ratio: Flag a layer whose gradient norm is below this
+            fraction of the largest layer's (a float in ``(0, 1)``).
+        exploding_norm: Flag a layer whose gradient norm is above this
+            (a positive float).
+        dead_fraction: Flag a layer with at least this fraction of zero
+            activations (a float in ``(0, 1]``).
+
+    Example:
+
+    >>> import kgrad
+    >>> strict = kgrad.HealthThresholds(vanishing_ratio=1e-2)
+    >>> strict.describe().split(";")[0]
+    "vanishing: grad norm < 0.01 x the largest layer's"
+    """
+
+    vanishing_ratio: float = 1e-3
+    exploding_norm: float = 1e3
+    dead_fraction: float = 0.99
+
+    def __post_init__(self):
+        _check_range("vanishing_ratio", self.vanishing_ratio, 0.0, 1.0, "1e-3")
+        _check_range("exploding_norm", self.exploding_norm, 0.0, math.inf, "1e3")
+        _check_range("dead_fraction", self.dead_fraction, 0.0, 1.0, "0.99", high_ok=True)
+
+    def describe(self):
+        """One line naming every threshold, as printed by ``kgrad report``."""
+        return (
+            f"vanishing: grad norm < {self.vanishing_ratio:g} x the largest layer's; "
+            f"exploding: grad norm > {self.exploding_norm:g}; "
+            f"dead: >= {self.dead_fraction:.0%} zero activations; "
+            "nonfinite: any NaN/Inf"
+        )
+
+
+def _check_range(argument, value, low, high, example, high_ok=False):
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    inside = is_number and low < value and (value <= high if high_ok else value < high)
+    if not inside:
+        bracket = "]" if high_ok else ")"
+        raise ValueError(
+            f"`{argument}` must be a number in ({low:g}, {high:g}{bracket}. "
+            f"Received: {argument}={value!r}. Example: {argument}={example}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerHealth:
+    """Gradient health of one layer (NaN where a quantity was not logged).
+
+    Attributes:
+        layer: The layer name used in the tags (``grad_norm/<layer>``).
+        grad_norm: Gradient norm at the last probed step.
+        trend: Geometric mean of the gradient norm over the last third of the
+            probes divided by the one over the first third (NaN for < 2 probes).
+        ratio_to_max: ``grad_norm`` over the largest ``grad_norm`` in the run.
+        zero_fraction: Fraction of exactly-zero activations, last probe.
+        update_ratio: ‖Δw‖ / ‖w‖ over the layer's weights, last probe.
+        nonfinite: NaN/Inf values counted over all probes and tensors.
+        flags: The raised flags, a subset of `FLAGS` in that order.
+    """
+
+    layer: str
+    grad_norm: float
+    trend: float
+    ratio_to_max: float
+    zero_fraction: float
+    update_ratio: float
+    nonfinite: int
+    flags: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHealth:
+    """Gradient health of every layer of one run.
+
+    Attributes:
+        run: The run name, as in `kgrad.read_logs` and TensorBoard.
+        gradient: What ``grad_norm`` measures: ``"dJ/dw"`` or ``"dJ/d(output)"``.
+        steps: The probed steps, an int64 array.
+        layers: `LayerHealth` per layer, in the order the probe logged them.
+    """
+
+    run: str
+    gradient: str
+    steps: np.ndarray
+    layers: tuple
+
+    @property
+    def flagged(self):
+        """The layers with at least one flag."""
+        return tuple(layer for layer in self.layers if layer.flags)
+
+
+def health_report(logs, thresholds=None):
+    """Gradient health of every kgrad run in ``logs``.
+
+    Args:
+        logs: What `kgrad.read_logs` returns.
+        thresholds: A `HealthThresholds`; ``None`` uses the defaults.
+
+    Returns:
+        A list of `RunHealth`, one per run that holds kgrad gradient tags, in
+        run order; empty when there is none (e.g. only Keras' ``train`` run).
+
+    Example:
+
+    >>> import kgrad, numpy as np
+    >>> from kgrad.reading import Series
+    >>> steps = np.array([0, 10])
+    >>> logs = {"kgrad": {"histograms": {}, "scalars": {
+    ...     "grad_norm/early": Series(steps, np.array([1e-4, 1e-6])),
+    ...     "grad_norm/late": Series(steps, np.array([0.5, 0.4]))}}}
+    >>> [(layer.layer, layer.flags) for layer in kgrad.health_report(logs)[0].layers]
+    [('early', ('vanishing',)), ('late', ())]
+    """
+    thresholds = HealthThresholds() if thresholds is None else thresholds
+    if not isinstance(thresholds, HealthThresholds):
+        raise TypeError(
+            f"`thresholds` must be a kgrad.HealthThresholds or None. Received: thresholds={thresholds!r}."
+        )
+    return [run_health(run, run_logs, thresholds) for run, run_logs in logs.items() if is_kgrad_run(run_logs)]
+
+
+def is_kgrad_run(run_logs):
+    """Whether a run of `kgrad.read_logs` holds gradient norms written by kgrad."""
+    return any(tag.startswith(_KGRAD_PREFIXES) for tag in run_logs["scalars"])
+
+
+def run_health(run, run_logs, thresholds):
+    """The `RunHealth` of one run of `kgrad.read_logs` output."""
+    scalars = run_logs["scalars"]
+    layers = _layer_weights(scalars)
+    use_weights = any(layers.values())
+    gradients = {
+        layer: _combined_norm(scalars, "weight_grad_norm", weights)
+        if use_weights
+        else _series(scalars, f"grad_norm/{layer}")
+        for layer, weights in layers.items()
+    }
+    latest = {layer: _last(series) for layer, series in gradients.items()}
+    largest = max((value for value in latest.values() if math.isfinite(value)), default=math.nan)
+    rows = []
+    for layer, weights in layers.items():
+        row = LayerHealth(
+            layer=layer,
+            grad_norm=latest[layer],
+            trend=_trend(gradients[layer]),
+            ratio_to_max=latest[layer] / largest if largest > 0 else math.nan,
+            zero_fraction=_last(_series(scalars, f"activation_zero_fraction/{layer}")),
+            update_ratio=_update_ratio(scalars, weights),
+            nonfinite=_nonfinite_count(scalars, layer, weights),
+            flags=(),
+        )
+        rows.append(dataclasses.replace(row, flags=layer_flags(row, thresholds)))
+    steps = next((s.steps for s in gradients.values() if s is not None), np.zeros([0], np.int64))
+    return RunHealth(run, "dJ/dw" if use_weights else "dJ/d(output)", steps, tuple(rows))
+
+
+def layer_flags(row, thresholds):
+    """The flags of one `LayerHealth` under ``thresholds``, in `FLAGS` order."""
+    raised = {
+        "nonfinite": row.nonfinite > 0 or math.isinf(row.grad_norm),
+        "exploding": row.grad_norm > thresholds.exploding_norm,
+        "vanishing": row.ratio_to_max < thresholds.vanishing_ratio,
+        "dead": row.zero_fraction >= thresholds.dead_fraction,
+    }
+    return tuple(flag for flag in FLAGS if raised[flag])
+
+
+def _layer_weights(scalars):
+    """Layer name -> its weight paths, layers in logged (forward) order.
+
+    Layers come from ``grad_norm/`` and ``activation_*/`` tags; a weight
+    ``<model>/<layer>/kernel`` belongs to the layer whose name ends its
+    owner path. Weights of layers that were not captured form their own row,
+    named by that owner path.
+    """
+    layers = {}
+    for tag in scalars:
+        prefix, _, name = tag.partition("/")
+        if prefix == "grad_norm" or prefix.startswith("activation_"):
+            layers.setdefault(name, [])
+    for tag in scalars:
+        if tag.startswith("weight_grad_norm/"):
+            path = tag[len("weight_grad_norm/") :]
+            owner = path.rpartition("/")[0] or path
+            matches = [name for name in layers if owner == name or owner.endswith("/" + name)]
+            layers.setdefault(max(matches, key=len) if matches else owner, []).append(path)
+    return layers
+
+
+def _aligned(series_list):
+    """The steps all series share (sorted) and their values, ``[series, steps]``.
+
+    A step logged twice (e.g. a resumed run) keeps its last value.
+    """
+    by_step = [dict(zip(series.steps.tolist(), series.values.tolist())) for series in series_list]
+    common = sorted(set.intersection(*(set(values) for values in by_step)))
+    values = np.array([[values[step] for step in common] for values in by_step], np.float64)
+    return np.array(common, np.int64), values.reshape(len(series_list), len(common))
+
+
+def _series(scalars, tag):
+    if tag not in scalars:
+        return None
+    steps, values = _aligned([scalars[tag]])
+    return Series(steps, values[0])
+
+
+def _combined_norm(scalars, prefix, names):
+    """The L2 norm of several tensors from their ``<prefix>/<name>`` norms."""
+    present = [scalars[f"{prefix}/{name}"] for name in names if f"{prefix}/{name}" in scalars]
+    if not present:
+        return None
+    steps, values = _aligned(present)
+    return Series(steps, np.sqrt(np.sum(np.square(values), axis=0)))
+
+
+def _last(series):
+    if series is None or len(series.values) == 0:
+        return math.nan
+    return float(series.values[-1])
+
+
+def _trend(series):
+    if series is None or len(series.values) < 2:
+        return math.nan
+    third = max(1, len(series.values) // 3)
+    tiny = np.finfo(np.float64).tiny
+
+    def geometric_mean(values):
+        return float(np.exp(np.mean(np.log(np.maximum(values, tiny)))))
+
+    return geometric_mean(series.values[-third:]) / geometric_mean(series.values[:third])
+
+
+def _update_ratio(scalars, weights):
+    # ‖Δw‖/‖w‖ over all the layer's weights from the per-weight ratios:
+    # ‖Δw_i‖ = ratio_i × max(‖w_i‖, 1e-12) (the probe's guard for weights
+    # that start at zero, like biases), and norms of a union add in squares.
+    ratios = [scalars.get(f"update_ratio/{w}") for w in weights]
+    norms = [scalars.get(f"weight_norm/{w}") for w in weights]
+    if not weights or any(series is None for series in ratios + norms):
+        return math.nan
+    _, values = _aligned(ratios + norms)
+    if values.shape[1] == 0:
+        return math.nan
+    ratio, norm = values[: len(weights), -1], values[len(weights) :, -1]
+    update = math.sqrt(float(np.sum(np.square(ratio * np.maximum(norm, 1e-12)))))
+    total = math.sqrt(float(np.sum(np.square(norm))))
+    return update / total if total > 0 else math.nan
+
+
+def _nonfinite_count(scalars, layer, weights):
+    tags = [f"{kind}_nonfinite/{layer}" for kind in ("activation", "grad")]
+    tags += [f"weight_grad_nonfinite/{w}" for w in weights]
+    return int(sum(np.sum(scalars[tag].values) for tag in tags if tag in scalars))

@@ -1,0 +1,67 @@
+"""The text of ``kgrad report``: one gradient-health table per run.
+
+Formats the `kgrad.report.RunHealth` values computed by `kgrad.health_report`;
+computes nothing itself.
+"""
+
+import math
+
+_COLUMNS = ("layer", "grad norm", "trend", "/ largest", "zero act", "update/w", "NaN/Inf", "flags")
+
+
+def format_run(run):
+    """One run's `RunHealth` as a text table, headed by the run and its steps.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from kgrad.report import LayerHealth, RunHealth
+    >>> from kgrad.report_table import format_run
+    >>> row = LayerHealth("dense", 0.5, 0.8, 1.0, 0.25, 1e-3, 0, ())
+    >>> print(format_run(RunHealth("kgrad", "dJ/dw", np.array([0, 10]), (row,))))
+    run 'kgrad': 2 probes, steps 0..10; grad norm = L2 norm of dJ/dw over the layer's weights
+    layer  grad norm  trend  / largest  zero act  update/w  NaN/Inf  flags
+    dense  5.0e-01    x0.80  1.0e+00    0.25      1.0e-03   0        ok
+    """
+    what = {
+        "dJ/dw": "L2 norm of dJ/dw over the layer's weights",
+        "dJ/d(output)": "L2 norm of dJ/d(layer output)",
+    }[run.gradient]
+    span = f"steps {run.steps[0]}..{run.steps[-1]}" if len(run.steps) else "no steps"
+    header = f"run {run.run!r}: {len(run.steps)} probes, {span}; grad norm = {what}"
+    cells = [_COLUMNS] + [
+        (
+            layer.layer,
+            _number(layer.grad_norm, ".1e"),
+            "-" if math.isnan(layer.trend) else f"x{layer.trend:.2f}",
+            _number(layer.ratio_to_max, ".1e"),
+            _number(layer.zero_fraction, ".2f"),
+            _number(layer.update_ratio, ".1e"),
+            str(layer.nonfinite),
+            " ".join(flag.upper() for flag in layer.flags) or "ok",
+        )
+        for layer in run.layers
+    ]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join([header] + lines)
+
+
+def format_report(runs, thresholds):
+    """The full ``kgrad report`` text: thresholds, one table per run, a verdict."""
+    parts = [f"Thresholds: {thresholds.describe()}"]
+    parts += [format_run(run) for run in runs]
+    flagged = [run for run in runs if run.flagged]
+    if flagged:
+        problems = "; ".join(
+            f"{run.run}: " + ", ".join(f"{layer.layer} ({' '.join(layer.flags)})" for layer in run.flagged)
+            for run in flagged
+        )
+        parts.append(f"PROBLEMS in {len(flagged)} of {len(runs)} runs. {problems}")
+    else:
+        parts.append(f"OK: no layer flagged in {len(runs)} run{'s' if len(runs) != 1 else ''}.")
+    return "\n\n".join(parts)
+
+
+def _number(value, spec):
+    return "-" if math.isnan(value) else format(value, spec)

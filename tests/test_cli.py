@@ -1,0 +1,141 @@
+"""The `kgrad` command line: exit status, output, usage errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from kgrad import cli, demo
+
+
+def write_run(run_dir, norms):
+    """A kgrad-like run: ``grad_norm/<layer>`` at steps 0 and 10."""
+    writer = tf.summary.create_file_writer(str(run_dir))
+    with writer.as_default():
+        for step in (0, 10):
+            for layer, norm in norms.items():
+                tf.summary.scalar(f"grad_norm/{layer}", norm, step=step)
+    writer.close()
+
+
+@pytest.fixture
+def healthy(tmp_path):
+    write_run(tmp_path / "model" / "kgrad", {"first": 0.5, "last": 1.0})
+    return str(tmp_path)
+
+
+@pytest.fixture
+def vanishing(tmp_path):
+    write_run(tmp_path / "deep" / "kgrad", {"first": 1e-6, "last": 1.0})
+    write_run(tmp_path / "fine" / "kgrad", {"first": 0.5, "last": 1.0})
+    return str(tmp_path)
+
+
+def test_report_healthy_exits_0(healthy, capsys):
+    assert cli.main(["report", healthy]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Thresholds: vanishing: grad norm < 0.001 x the largest layer's")
+    assert "run 'model/kgrad': 2 probes, steps 0..10" in out
+    assert out.rstrip().endswith("OK: no layer flagged in 1 run.")
+
+
+def test_report_flagged_exits_1_with_one_table_per_run(vanishing, capsys):
+    assert cli.main(["report", vanishing]) == cli.EXIT_FLAGGED == 1
+    out = capsys.readouterr().out
+    assert "run 'deep/kgrad'" in out and "run 'fine/kgrad'" in out
+    assert out.rstrip().endswith("PROBLEMS in 1 of 2 runs. deep/kgrad: first (vanishing)")
+
+
+def test_report_thresholds_are_options(vanishing, capsys):
+    assert cli.main(["report", vanishing, "--vanishing-ratio", "1e-7"]) == 0
+    assert "vanishing: grad norm < 1e-07 x" in capsys.readouterr().out
+    assert cli.main(["report", vanishing, "--exploding-norm", "0.9"]) == 1
+    assert "EXPLODING" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["report", "{tmp}/missing"], "`log_dir` does not exist: log_dir='{tmp}/missing'"),
+        (
+            ["report", "{tmp}/keras_only"],
+            "no kgrad logs under LOG_DIR='{tmp}/keras_only' (only runs without kgrad tags: 'train')",
+        ),
+        (["report", "{tmp}/empty"], "no kgrad logs under LOG_DIR='{tmp}/empty' (no event files)"),
+        (
+            ["report", "{tmp}", "--vanishing-ratio", "2"],
+            "argument --vanishing-ratio: must be a number in (0, 1), received '2'",
+        ),
+        (
+            ["report", "{tmp}", "--exploding-norm", "-3"],
+            "argument --exploding-norm: must be a positive number, received '-3'",
+        ),
+        (
+            ["report", "{tmp}", "--dead-fraction", "lots"],
+            "argument --dead-fraction: must be a number in (0, 1], received 'lots'",
+        ),
+        (["demo", "--epochs", "0"], "argument --epochs: must be a positive integer, received '0'"),
+        (["report"], "the following arguments are required: LOG_DIR"),
+        (["explain"], "invalid choice: 'explain'"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_clear_message(tmp_path, capsys, argv, message):
+    (tmp_path / "empty").mkdir()
+    write_scalar_run = tf.summary.create_file_writer(str(tmp_path / "keras_only" / "train"))
+    with write_scalar_run.as_default():
+        tf.summary.scalar("epoch_loss", 1.0, step=0)
+    write_scalar_run.close()
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == cli.EXIT_USAGE == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "demo" in err and "report" in err
+
+
+def test_demo_command_runs_the_demo_and_says_how_to_look(tmp_path, capsys, monkeypatch):
+    # Training is tested in test_demo.py; here, what the command adds to it.
+    calls = []
+
+    def fake_run_demo(log_dir, epochs, overwrite, out):
+        calls.append((log_dir, epochs, overwrite))
+        return {"sigmoid_deep": 0.5, "relu_deep": 0.97}
+
+    monkeypatch.setattr(demo, "run_demo", fake_run_demo)
+    log_dir = str(tmp_path / "demo logs")
+    assert cli.main(["demo", "--log-dir", log_dir, "--epochs", "3"]) == 0
+    assert calls == [(log_dir, 3, False)]
+    out = capsys.readouterr().out
+    assert "Final training accuracy: sigmoid_deep 0.50, relu_deep 0.97." in out
+    assert f"tensorboard --logdir '{log_dir}'" in out
+    assert f"kgrad report '{log_dir}'" in out
+
+
+def test_demo_command_keeps_earlier_logs(tmp_path, capsys):
+    (tmp_path / "sigmoid_deep" / "train").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "Pass --overwrite to replace them, or another --log-dir" in capsys.readouterr().err
+
+
+def test_installed_console_script(vanishing):
+    script = os.path.join(os.path.dirname(sys.executable), "kgrad")
+    if not os.path.exists(script):
+        pytest.skip(f"no `kgrad` script beside {sys.executable}; run `pip install -e .`")
+    result = subprocess.run(
+        [script, "report", vanishing],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 1, result.stderr
+    assert "VANISHING" in result.stdout

@@ -1,0 +1,201 @@
+"""Gradient-health analysis on hand-made logs, with hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kgrad import report, report_table
+from kgrad.reading import Series
+
+STEPS = np.array([0, 10, 20])
+
+
+def series(*values, steps=None):
+    steps = STEPS[: len(values)] if steps is None else steps
+    return Series(np.asarray(steps, np.int64), np.asarray(values, np.float64))
+
+
+def run_logs(**scalars):
+    """A run of read_logs output; keyword ``a__b`` becomes tag ``a/b``."""
+    return {"scalars": {tag.replace("__", "/"): value for tag, value in scalars.items()}, "histograms": {}}
+
+
+def one_run(scalars, thresholds=None):
+    (run,) = report.health_report({"kgrad": {"scalars": scalars, "histograms": {}}}, thresholds)
+    return {layer.layer: layer for layer in run.layers}, run
+
+
+def test_weight_gradients_are_combined_per_layer_in_logged_order():
+    layers, run = one_run(
+        {
+            "activation_zero_fraction/late": series(0.0, 0.0, 0.5),
+            "grad_norm/late": series(1.0, 1.0, 1.0),
+            "grad_norm/early": series(1.0, 1.0, 1.0),
+            "weight_grad_norm/m/early/kernel": series(3.0, 3.0, 3.0),
+            "weight_grad_norm/m/early/bias": series(4.0, 4.0, 4.0),
+            "weight_grad_norm/m/late/kernel": series(10.0, 10.0, 10.0),
+            "weight_grad_norm/m/unprobed/kernel": series(1.0, 1.0, 1.0),
+        }
+    )
+    assert list(layers) == ["late", "early", "m/unprobed"]
+    assert run.gradient == "dJ/dw" and run.steps.tolist() == [0, 10, 20]
+    assert layers["early"].grad_norm == 5.0  # sqrt(3^2 + 4^2)
+    assert layers["early"].ratio_to_max == 0.5
+    assert layers["late"].zero_fraction == 0.5 and math.isnan(layers["early"].zero_fraction)
+
+
+def test_activation_gradients_are_used_when_weight_gradients_were_not_captured():
+    layers, run = one_run({"grad_norm/a": series(2.0, 2.0, 4.0), "grad_norm/b": series(8.0, 8.0, 8.0)})
+    assert run.gradient == "dJ/d(output)"
+    assert (layers["a"].grad_norm, layers["a"].ratio_to_max) == (4.0, 0.5)
+
+
+def test_trend_is_last_third_over_first_third_geometric():
+    values = [1.0, 4.0, 2.0, 2.0, 8.0, 32.0]
+    layers, _ = one_run({"grad_norm/a": series(*values, steps=range(6))})
+    # thirds of 6 probes are 2 probes: sqrt(8 * 32) / sqrt(1 * 4) = 8
+    assert layers["a"].trend == pytest.approx(8.0)
+    single, _ = one_run({"grad_norm/a": series(1.0, steps=[0])})
+    assert math.isnan(single["a"].trend)
+
+
+def test_latest_is_the_highest_step_and_repeated_steps_keep_the_last_value():
+    layers, _ = one_run({"grad_norm/a": series(5.0, 1.0, 2.0, 3.0, steps=[20, 0, 10, 20])})
+    assert layers["a"].grad_norm == 3.0
+
+
+def test_update_ratio_of_a_layer_is_over_all_its_weights():
+    layers, _ = one_run(
+        {
+            "weight_grad_norm/m/d/kernel": series(1.0, 1.0, 1.0),
+            "weight_grad_norm/m/d/bias": series(1.0, 1.0, 1.0),
+            "weight_norm/m/d/kernel": series(3.0, 3.0, 3.0),
+            "weight_norm/m/d/bias": series(4.0, 4.0, 4.0),
+            "update_ratio/m/d/kernel": series(0.0, 0.0, 0.1),
+            "update_ratio/m/d/bias": series(0.0, 0.0, 0.0),
+        }
+    )
+    # ‖Δw‖ = 0.1 * 3 for the kernel, 0 for the bias; ‖w‖ = sqrt(9 + 16) = 5.
+    assert layers["m/d"].update_ratio == pytest.approx(0.3 / 5.0)
+
+
+def test_nonfinite_counts_add_over_probes_and_tensors():
+    layers, _ = one_run(
+        {
+            "grad_norm/d": series(1.0, 1.0, 1.0),
+            "activation_nonfinite/d": series(0.0, 2.0, 0.0),
+            "grad_nonfinite/d": series(1.0, 0.0, 0.0),
+            "weight_grad_norm/m/d/kernel": series(1.0, 1.0, 1.0),
+            "weight_grad_nonfinite/m/d/kernel": series(0.0, 0.0, 4.0),
+        }
+    )
+    assert layers["d"].nonfinite == 7
+    assert layers["d"].flags == ("nonfinite",)
+
+
+@pytest.mark.parametrize(
+    "latest, zero_fraction, nonfinite, expected",
+    [
+        (1.0, 0.0, 0, ()),
+        (9e-4, 0.0, 0, ("vanishing",)),  # 9e-4 of the reference layer's 1.0
+        (1e-3, 0.0, 0, ()),  # at the threshold: not flagged
+        (2e3, 0.0, 0, ("exploding",)),
+        (math.inf, 0.0, 0, ("nonfinite", "exploding")),
+        (1.0, 0.99, 0, ("dead",)),
+        (1.0, 0.98, 0, ()),
+        (1e-5, 1.0, 3, ("nonfinite", "vanishing", "dead")),
+    ],
+)
+def test_flags(latest, zero_fraction, nonfinite, expected):
+    layers, _ = one_run(
+        {
+            "grad_norm/layer": series(1.0, 1.0, latest),
+            "activation_zero_fraction/layer": series(0.0, 0.0, zero_fraction),
+            "grad_nonfinite/layer": series(0.0, 0.0, nonfinite),
+            "grad_norm/reference": series(1.0, 1.0, 1.0),
+        }
+    )
+    assert layers["layer"].flags == expected
+
+
+def test_thresholds_are_options():
+    scalars = {"grad_norm/a": series(1.0, 1.0, 0.01), "grad_norm/b": series(1.0, 1.0, 1.0)}
+    assert one_run(scalars)[0]["a"].flags == ()
+    strict = report.HealthThresholds(vanishing_ratio=0.1, exploding_norm=0.5, dead_fraction=0.5)
+    layers, _ = one_run(scalars, strict)
+    assert layers["a"].flags == ("vanishing",) and layers["b"].flags == ("exploding",)
+
+
+def test_only_runs_with_kgrad_tags_are_reported():
+    logs = {
+        "m/train": run_logs(epoch_loss=series(1.0, 0.5, 0.2)),
+        "m/kgrad": run_logs(grad_norm__d=series(1.0, 1.0, 1.0)),
+        "other/kgrad": run_logs(global__grad_norm=series(1.0, 1.0, 1.0)),
+    }
+    assert [run.run for run in report.health_report(logs)] == ["m/kgrad", "other/kgrad"]
+    assert report.health_report({"m/train": logs["m/train"]}) == []
+
+
+@pytest.mark.parametrize(
+    "argument, value, match",
+    [
+        (
+            "vanishing_ratio",
+            0.0,
+            r"`vanishing_ratio` must be a number in \(0, 1\). Received: vanishing_ratio=0.0",
+        ),
+        ("vanishing_ratio", 1.0, r"Received: vanishing_ratio=1.0. Example: vanishing_ratio=1e-3"),
+        (
+            "exploding_norm",
+            -1,
+            r"`exploding_norm` must be a number in \(0, inf\). Received: exploding_norm=-1",
+        ),
+        ("dead_fraction", 1.5, r"`dead_fraction` must be a number in \(0, 1\]. Received: dead_fraction=1.5"),
+        ("dead_fraction", "high", r"Received: dead_fraction='high'"),
+    ],
+)
+def test_threshold_errors(argument, value, match):
+    with pytest.raises(ValueError, match=match):
+        report.HealthThresholds(**{argument: value})
+
+
+def test_health_report_rejects_other_thresholds():
+    with pytest.raises(TypeError, match=r"Received: thresholds=\{'vanishing_ratio': 0.1\}"):
+        report.health_report({}, {"vanishing_ratio": 0.1})
+
+
+def test_format_report_names_thresholds_runs_and_problems():
+    logs = {
+        "bad/kgrad": run_logs(
+            grad_norm__early=series(1e-7, 1e-7, 1e-7), grad_norm__late=series(1.0, 1.0, 1.0)
+        ),
+        "good/kgrad": run_logs(grad_norm__early=series(0.5, 0.5, 0.5)),
+    }
+    thresholds = report.HealthThresholds()
+    text = report_table.format_report(report.health_report(logs, thresholds), thresholds)
+    assert text.splitlines()[0] == (
+        "Thresholds: vanishing: grad norm < 0.001 x the largest layer's; exploding: grad "
+        "norm > 1000; dead: >= 99% zero activations; nonfinite: any NaN/Inf"
+    )
+    assert "run 'bad/kgrad': 3 probes, steps 0..20; grad norm = L2 norm of dJ/d(layer output)" in text
+    early = next(line for line in text.splitlines() if line.startswith("early  1.0e-07"))
+    assert early.split() == ["early", "1.0e-07", "x1.00", "1.0e-07", "-", "-", "0", "VANISHING"]
+    assert text.splitlines()[-1] == "PROBLEMS in 1 of 2 runs. bad/kgrad: early (vanishing)"
+    healthy = report_table.format_report(report.health_report({"g": logs["good/kgrad"]}), thresholds)
+    assert healthy.splitlines()[-1] == "OK: no layer flagged in 1 run."
+
+
+def test_update_ratio_counts_the_update_of_a_weight_that_was_zero():
+    layers, _ = one_run(
+        {
+            "weight_grad_norm/m/d/kernel": series(1.0),
+            "weight_grad_norm/m/d/bias": series(1.0),
+            "weight_norm/m/d/kernel": series(2.0),
+            "weight_norm/m/d/bias": series(0.0),
+            "update_ratio/m/d/kernel": series(0.0),
+            # A bias at zero moved by 0.5: the probe divides by 1e-12, not 0.
+            "update_ratio/m/d/bias": series(0.5 / 1e-12),
+        },
+    )
+    assert layers["m/d"].update_ratio == pytest.approx(0.5 / 2.0)

@@ -1,0 +1,238 @@
+"""What `GradientProbe` writes to TensorBoard, read back from the event files."""
+
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+from kgrad import tensorboard
+
+# The tag scheme, spelled out here on purpose: it is the users' TensorBoard
+# layout, so a change must show up as a failing test.
+STATS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
+WEIGHTS = ("tiny/hidden/kernel", "tiny/hidden/bias", "tiny/out/kernel", "tiny/out/bias")
+TENSORS = (
+    [("activation", layer) for layer in ("hidden", "out")]
+    + [("grad", layer) for layer in ("hidden", "out")]
+    + [("pred_grad", "output"), ("input_grad", "input")]
+    + [("weight_grad", weight) for weight in WEIGHTS]
+)
+EXPECTED_SCALARS = (
+    {f"{kind}_{stat}/{name}" for kind, name in TENSORS for stat in STATS}
+    | {"pred_grad_example_norm_mean/output", "pred_grad_example_norm_max/output"}
+    | {f"weight_norm/{weight}" for weight in WEIGHTS}
+    | {f"update_ratio/{weight}" for weight in WEIGHTS}
+    | {"global/grad_norm"}
+)
+EXPECTED_HISTOGRAMS = {f"{kind}_hist/{name}" for kind, name in TENSORS}
+# Elements of each histogrammed tensor for one batch of 4: hidden is 3 -> 2.
+ELEMENTS = {
+    "activation_hist/hidden": 4 * 2,
+    "grad_hist/hidden": 4 * 2,
+    "activation_hist/out": 4 * 1,
+    "grad_hist/out": 4 * 1,
+    "pred_grad_hist/output": 4 * 1,
+    "input_grad_hist/input": 4 * 3,
+    "weight_grad_hist/tiny/hidden/kernel": 3 * 2,
+    "weight_grad_hist/tiny/hidden/bias": 2,
+    "weight_grad_hist/tiny/out/kernel": 2 * 1,
+    "weight_grad_hist/tiny/out/bias": 1,
+}
+
+
+def tiny_model():
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(2, activation="relu", name="hidden"),
+            keras.layers.Dense(1, name="out"),
+        ],
+        name="tiny",
+    )
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def tiny_data(samples=8):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(samples, 3)).astype("float32"), rng.normal(size=(samples, 1)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """One fit: 2 epochs of 2 steps, every step probed, with Keras' TensorBoard."""
+    keras.utils.set_random_seed(0)
+    log_dir = str(tmp_path_factory.mktemp("logs"))
+    model = tiny_model()
+    initial_kernel = model.get_layer("hidden").kernel.numpy()
+    records = []
+    probe = kgrad.GradientProbe(log_dir, every_n_steps=1, bucket_count=4, on_probe=records.append)
+    x, y = tiny_data()
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        validation_data=(x, y),
+        verbose=0,
+        callbacks=[keras.callbacks.TensorBoard(log_dir), probe],
+    )
+    return {
+        "log_dir": log_dir,
+        "logs": kgrad.read_logs(log_dir),
+        "records": records,
+        "initial_kernel": initial_kernel,
+        "model": model,
+        "x": x,
+    }
+
+
+def test_runs_and_tags_are_exactly_the_documented_scheme(logged):
+    logs = logged["logs"]
+    assert set(logs) == {"kgrad", "train", "validation"}
+    pairs = {(run, tag) for run, data in logs.items() for tag in data["scalars"]}
+    kgrad_pairs = {pair for pair in pairs if pair[0] == "kgrad"}
+    assert kgrad_pairs == {("kgrad", tag) for tag in EXPECTED_SCALARS}
+    assert ("train", "epoch_loss") in pairs and ("validation", "epoch_loss") in pairs
+    histogram_pairs = {(run, tag) for run, data in logs.items() for tag in data["histograms"]}
+    assert histogram_pairs == {("kgrad", tag) for tag in EXPECTED_HISTOGRAMS}
+
+
+def test_event_file_is_in_its_own_run_folder_beside_keras(logged):
+    assert sorted(os.listdir(logged["log_dir"])) == ["kgrad", "train", "validation"]
+    files = os.listdir(os.path.join(logged["log_dir"], "kgrad"))
+    assert len(files) == 1 and files[0].startswith("events.out.tfevents.")
+
+
+def test_every_probed_step_is_logged_at_optimizer_iterations(logged):
+    for tag, series in logged["logs"]["kgrad"]["scalars"].items():
+        assert series.steps.tolist() == [0, 1, 2, 3], tag
+    for tag, series in logged["logs"]["kgrad"]["histograms"].items():
+        assert series.steps.tolist() == [0, 1, 2, 3], tag
+        assert series.values.shape == (4, 4, 3), tag
+
+
+def test_logged_values_are_the_probe_records(logged):
+    scalars = logged["logs"]["kgrad"]["scalars"]
+    histograms = logged["logs"]["kgrad"]["histograms"]
+    for index, record in enumerate(logged["records"]):
+        assert record.step == index
+        for tag, value in record.scalars.items():
+            np.testing.assert_allclose(scalars[tag].values[index], value, rtol=1e-6, err_msg=tag)
+        for tag, buckets in record.histograms.items():
+            np.testing.assert_allclose(histograms[tag].values[index], buckets, rtol=1e-6, err_msg=tag)
+
+
+def test_step_zero_values_match_a_numpy_forward_pass(logged):
+    scalars = logged["logs"]["kgrad"]["scalars"]
+    kernel = logged["initial_kernel"]
+    # The hidden bias starts at zero; the first batch is the first 4 samples.
+    hidden = np.maximum(logged["x"][:4] @ kernel, 0.0)
+    np.testing.assert_allclose(
+        scalars["weight_norm/tiny/hidden/kernel"].values[0], np.linalg.norm(kernel), rtol=1e-5
+    )
+    np.testing.assert_allclose(scalars["activation_norm/hidden"].values[0], np.linalg.norm(hidden), rtol=1e-5)
+    np.testing.assert_allclose(scalars["activation_zero_fraction/hidden"].values[0], np.mean(hidden == 0))
+    np.testing.assert_allclose(scalars["activation_max/hidden"].values[0], hidden.max(), rtol=1e-5)
+
+
+def test_histogram_counts_add_up_to_the_elements_and_span_min_to_max(logged):
+    scalars = logged["logs"]["kgrad"]["scalars"]
+    for tag, series in logged["logs"]["kgrad"]["histograms"].items():
+        assert series.values[..., 2].sum(axis=1).tolist() == [ELEMENTS[tag]] * 4, tag
+        kind, _, name = tag.partition("_hist/")
+        low, high = scalars[f"{kind}_min/{name}"].values, scalars[f"{kind}_max/{name}"].values
+        degenerate = low == high  # widened by 0.5 on each side, as TensorBoard does
+        np.testing.assert_allclose(series.values[:, 0, 0], np.where(degenerate, low - 0.5, low), rtol=1e-5)
+        np.testing.assert_allclose(series.values[:, -1, 1], np.where(degenerate, high + 0.5, high), rtol=1e-5)
+
+
+def test_no_event_file_until_something_is_written(tmp_path):
+    writer = tensorboard.ProbeWriter(tmp_path)
+    writer.flush()
+    writer.close()
+    kgrad.GradientProbe(tmp_path / "unused")
+    assert os.listdir(tmp_path) == []
+
+
+def test_events_are_on_disk_at_the_end_of_each_epoch(tmp_path):
+    seen = []
+
+    class ReadAtEpochEnd(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            steps = kgrad.read_logs(tmp_path)["kgrad"]["scalars"]["grad_norm/hidden"].steps
+            seen.append(steps.tolist())
+
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=2)
+    x, y = tiny_data(16)
+    tiny_model().fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[probe, ReadAtEpochEnd()])
+    assert seen == [[0, 2], [0, 2, 4, 6]]
+
+
+def test_keras_tensorboard_update_freq_does_not_drop_probed_steps(tmp_path):
+    # Keras wraps each batch in tf.summary.record_if(step % update_freq == 0).
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=2, histograms=False)
+    x, y = tiny_data(16)
+    tiny_model().fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=1,
+        verbose=0,
+        callbacks=[keras.callbacks.TensorBoard(tmp_path, update_freq=3), probe],
+    )
+    logs = kgrad.read_logs(tmp_path)
+    assert logs["kgrad"]["scalars"]["grad_norm/hidden"].steps.tolist() == [0, 2]
+    assert logs["kgrad"]["histograms"] == {}
+
+
+@pytest.mark.parametrize("layers", [["hidden", "out"], ["hidden_1", "hidden_12", "output"]])
+def test_layout_puts_every_layer_gradient_norm_on_one_chart(layers):
+    tags = [f"grad_norm/{layer}" for layer in layers] + ["weight_grad_norm/m/hidden/kernel"]
+    charts = [chart for category in tensorboard.custom_scalar_layout().category for chart in category.chart]
+    matching = [
+        chart.title for chart in charts if all(re.match(chart.multiline.tag[0], tag) for tag in tags[:-1])
+    ]
+    assert matching == ["dJ/d(activation) norm, every layer"]
+    grad_chart = next(chart for chart in charts if chart.title == matching[0])
+    assert not re.match(grad_chart.multiline.tag[0], tags[-1])
+
+
+@pytest.mark.parametrize(
+    "tag, description",
+    [
+        ("grad_norm/dense", "kgrad: L2 norm of dJ/d(output of layer `dense`)"),
+        ("activation_zero_fraction/d", "kgrad: fraction of zeros in the output of layer `d`"),
+        ("weight_grad_hist/m/d/kernel", "kgrad: histogram of dJ/dw for weight `m/d/kernel`"),
+        ("input_grad_nonfinite/input", "kgrad: count of NaN/Inf in dJ/dx for input `input`"),
+        ("global/grad_norm", "kgrad: ‖dJ/dw‖ over all trainable weights"),
+        ("update_ratio/m/d/bias", "kgrad: ‖Δw‖ / ‖w‖ of weight `m/d/bias` in the probed step"),
+        (
+            "global/loss_scale_skipped",
+            "kgrad: 1 if the loss scaler skipped the update (its scaled gradients overflowed), else 0",
+        ),
+        ("global/other", "kgrad"),
+        ("something/else", "kgrad"),
+    ],
+)
+def test_describe_tag(tag, description):
+    assert tensorboard.describe_tag(tag) == description
+
+
+def test_writer_round_trip_across_reopened_event_files(tmp_path):
+    first = kgrad.ProbeRecord(3, {"grad_norm/a": 0.5}, {"grad_hist/a": np.array([[0.0, 1.0, 4.0]])})
+    second = kgrad.ProbeRecord(5, {"grad_norm/a": 0.25}, {"grad_hist/a": np.array([[1.0, 2.0, 4.0]])})
+    writer = tensorboard.ProbeWriter(tmp_path)
+    writer.write(first)
+    writer.close()
+    writer.write(second)
+    writer.close()
+    run = kgrad.read_logs(tmp_path)["kgrad"]
+    assert len(os.listdir(tmp_path / "kgrad")) == 2
+    assert run["scalars"]["grad_norm/a"].steps.tolist() == [3, 5]
+    assert run["scalars"]["grad_norm/a"].values.tolist() == [0.5, 0.25]
+    np.testing.assert_array_equal(run["histograms"]["grad_hist/a"].values, [[[0, 1, 4]], [[1, 2, 4]]])
