@@ -251,7 +251,8 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
     if captures("weight_gradients"):
         for weight, gradient in reversed(list(zip(weights, gradients))):
             if gradient is not None:
-                watched.append((f"weight_grad/{weight.path}", tf.convert_to_tensor(gradient)))
+                path = weight.path.removeprefix(f"{model.name}/")
+                watched.append((f"weight_grad/{path}", tf.convert_to_tensor(gradient)))
     return watched
 
 

@@ -210,7 +210,7 @@ def _layer_weights(scalars):
     """Layer name -> its weight paths, layers in logged (forward) order.
 
     Layers come from ``grad_norm/`` and ``activation_*/`` tags; a weight
-    ``<model>/<layer>/kernel`` belongs to the layer whose name ends its
+    ``<layer>/kernel`` (or ``<nested model>/<layer>/kernel``) belongs to the layer whose name ends its
     owner path. Weights of layers that were not captured form their own row,
     named by that owner path.
     """

@@ -78,6 +78,7 @@ class ProbingStep:
 
     def prepare(self):
         """Resets the probe schedule; call eagerly before ``fit`` trains."""
+        replicas.check_strategy(self.model, "kgrad")
         if self._counter is None:
             self._counter = replicas.create_variables(
                 self.model,
@@ -315,8 +316,12 @@ class ProbingStep:
             for name, tensor in probe.activations.items():
                 builder.add_tensor("activation", name, batch(tensor))
         if capture("activation_gradients"):
+            output_gradients = _output_gradients(probe, prediction_gradient)
             for name, gradient in probe.gradients.items():
-                builder.add_tensor("grad", name, batch(unscale(gradient)))
+                # A softmax/sigmoid output under cross-entropy is cut from the
+                # loss by Keras' logits shortcut; its gradient is dJ/dŷ.
+                gradient = output_gradients.get(name, unscale(gradient))
+                builder.add_tensor("grad", name, batch(gradient))
         if capture("prediction_gradient"):
             _add_prediction_gradient(
                 builder, model, tf.nest.map_structure(batch, prediction_gradient())
@@ -328,6 +333,8 @@ class ProbingStep:
                 builder.add_tensor("input_grad", name, batch(unscale(gradient)))
         if capture("weight_gradients"):
             self._add_weight_gradients(builder, gradients, weights, unscale)
+        if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+            _add_loss_scale(builder, model.optimizer)
         return builder
 
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
@@ -335,12 +342,13 @@ class ProbingStep:
         snapshots = self._ensure_snapshots(weights)
         for weight, gradient, snapshot in zip(weights, gradients, snapshots):
             value = tf.cast(weight.value, tf.float32)
-            builder.add_scalar(f"weight_norm/{weight.path}", tf.norm(value))
+            path = _model_relative_path(self.model, weight)
+            builder.add_scalar(f"weight_norm/{path}", tf.norm(value))
             snapshot.assign(value)
             if gradient is not None:
                 # Each replica holds the gradient of its share of the loss.
                 gradient = replicas.sum_over_replicas(unscale(tf.convert_to_tensor(gradient)))
-                builder.add_tensor("weight_grad", weight.path, gradient)
+                builder.add_tensor("weight_grad", path, gradient)
                 total.append(gradient)
         builder.add_scalar("global/grad_norm", stats.global_norm(total))
 
@@ -350,13 +358,56 @@ class ProbingStep:
             ratios = []
             for weight, snapshot in zip(weights, self._snapshots):
                 before = snapshot.value()
-                update = tf.cast(weight.value, tf.float32) - before
-                ratios.append(tf.norm(update) / tf.maximum(tf.norm(before), 1e-12))
+                after = tf.cast(weight.value, tf.float32)
+                # A weight that was all zeros (a bias at step 0) is compared
+                # with its new value: its whole value is the update.
+                scale = tf.norm(before)
+                scale = tf.where(scale > 0, scale, tf.norm(after))
+                ratios.append(tf.math.divide_no_nan(tf.norm(after - before), scale))
             scalars = tf.concat([scalars, tf.stack(ratios)], axis=0)
-            scalar_names = scalar_names + [f"update_ratio/{w.path}" for w in weights]
+            scalar_names = scalar_names + [
+                f"update_ratio/{_model_relative_path(self.model, w)}" for w in weights
+            ]
+        if isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer):
+            # A LossScaleOptimizer skips the update of a step whose scaled
+            # gradients overflowed (that is how it finds its scale, not an
+            # explosion) and does not advance the iterations then.
+            skipped = tf.equal(self.model.optimizer.iterations, step)
+            scalars = tf.concat([scalars, tf.cast(skipped, tf.float32)[tf.newaxis]], axis=0)
+            scalar_names = scalar_names + ["global/loss_scale_skipped"]
         state = self._ensure_state(scalar_names, histogram_names)
         state.write(step, scalars, histograms, where=where)
         return tf.no_op()
+
+
+def _add_loss_scale(builder, optimizer):
+    """The loss scale the step ran with (read before the update changes it)."""
+    builder.add_scalar("global/loss_scale", optimizer.scale_loss(tf.constant(1.0)))
+
+
+def _output_gradients(probe, prediction_gradient):
+    """dJ/dŷ for the unconnected activations that are the model's outputs."""
+    if not probe.unconnected or probe.prediction is None:
+        return {}
+    outputs = {id(leaf): index for index, leaf in enumerate(tf.nest.flatten(probe.prediction))}
+    matches = {
+        name: outputs[id(probe.activations[name])]
+        for name in probe.unconnected
+        if id(probe.activations[name]) in outputs
+    }
+    if not matches:
+        return {}
+    gradients = prediction_gradient()
+    if gradients is None:
+        return {}
+    flat = tf.nest.flatten(gradients)
+    return {name: tf.cast(flat[index], tf.float32) for name, index in matches.items()}
+
+
+def _model_relative_path(model, weight):
+    """``weight.path`` without the model's own name, stable across re-runs."""
+    prefix = f"{model.name}/"
+    return weight.path[len(prefix) :] if weight.path.startswith(prefix) else weight.path
 
 
 def _add_prediction_gradient(builder, model, gradient):
@@ -372,12 +423,24 @@ def _add_prediction_gradient(builder, model, gradient):
 
 
 def _float_input_names(model, x):
-    names = getattr(model, "input_names", None)
-    if isinstance(x, dict) or not names:
-        return None
+    """Names of the float leaves of ``x``: its dict keys, or the model's Input names."""
     leaves = tf.nest.flatten(x)
+    if isinstance(x, dict):
+        names = sorted(x)  # the order in which tf.nest flattens a dict
+    else:
+        # Keras 3 models have no `input_names`; their Input tensors are named.
+        names = [getattr(tensor, "name", None) for tensor in _model_inputs(model)]
+    if len(names) != len(leaves) or None in names:
+        return None
     return [
         name
         for name, leaf in zip(names, leaves)
         if getattr(leaf, "dtype", None) is not None and tf.as_dtype(leaf.dtype).is_floating
     ]
+
+
+def _model_inputs(model):
+    try:
+        return tf.nest.flatten(model.inputs or [])
+    except (AttributeError, ValueError):  # subclassed models have no inputs
+        return []

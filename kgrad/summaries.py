@@ -11,10 +11,16 @@ Tags (stable; they are the users' TensorBoard layout):
 ``input_grad_<stat>/<input>``          dJ/dx
 ``weight_grad_<stat>/<weight path>``   dJ/dw
 ``weight_norm/<weight path>``          ‖w‖ before the update
-``update_ratio/<weight path>``         ‖Δw‖/‖w‖ of the step
+``update_ratio/<weight path>``         ‖Δw‖/‖w‖ of the step (‖w‖ after, if 0 before)
 ``global/grad_norm``                   ‖dJ/dw‖ over all trainable weights
+``global/loss_scale``                  the loss scale (LossScaleOptimizer only)
+``global/loss_scale_skipped``          1 if the loss scaler skipped the update
 ``<kind>_hist/<name>``                 histogram of the same tensor
 =====================================  ==========================================
+
+``<weight path>`` is the variable's path inside the model, without the model's
+own name (``dense_1/kernel``, ``block/conv/kernel``), so that runs of models
+named ``sequential`` and ``sequential_1`` share charts.
 
 ``<stat>`` is one of `kgrad.stats.MOMENT_NAMES`: ``norm``, ``mean``, ``std``,
 ``min``, ``max``, ``zero_fraction``, ``nonfinite``.

@@ -23,6 +23,10 @@ class ProbeResult:
             dict...) when every input is float; otherwise it is the list of
             the gradients of the float inputs, in ``tf.nest.flatten`` order.
         prediction: The model's output.
+        unconnected: Names of the activations the differentiated target does
+            not depend on; their ``gradients`` are zeros. A softmax/sigmoid
+            output under cross-entropy is one: Keras computes the loss from
+            the logits (see `kgrad.prediction_gradient`).
 
     Example:
 
@@ -43,6 +47,7 @@ class ProbeResult:
     input: object
     input_gradient: object
     prediction: object
+    unconnected: frozenset = frozenset()
 
 
 class ProbeTape(tf.GradientTape):
@@ -237,6 +242,11 @@ class ProbeTape(tf.GradientTape):
             if inputs
             else None,
             prediction=self._recorder.prediction,
+            unconnected=frozenset(
+                name
+                for name, gradient in zip(names, every_gradient[len(flat_sources) :])
+                if gradient is None
+            ),
         )
         return tf.nest.pack_sequence_as(sources, user_part)
 

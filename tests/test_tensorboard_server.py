@@ -31,10 +31,10 @@ ELEMENTS = {
     "grad_hist/out": BATCH,
     "pred_grad_hist/output": BATCH,
     "input_grad_hist/input": BATCH * 3,
-    "weight_grad_hist/tiny/hidden/kernel": 3 * 2,
-    "weight_grad_hist/tiny/hidden/bias": 2,
-    "weight_grad_hist/tiny/out/kernel": 2,
-    "weight_grad_hist/tiny/out/bias": 1,
+    "weight_grad_hist/hidden/kernel": 3 * 2,
+    "weight_grad_hist/hidden/bias": 2,
+    "weight_grad_hist/out/kernel": 2,
+    "weight_grad_hist/out/bias": 1,
 }
 
 

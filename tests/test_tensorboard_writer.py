@@ -13,7 +13,7 @@ from kgrad import tensorboard
 # The tag scheme, spelled out here on purpose: it is the users' TensorBoard
 # layout, so a change must show up as a failing test.
 STATS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
-WEIGHTS = ("tiny/hidden/kernel", "tiny/hidden/bias", "tiny/out/kernel", "tiny/out/bias")
+WEIGHTS = ("hidden/kernel", "hidden/bias", "out/kernel", "out/bias")
 TENSORS = (
     [("activation", layer) for layer in ("hidden", "out")]
     + [("grad", layer) for layer in ("hidden", "out")]
@@ -36,10 +36,10 @@ ELEMENTS = {
     "grad_hist/out": 4 * 1,
     "pred_grad_hist/output": 4 * 1,
     "input_grad_hist/input": 4 * 3,
-    "weight_grad_hist/tiny/hidden/kernel": 3 * 2,
-    "weight_grad_hist/tiny/hidden/bias": 2,
-    "weight_grad_hist/tiny/out/kernel": 2 * 1,
-    "weight_grad_hist/tiny/out/bias": 1,
+    "weight_grad_hist/hidden/kernel": 3 * 2,
+    "weight_grad_hist/hidden/bias": 2,
+    "weight_grad_hist/out/kernel": 2 * 1,
+    "weight_grad_hist/out/bias": 1,
 }
 
 
@@ -133,7 +133,7 @@ def test_step_zero_values_match_a_numpy_forward_pass(logged):
     # The hidden bias starts at zero; the first batch is the first 4 samples.
     hidden = np.maximum(logged["x"][:4] @ kernel, 0.0)
     np.testing.assert_allclose(
-        scalars["weight_norm/tiny/hidden/kernel"].values[0], np.linalg.norm(kernel), rtol=1e-5
+        scalars["weight_norm/hidden/kernel"].values[0], np.linalg.norm(kernel), rtol=1e-5
     )
     np.testing.assert_allclose(scalars["activation_norm/hidden"].values[0], np.linalg.norm(hidden), rtol=1e-5)
     np.testing.assert_allclose(scalars["activation_zero_fraction/hidden"].values[0], np.mean(hidden == 0))
