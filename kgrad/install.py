@@ -11,6 +11,7 @@ import dataclasses
 
 import keras
 
+from kgrad import replicas
 from kgrad.model import ProbingModel
 from kgrad.step import ProbingStep
 
@@ -50,6 +51,7 @@ def _check_model(model, role):
         raise ValueError(
             f"{callback} needs a compiled model: call model.compile(...) before fit."
         )
+    replicas.check_strategy(model, f"kgrad.{callback}")
 
 
 def _install(model, role):
@@ -57,10 +59,12 @@ def _install(model, role):
     if isinstance(model, ProbingModel):
         previous = model._probing_step()
         step = ProbingStep(model, config=previous.config)
+        step.train_step = _restoring_on_error(model, step)
         model._set_probing_step(step)
     else:
         previous = None
         step = ProbingStep(model)
+        step.train_step = _restoring_on_error(model, step)
         object.__setattr__(model, "train_step", step.train_step)
     installation = _Installation(
         step, previous, model.train_function, set(), getattr(model, "history", None)
@@ -87,6 +91,8 @@ def attach(model, role, part):
         installation = None
     installation = installation or _install(model, role)
     if role in installation.roles:
+        # Keras calls no on_train_end after this error: restore the model now.
+        _uninstall(model, installation)
         raise ValueError(
             f"Model '{model.name}' already has a {_ROLE_CALLBACKS[role]} attached in "
             f"this fit. Received a second one; pass a single {_ROLE_CALLBACKS[role]} "
@@ -110,10 +116,32 @@ def detach(model, role):
         _uninstall(model, installation)
 
 
+def _restoring_on_error(model, step):
+    """``step.train_step``, restoring the model if tracing it raises.
+
+    A bad request found while the step is traced (a layer with no float
+    output, one run inside a loop...) makes ``fit`` raise, and Keras then
+    calls no ``on_train_end``: without this, the model would keep probing.
+    """
+    train_step = step.train_step
+
+    def train_step_restoring_on_error(data):
+        try:
+            return train_step(data)
+        except Exception:
+            installation = model.__dict__.get("_kgrad_installation")
+            if installation is not None and installation.step is step:
+                _uninstall(model, installation)
+            raise
+
+    return train_step_restoring_on_error
+
+
 def _uninstall(model, installation):
     if isinstance(model, ProbingModel):
         model._set_probing_step(installation.previous_step)
     else:
-        del model.__dict__["train_step"]
+        # pop: replicas tracing in parallel threads may both fail.
+        model.__dict__.pop("train_step", None)
     model.train_function = installation.train_function
-    del model.__dict__["_kgrad_installation"]
+    model.__dict__.pop("_kgrad_installation", None)

@@ -73,3 +73,50 @@ def state_variable(initial_value, name):
         synchronization=tf.VariableSynchronization.ON_WRITE,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
     )
+
+
+#: Strategies kgrad is tested with, besides Keras' default (no strategy).
+SUPPORTED_STRATEGIES = (
+    tf.distribute.OneDeviceStrategy,
+    tf.distribute.MirroredStrategy,
+    tf.distribute.MultiWorkerMirroredStrategy,
+)
+
+
+def check_strategy(model, user):
+    """Raises for a strategy kgrad does not support yet.
+
+    Args:
+        model: The model about to be trained with probing.
+        user: What is probing, for the message (e.g. ``"kgrad.GradientProbe"``).
+
+    Raises:
+        ValueError: Under a strategy not in `SUPPORTED_STRATEGIES`
+            (TPUStrategy, ParameterServerStrategy, CentralStorageStrategy...).
+    """
+    # Keras keeps `_distribute_strategy` None when no strategy scope was used.
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None or isinstance(strategy, SUPPORTED_STRATEGIES):
+        return
+    raise ValueError(
+        f"{user} does not support {type(strategy).__name__} yet. Received: model "
+        f"'{model.name}' created under {type(strategy).__name__}. kgrad is tested on "
+        "a single device, with tf.distribute.MirroredStrategy and "
+        "tf.distribute.MultiWorkerMirroredStrategy; train under one of those, or "
+        "without kgrad under this strategy."
+    )
+
+
+def is_chief(strategy):
+    """Whether this process is the chief of its cluster (True without one).
+
+    The chief is the task of type ``"chief"``, or worker 0 when the cluster
+    has no chief, as in TensorFlow's multi-worker conventions.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    if not task_type or task_type == "chief":
+        return True
+    if task_type != "worker":
+        return False
+    return resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()

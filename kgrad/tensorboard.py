@@ -135,8 +135,12 @@ class ProbeWriter:
             self._add(summary, tag, np.asarray(buckets, np.float64), histogram_metadata)
         # record_if(True): Keras' TensorBoard(update_freq=N) sets a global
         # record_if around each batch that would drop probed steps.
+        # The step as np.int64: TensorFlow caches the tensor of every Python
+        # int it converts, so a new int per step grows memory without bound.
         with self._file_writer().as_default(), tf.summary.record_if(True):
-            tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=record.step)
+            tf.summary.experimental.write_raw_pb(
+                summary.SerializeToString(), step=np.int64(record.step)
+            )
 
     def _add(self, summary, tag, array, plugin_metadata):
         entry = summary.value.add(tag=tag)

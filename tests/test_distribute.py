@@ -1,0 +1,258 @@
+"""GradientProbe under tf.distribute: the numbers of the global batch, as on one device.
+
+Logical CPU devices must be configured before TensorFlow initialises its
+devices, and each multi-worker worker is a process of its own, so the
+distributed runs happen in subprocesses running ``scripts/distributed_fit.py``;
+the single-device reference runs here, in the test process, with the same
+model, weights and global batches.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kgrad
+from scripts import distributed_fit
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed_fit.py")
+#: Seconds one distributed run may take (a few on an idle machine) before it is killed.
+RUN_TIMEOUT = 240
+
+#: One tag of each kind the probe reports; the comparisons must not be vacuous.
+EXPECTED_SCALARS = (
+    "activation_norm/hidden",
+    "activation_std/out",
+    "grad_norm/middle",
+    "grad_zero_fraction/hidden",
+    "pred_grad_norm/output",
+    "pred_grad_example_norm_max/output",
+    "input_grad_norm/input",
+    "weight_grad_norm/hidden/kernel",
+    "weight_grad_max/out/bias",
+    "weight_norm/middle/kernel",
+    "update_ratio/out/kernel",
+    "global/grad_norm",
+)
+EXPECTED_HISTOGRAMS = (
+    "activation_hist/hidden",
+    "grad_hist/middle",
+    "pred_grad_hist/output",
+    "input_grad_hist/input",
+    "weight_grad_hist/out/kernel",
+)
+
+
+def _run_script(arguments, timeout=RUN_TIMEOUT, env=None):
+    """Runs the script; on timeout ``subprocess.run`` kills it before raising."""
+    result = subprocess.run(
+        [sys.executable, SCRIPT, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _load(path):
+    with np.load(path) as arrays:
+        return {key: arrays[key] for key in arrays.files}
+
+
+def _records(results):
+    """``{(record index, tag): value}`` of the scalars, and of the histograms."""
+    scalars, histograms = {}, {}
+    for key, value in results.items():
+        kind, _, rest = key.partition("/")
+        index, _, tag = rest.partition("/")
+        if kind == "scalar":
+            scalars[int(index), tag] = float(value)
+        elif kind == "histogram":
+            histograms[int(index), tag] = value
+    return scalars, histograms
+
+
+def _weights(results):
+    return [results[f"weight/{index}"] for index in range(sum(k.startswith("weight/") for k in results))]
+
+
+def assert_same_probes(actual, expected, rtol, atol, exact_counts=True):
+    """Every record of ``actual`` equals that of ``expected``, tag by tag."""
+    assert actual["steps"].tolist() == expected["steps"].tolist()
+    actual_scalars, actual_histograms = _records(actual)
+    expected_scalars, expected_histograms = _records(expected)
+    assert set(actual_scalars) == set(expected_scalars)
+    assert set(actual_histograms) == set(expected_histograms)
+    for key, value in expected_scalars.items():
+        assert actual_scalars[key] == pytest.approx(value, rel=rtol, abs=atol), key
+    for key, buckets in expected_histograms.items():
+        got = actual_histograms[key]
+        np.testing.assert_allclose(got[:, :2], buckets[:, :2], rtol=rtol, atol=atol, err_msg=str(key))
+        if exact_counts:
+            np.testing.assert_array_equal(got[:, 2], buckets[:, 2], err_msg=str(key))
+        else:
+            assert got[:, 2].sum() == buckets[:, 2].sum(), key
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+    """The reference: the same training on the default (single-device) strategy."""
+    directory = tmp_path_factory.mktemp("single")
+    records, weights = distributed_fit.train(tf.distribute.get_strategy(), str(directory / "logs"))
+    distributed_fit.save(directory / "result.npz", records, weights)
+    results = _load(directory / "result.npz")
+    scalars, histograms = _records(results)
+    assert {tag for _, tag in scalars} >= set(EXPECTED_SCALARS)
+    assert {tag for _, tag in histograms} >= set(EXPECTED_HISTOGRAMS)
+    return results
+
+
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+    """One MirroredStrategy run over 2 logical CPU devices, in a subprocess."""
+    directory = tmp_path_factory.mktemp("mirrored")
+    output = _run_script(["mirrored", str(directory), str(directory / "logs")])
+    assert "done: 2 replicas" in output.stdout
+    return directory
+
+
+def test_mirrored_probes_equal_single_device_on_the_global_batch(mirrored, single_device):
+    assert_same_probes(_load(mirrored / "result.npz"), single_device, rtol=1e-5, atol=1e-6)
+
+
+def test_mirrored_training_equals_single_device(mirrored, single_device):
+    for got, expected in zip(_weights(_load(mirrored / "result.npz")), _weights(single_device)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mirrored_event_files_hold_every_probed_step(mirrored, single_device):
+    logs = kgrad.read_logs(mirrored / "logs")["kgrad"]
+    scalars, histograms = _records(single_device)
+    steps = single_device["steps"].tolist()
+    assert set(logs["scalars"]) == {tag for _, tag in scalars}
+    assert set(logs["histograms"]) == {tag for _, tag in histograms}
+    for tag in EXPECTED_SCALARS:
+        series = logs["scalars"][tag]
+        assert series.steps.tolist() == steps
+        expected = [scalars[index, tag] for index in range(len(steps))]
+        np.testing.assert_allclose(series.values, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mirrored_mixed_precision_equals_single_device(mirrored):
+    expected_records, expected_weights = distributed_fit.train_mixed_precision(
+        tf.distribute.get_strategy()
+    )
+    assert keras.mixed_precision.global_policy().name == "float32"
+    path = mirrored / "single_mixed.npz"
+    distributed_fit.save(path, expected_records, expected_weights)
+    expected = _load(path)
+    scalars, _ = _records(expected)
+    assert {tag for _, tag in scalars} >= {"global/loss_scale", "global/loss_scale_skipped"}
+    # float16 activations: a replica's half batch rounds a little differently,
+    # and a value can move across a bucket edge.
+    assert_same_probes(
+        _load(mirrored / "mixed.npz"), expected, rtol=3e-2, atol=2e-3, exact_counts=False
+    )
+
+
+def test_non_finite_guard_refuses_more_than_one_replica(mirrored):
+    message = (mirrored / "guard_error.txt").read_text()
+    assert "NonFiniteGuard does not support tf.distribute strategies with more than one replica" in message
+    assert "2 replicas" in message and "TerminateOnNaN" in message
+
+
+def _probing_model():
+    model = distributed_fit.build_model()
+    return kgrad.ProbingModel(model.inputs, model.outputs), []
+
+
+@pytest.mark.parametrize(
+    "user, build",
+    [
+        ("kgrad.GradientProbe", lambda: (distributed_fit.build_model(), [kgrad.GradientProbe()])),
+        ("kgrad.NonFiniteGuard", lambda: (distributed_fit.build_model(), [kgrad.NonFiniteGuard()])),
+        ("kgrad", _probing_model),
+    ],
+    ids=["GradientProbe", "NonFiniteGuard", "ProbingModel"],
+)
+def test_untested_strategies_are_refused_before_training(user, build):
+    strategy = tf.distribute.experimental.CentralStorageStrategy()
+    with strategy.scope():
+        model, callbacks = build()
+        model.compile("sgd", "sparse_categorical_crossentropy", jit_compile=False)
+    before = [np.copy(w) for w in model.get_weights()]
+    x, y = distributed_fit.data()
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(user)} does not support CentralStorageStrategy yet\. Received: "
+        r"model '.*' created under CentralStorageStrategy.*MirroredStrategy",
+    ):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=callbacks)
+    assert "train_step" not in model.__dict__
+    assert int(model.optimizer.iterations.numpy()) == 0
+    for got, expected in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, expected)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_multi_worker_probes_equal_single_process_and_only_the_chief_writes(
+    tmp_path, single_device
+):
+    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
+    log_dir = tmp_path / "logs"  # shared, as on a shared file system
+    workers, outputs = [], []
+    try:
+        for index in range(2):
+            out_dir = tmp_path / f"worker{index}"
+            out_dir.mkdir()
+            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+            outputs.append(open(out_dir / "output.txt", "w"))
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, SCRIPT, "worker", str(out_dir), str(log_dir)],
+                    stdout=outputs[-1],
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(tf_config)},
+                )
+            )
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for index, worker in enumerate(workers):
+            returncode = worker.wait(timeout=max(1.0, deadline - time.monotonic()))
+            output = (tmp_path / f"worker{index}" / "output.txt").read_text()
+            assert returncode == 0, output[-3000:]
+            assert "done: 2 replicas" in output
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        for output in outputs:
+            output.close()
+
+    for index in range(2):
+        results = _load(tmp_path / f"worker{index}" / "result.npz")
+        assert_same_probes(results, single_device, rtol=1e-5, atol=1e-6)
+        for got, expected in zip(_weights(results), _weights(single_device)):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    # Only the chief (worker 0) wrote; its event files carry its process id.
+    event_files = sorted(os.listdir(log_dir / "kgrad"))
+    assert len(event_files) == 1, event_files
+    assert f".{workers[0].pid}." in event_files[0]
+    logs = kgrad.read_logs(log_dir)["kgrad"]
+    assert logs["scalars"]["global/grad_norm"].steps.tolist() == single_device["steps"].tolist()
