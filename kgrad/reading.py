@@ -95,7 +95,10 @@ def _read_plugin(multiplexer, run, plugin_name, convert):
     tags = multiplexer.PluginRunToTagToContent(plugin_name).get(run, {})
     series = {}
     for tag in tags:  # in the order first written: forward order of layers
-        events = multiplexer.Tensors(run, tag)
+        # Event files of one run are read in file-name order, which is not
+        # their writing order when a process opens ten or more in the same
+        # second ("...9.v2" sorts after "...10.v2"); wall time is.
+        events = sorted(multiplexer.Tensors(run, tag), key=lambda event: event.wall_time)
         steps = np.array([event.step for event in events], dtype=np.int64)
         values = [tensor_util.make_ndarray(event.tensor_proto) for event in events]
         series[tag] = Series(steps, convert(values))
