@@ -132,7 +132,7 @@ def train_mixed_precision(strategy):
     The scale stays low enough for no step to overflow: under MirroredStrategy,
     Keras' LossScaleOptimizer decides whether to skip a step from the first
     replica's gradients only, so an overflow on another replica is applied
-    (see docs/distribution.md).
+    (see the README, "MultiWorkerMirroredStrategy").
     """
     import keras
 
