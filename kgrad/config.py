@@ -39,23 +39,29 @@ class ProbeConfig:
             raise TypeError(
                 f"`histograms` must be True or False. Received: histograms={self.histograms!r}."
             )
-        capture = CAPTURE_KINDS if self.capture == "all" else self.capture
-        if isinstance(capture, str) or not hasattr(capture, "__iter__"):
-            raise TypeError(
-                f"`capture` must be 'all' or a list of {list(CAPTURE_KINDS)}. "
-                f"Received: capture={self.capture!r}."
-            )
-        capture = tuple(capture)
-        unknown = [kind for kind in capture if kind not in CAPTURE_KINDS]
-        if unknown:
-            raise ValueError(
-                f"`capture` contains unknown kinds {unknown}. Received: "
-                f"capture={self.capture!r}. Expected a subset of {list(CAPTURE_KINDS)}."
-            )
-        object.__setattr__(self, "capture", capture)
+        object.__setattr__(self, "capture", _check_kinds("capture", self.capture, CAPTURE_KINDS))
 
     def captures(self, kind):
         return kind in self.capture
+
+
+def _check_kinds(argument, value, allowed):
+    """``value`` ("all" or kinds from ``allowed``) as a non-empty tuple of kinds."""
+    kinds = allowed if isinstance(value, str) and value == "all" else value
+    if isinstance(kinds, str) or not hasattr(kinds, "__iter__"):
+        raise TypeError(
+            f"`{argument}` must be 'all' or a list of {list(allowed)}. "
+            f"Received: {argument}={value!r}."
+        )
+    kinds = tuple(kinds)
+    unknown = [kind for kind in kinds if kind not in allowed]
+    if unknown or not kinds:
+        problem = f"it contains unknown kinds {unknown}" if unknown else "it is empty"
+        raise ValueError(
+            f"`{argument}` must be a non-empty subset of {list(allowed)}; {problem}. "
+            f"Received: {argument}={value!r}."
+        )
+    return kinds
 
 
 def _check_positive_int(argument, value):
@@ -98,20 +104,7 @@ class GuardConfig:
     halt_updates: bool = True
 
     def __post_init__(self):
-        watch = GUARD_KINDS if self.watch == "all" else self.watch
-        if isinstance(watch, str) or not hasattr(watch, "__iter__"):
-            raise TypeError(
-                f"`watch` must be 'all' or a list of {list(GUARD_KINDS)}. "
-                f"Received: watch={self.watch!r}."
-            )
-        watch = tuple(watch)
-        unknown = [kind for kind in watch if kind not in GUARD_KINDS]
-        if unknown or not watch:
-            raise ValueError(
-                f"`watch` must be a non-empty subset of {list(GUARD_KINDS)}. "
-                f"Received: watch={self.watch!r}."
-            )
-        object.__setattr__(self, "watch", watch)
+        object.__setattr__(self, "watch", _check_kinds("watch", self.watch, GUARD_KINDS))
 
     def captures(self, kind):
         return kind in self.watch
