@@ -1,6 +1,8 @@
 """`ProbingModel`: a `keras.Model` whose ``train_step`` captures inside its tape."""
 
 import keras
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
 
 from kgrad.config import ProbeConfig
 from kgrad.step import ProbingStep
@@ -32,6 +34,22 @@ class ProbingModel(keras.Model):
     >>> record.step, round(record.scalars["activation_zero_fraction/hidden"], 2) >= 0
     (0, True)
     """
+
+    def __new__(cls, *args, **kwargs):
+        # `keras.Model(inputs, outputs)` returns a `Functional`; do the same,
+        # or Keras would rewrite `ProbingModel.__bases__` to include
+        # `Functional` and break every class that subclasses it afterwards.
+        if cls is ProbingModel and functional_init_arguments(args, kwargs):
+            return FunctionalProbingModel.__new__(FunctionalProbingModel, *args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        # A user subclass built functionally: swap its `ProbingModel` base for
+        # `FunctionalProbingModel` ourselves, as Keras swaps `Model` for
+        # `Functional`, so that Keras' own swap never reaches `ProbingModel`.
+        if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
+            _use_functional_base(type(self))
+        super().__init__(*args, **kwargs)
 
     def configure_probe(self, **options):
         """Sets what the probe captures; see `kgrad.GradientProbe` for options.
@@ -71,3 +89,21 @@ class ProbingModel(keras.Model):
             return None
         records, _ = state.read_since(max(0, int(state.written.numpy()) - 1))
         return records[-1] if records else None
+
+
+@keras.saving.register_keras_serializable(package="kgrad")
+class FunctionalProbingModel(ProbingModel, Functional):
+    """What ``kgrad.ProbingModel(inputs, outputs)`` returns.
+
+    As ``keras.Model(inputs, outputs)`` returns a ``Functional``. Not public:
+    test ``isinstance(model, kgrad.ProbingModel)``.
+    """
+
+
+def _use_functional_base(cls):
+    """Replaces `ProbingModel` by `FunctionalProbingModel` among the bases of ``cls``."""
+    if cls is ProbingModel:
+        return FunctionalProbingModel
+    if issubclass(cls, ProbingModel) and not issubclass(cls, Functional):
+        cls.__bases__ = tuple(_use_functional_base(base) for base in cls.__bases__)
+    return cls

@@ -40,6 +40,29 @@ def _loss_metrics_paused(compile_loss):
             object.__setattr__(compile_loss, "_metrics", saved)
 
 
+def _split_sparse(gradients):
+    """Gradients to return from a ``tf.cond``: IndexedSlices as (values, indices)."""
+    return [
+        (gradient.values, gradient.indices) if isinstance(gradient, tf.IndexedSlices) else gradient
+        for gradient in gradients
+    ]
+
+
+def _join_sparse(gradients, weights):
+    """Undoes `_split_sparse`; ``dense_shape`` is the weight's static shape.
+
+    An IndexedSlices' ``dense_shape`` returned by ``tf.cond`` is a runtime
+    value that XLA needs as a compile-time constant: XLA then recompiles the
+    step for every new batch (of Embedding ids), seconds per step.
+    """
+    return [
+        tf.IndexedSlices(gradient[0], gradient[1], tf.constant(list(weight.shape), tf.int64))
+        if isinstance(gradient, (tuple, list))
+        else gradient
+        for gradient, weight in zip(gradients, weights)
+    ]
+
+
 def _build_if_needed(model, data):
     # Keras on TensorFlow builds a subclassed model inside the first trace of
     # the step, so its layers would have no weights yet when the ProbeTape
@@ -230,13 +253,14 @@ class ProbingStep:
             prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
             builder = self._summarize(tape.probe, gradients, weights, x, prediction_gradient)
             self._names = (builder.scalar_names, builder.histogram_names)
-            return list(gradients), builder.scalars(), builder.histograms()
+            return _split_sparse(gradients), builder.scalars(), builder.histograms()
 
         def plain():
             gradients = tf.GradientTape.gradient(tape, loss, weights)
-            return (list(gradients), *self._no_summaries())
+            return (_split_sparse(gradients), *self._no_summaries())
 
         gradients, scalars, histograms = tf.cond(probe_now, probed, plain)
+        gradients = _join_sparse(gradients, weights)
         self.model.optimizer.apply_gradients(zip(gradients, weights))
         return scalars, histograms
 

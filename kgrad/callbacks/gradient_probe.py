@@ -1,10 +1,11 @@
 """`GradientProbe`: probe any model trained with ``model.fit``."""
 
+import dataclasses
 import os
 
 import keras
 
-from kgrad import install
+from kgrad import install, replicas, selection
 from kgrad.config import ProbeConfig
 from kgrad.tensorboard import ProbeWriter
 
@@ -27,7 +28,8 @@ class GradientProbe(keras.callbacks.Callback):
 
     Args:
         log_dir: TensorBoard log directory; events go to ``<log_dir>/kgrad``.
-            ``None`` logs nothing (use ``latest`` or ``on_probe``).
+            ``None`` logs nothing (use ``latest`` or ``on_probe``). Under
+            ``MultiWorkerMirroredStrategy`` only the chief writes.
         layers: Which layers to capture: ``None`` (every leaf layer with
             weights), ``"all"``, a list of names or layer objects, or a
             predicate ``fn(layer) -> bool``.
@@ -90,8 +92,15 @@ class GradientProbe(keras.callbacks.Callback):
     # -- installing the probing step ------------------------------------------------
 
     def on_train_begin(self, logs=None):
+        # Checked before anything is installed: Keras calls no on_train_end
+        # when this raises, so a bad name must leave the model untouched.
+        selection.resolve_layers(self.model, self.config.layers)
+        # Under a multi-worker strategy every worker runs the probe (its
+        # collectives need all of them) but only the chief writes events.
+        writes = self.log_dir is not None and replicas.is_chief(self.model.distribute_strategy)
+        log_dir = _writable(self.log_dir) if writes else None
         self._step = install.attach(self.model, "probe", self.config)
-        self._writer = None if self.log_dir is None else ProbeWriter(_writable(self.log_dir))
+        self._writer = None if log_dir is None else ProbeWriter(log_dir)
         self._delivered = 0
         self._steps_before_epoch = 0
         self._steps_seen = 0
@@ -108,6 +117,10 @@ class GradientProbe(keras.callbacks.Callback):
         # `batch` is the last step of the execution that just ran; the steps
         # it covered are known on the host, so only executions that contain a
         # probed step read device memory.
+        steps_in_epoch = (self.params or {}).get("steps")
+        if steps_in_epoch:
+            # Keras reports a short last execution as a full one.
+            batch = min(batch, steps_in_epoch - 1)
         steps_seen = self._steps_before_epoch + batch + 1
         n = self.config.every_n_steps
         first_probed = -(-self._steps_seen // n) * n
@@ -136,9 +149,25 @@ class GradientProbe(keras.callbacks.Callback):
         for record in records:
             self.latest = record
             if self._writer is not None:
-                self._writer.write(record)
+                self._writer.write(_for_tensorboard(record))
             if self.on_probe is not None:
                 self.on_probe(record)
+
+
+def _for_tensorboard(record):
+    """A step the loss scaler skipped is logged as such, not as an explosion.
+
+    Its gradients overflowed on purpose (the loss scaler probes for the
+    largest usable scale), and it shares its step with the next step, as
+    ``optimizer.iterations`` does not advance: only the loss-scale tags are
+    written. ``on_probe`` and ``latest`` still get the whole record.
+    """
+    if record.scalars.get("global/loss_scale_skipped", 0.0) < 1.0:
+        return record
+    scalars = {
+        tag: value for tag, value in record.scalars.items() if tag.startswith("global/loss_scale")
+    }
+    return dataclasses.replace(record, scalars=scalars, histograms={})
 
 
 def _writable(log_dir):
