@@ -106,6 +106,26 @@ def attach(model, role, part):
     return installation.step
 
 
+def plain_train_function(model):
+    """Keras' own train function, when steps that are not probed may use it.
+
+    That is the case for a plain ``keras.Model`` with only a `GradientProbe`
+    attached: the callback then runs the probing function only for the
+    executions that contain a probed step, and every other execution runs
+    exactly what Keras compiled. A `NonFiniteGuard` needs every step, and a
+    `ProbingModel` probes inside its own step: ``None`` then.
+    """
+    installation = model.__dict__.get("_kgrad_installation")
+    if (
+        installation is None
+        or isinstance(model, ProbingModel)
+        or installation.roles != {"probe"}
+        or installation.train_function is None
+    ):
+        return None
+    return installation.train_function
+
+
 def detach(model, role):
     """Detaches ``role``; the last one out restores the model as it was."""
     installation = model.__dict__.get("_kgrad_installation")

@@ -109,6 +109,14 @@ class ProbingStep:
             )
         self._counter.assign(0)
 
+    def start_at(self, step_index):
+        """Tells the step that the next step is the ``step_index``-th of ``fit``.
+
+        For executions that ran Keras' own function in between (no host
+        sync: an assignment enqueued on the device).
+        """
+        self._counter.assign(step_index)
+
     def steps_run(self):
         """Steps probed or not since `prepare`; reads device memory (a host sync)."""
         return 0 if self._counter is None else int(self._counter.numpy())

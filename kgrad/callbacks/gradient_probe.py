@@ -100,6 +100,12 @@ class GradientProbe(keras.callbacks.Callback):
         writes = self.log_dir is not None and replicas.is_chief(self.model.distribute_strategy)
         log_dir = _writable(self.log_dir) if writes else None
         self._step = install.attach(self.model, "probe", self.config)
+        self._probing_function = self.model.train_function
+        # The host knows exactly which steps an execution runs, unless an
+        # epoch of unknown length ends in a short execution of several steps.
+        self._exact_count = self.model.steps_per_execution == 1 or bool(
+            (self.params or {}).get("steps")
+        )
         self._writer = None if log_dir is None else ProbeWriter(log_dir)
         self._delivered = 0
         self._steps_before_epoch = 0
@@ -110,6 +116,29 @@ class GradientProbe(keras.callbacks.Callback):
         install.detach(self.model, "probe")
         if self._writer is not None:
             self._writer.close()
+
+    # -- choosing the train function ------------------------------------------------
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Executions without a probed step run Keras' own compiled function:
+        # they cost exactly what they cost without kgrad.
+        plain_function = self._plain_function()
+        if plain_function is None:
+            return
+        first_step = self._steps_before_epoch + batch
+        last_step = first_step + self.model.steps_per_execution - 1
+        if _contains_probed_step(first_step, last_step, self.config.every_n_steps):
+            self._step.start_at(first_step)
+            self.model.train_function = self._probing_function
+        else:
+            self.model.train_function = plain_function
+
+    def _plain_function(self):
+        """Keras' own train function if this fit may run it, else ``None``.
+
+        Asked per batch: a `NonFiniteGuard` may attach after this callback.
+        """
+        return install.plain_train_function(self.model) if self._exact_count else None
 
     # -- delivering probed steps -----------------------------------------------------
 
@@ -122,10 +151,11 @@ class GradientProbe(keras.callbacks.Callback):
             # Keras reports a short last execution as a full one.
             batch = min(batch, steps_in_epoch - 1)
         steps_seen = self._steps_before_epoch + batch + 1
-        n = self.config.every_n_steps
-        first_probed = -(-self._steps_seen // n) * n
+        ran_probed_step = _contains_probed_step(
+            self._steps_seen, steps_seen - 1, self.config.every_n_steps
+        )
         self._steps_seen = steps_seen
-        if first_probed < steps_seen:
+        if ran_probed_step:
             self._collect()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -133,11 +163,11 @@ class GradientProbe(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._collect()
-        # Keras reports a short last execution of an epoch as a full one, so
-        # the host count can run ahead of the steps that ran; resynchronise
-        # with the device counter here, where a host sync happens anyway, so
-        # the next epoch reads after exactly the executions that probe.
-        self._steps_seen = self._step.steps_run()
+        if self._plain_function() is None:
+            # Keras reports a short last execution of an epoch as a full one,
+            # so the host count can run ahead of the steps that ran; the device
+            # counter, which every step advances here, is exact.
+            self._steps_seen = self._step.steps_run()
         if self._writer is not None:
             self._writer.flush()
 
@@ -152,6 +182,12 @@ class GradientProbe(keras.callbacks.Callback):
                 self._writer.write(_for_tensorboard(record))
             if self.on_probe is not None:
                 self.on_probe(record)
+
+
+def _contains_probed_step(first_step, last_step, every_n_steps):
+    """Whether a step index in ``[first_step, last_step]`` is probed."""
+    first_probed = -(-first_step // every_n_steps) * every_n_steps
+    return first_probed <= last_step
 
 
 def _for_tensorboard(record):
