@@ -54,7 +54,9 @@ class SummaryBuilder:
             self.add_scalar(f"{kind}_{stat}/{name}", moments[index])
         if self._histograms:
             self.histogram_names.append(f"{kind}_hist/{name}")
-            self._histogram_values.append(stats.histogram(tensor, self._bucket_count))
+            # The range is the finite min and max the moments just computed.
+            value_range = (moments[3], moments[4])
+            self._histogram_values.append(stats.histogram(tensor, self._bucket_count, value_range))
 
     def add_scalar(self, tag, value):
         self.scalar_names.append(tag)
