@@ -1,0 +1,216 @@
+"""The benchmarked configurations and the issue's targets for them.
+
+A configuration is what is added to a plain ``model.fit``: a list of
+callbacks and the ``jit_compile`` setting. Each is compared with the baseline
+of the same ``jit_compile`` setting, trained in the same process.
+"""
+
+import dataclasses
+
+import kgrad
+from benchmarks import peers
+
+#: ``layers=`` given to kgrad: the issue asks for probing on all layers.
+PROBE_LAYERS = "all"
+
+BASELINE = "baseline"
+BASELINE_XLA = "baseline_xla"
+AA_CONTROL = "baseline_aa"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One benchmarked configuration.
+
+    Attributes:
+        name: Identifier used on the command line and in results.json.
+        label: What it is, for RESULTS.md.
+        family: ``"baseline"``, ``"kgrad"``, ``"guard"`` or ``"peer"``.
+        jit_compile: Passed to ``model.compile``.
+        every_n_steps: Probe period (1 when the config acts every step); the
+            epoch length is a multiple of it so every epoch probes equally.
+        make_callbacks: ``fn(log_dir, x_batch, y_batch) -> list`` of callbacks.
+        time_target: Highest CPU-time ratio to the baseline the issue allows,
+            or ``None`` where the issue sets none.
+        memory_target: Highest peak-memory ratio allowed, or ``None``.
+        quick: Whether ``--quick`` runs it (XLA compilation of the probed
+            step takes minutes on 2 cores, too long for a smoke run).
+    """
+
+    name: str
+    label: str
+    family: str
+    jit_compile: bool
+    every_n_steps: int
+    make_callbacks: object
+    time_target: float = None
+    memory_target: float = None
+    quick: bool = True
+
+    @property
+    def baseline(self):
+        """The configuration this one is compared with."""
+        return BASELINE_XLA if self.jit_compile else BASELINE
+
+
+def _no_callbacks(log_dir, x_batch, y_batch):
+    return []
+
+
+def _probe(every_n_steps, histograms):
+    def make(log_dir, x_batch, y_batch):
+        return [
+            kgrad.GradientProbe(
+                log_dir,
+                layers=PROBE_LAYERS,
+                every_n_steps=every_n_steps,
+                histograms=histograms,
+            )
+        ]
+
+    return make
+
+
+def _guard(log_dir, x_batch, y_batch):
+    return [kgrad.NonFiniteGuard()]
+
+
+def _tensorboard(log_dir, x_batch, y_batch):
+    return [peers.tensorboard_peer(log_dir)]
+
+
+def _extra_pass(every_n_steps):
+    def make(log_dir, x_batch, y_batch):
+        return [peers.ExtraPassGradientHistograms(log_dir, x_batch, y_batch, every_n_steps)]
+
+    return make
+
+
+# Targets of issue 7 (ratios to plain fit, same run).
+#: Norms + histograms at every_n_steps=N: CPU ratio to the baseline.
+TARGET_BY_N = {1: 1.25, 100: 1.03}
+_NORMS_ONLY_TARGET = 1.10
+_GUARD_TARGET = 1.05
+MEMORY_TARGET = 1.10
+#: At the same N, kgrad's overhead must be at most this fraction of the
+#: extra-pass peer's ("at least 2x cheaper").
+PEER_OVERHEAD_FRACTION = 0.5
+
+
+def _probe_configs(jit_compile):
+    suffix, label = ("_xla", ", jit_compile=True") if jit_compile else ("", "")
+    return [
+        Config(
+            name=f"probe{suffix}_n{n}",
+            label=f"GradientProbe(layers='all', every_n_steps={n}), norms + histograms{label}",
+            family="kgrad",
+            jit_compile=jit_compile,
+            every_n_steps=n,
+            make_callbacks=_probe(n, histograms=True),
+            time_target=TARGET_BY_N.get(n),
+            memory_target=MEMORY_TARGET,
+            quick=not jit_compile,
+        )
+        for n in (1, 10, 100)
+    ]
+
+
+def _plain(name, label, jit_compile=False):
+    return Config(name, label, "baseline", jit_compile, 1, _no_callbacks, quick=not jit_compile)
+
+
+def all_configs():
+    """Every configuration, baselines first, in the order of RESULTS.md."""
+    configs = [
+        _plain(BASELINE, "plain model.fit"),
+        _plain(AA_CONTROL, "plain model.fit again (A/A control)"),
+        _plain(BASELINE_XLA, "plain model.fit, jit_compile=True", jit_compile=True),
+    ]
+    configs += _probe_configs(jit_compile=False) + _probe_configs(jit_compile=True)
+    configs += [
+        Config(
+            name="probe_norms_n1",
+            label="GradientProbe(layers='all', every_n_steps=1, histograms=False)",
+            family="kgrad",
+            jit_compile=False,
+            every_n_steps=1,
+            make_callbacks=_probe(1, histograms=False),
+            time_target=_NORMS_ONLY_TARGET,
+            memory_target=MEMORY_TARGET,
+        ),
+        Config(
+            name="guard",
+            label="NonFiniteGuard() alone",
+            family="guard",
+            jit_compile=False,
+            every_n_steps=1,
+            make_callbacks=_guard,
+            time_target=_GUARD_TARGET,
+            memory_target=MEMORY_TARGET,
+        ),
+        Config(
+            name="tensorboard_peer",
+            label="keras.callbacks.TensorBoard(histogram_freq=1): weight histograms per epoch",
+            family="peer",
+            jit_compile=False,
+            every_n_steps=1,
+            make_callbacks=_tensorboard,
+        ),
+    ]
+    configs += [
+        Config(
+            name=f"extra_pass_n{n}",
+            label=f"extra forward+backward GradientTape pass, gradient histograms every {n} steps",
+            family="peer",
+            jit_compile=False,
+            every_n_steps=n,
+            make_callbacks=_extra_pass(n),
+        )
+        for n in (1, 10, 100)
+    ]
+    return configs
+
+
+def unavailable_reason(config):
+    """Why ``config`` cannot run with this kgrad, or ``None`` when it can."""
+    if config.family == "guard" and not hasattr(kgrad, "NonFiniteGuard"):
+        return "kgrad.NonFiniteGuard does not exist in this kgrad version"
+    return None
+
+
+def select_configs(names=None, quick=False):
+    """The configurations to run, with the baselines they are compared with.
+
+    Args:
+        names: Names to run (``None``: all, or all quick ones with ``quick``).
+        quick: Keep only configurations marked ``quick`` when ``names`` is
+            ``None``.
+
+    Raises:
+        ValueError: For an unknown name.
+    """
+    configs = all_configs()
+    by_name = {config.name: config for config in configs}
+    if names is None:
+        chosen = {config.name for config in configs if config.quick or not quick}
+    else:
+        unknown = sorted(set(names) - set(by_name))
+        if unknown:
+            raise ValueError(
+                f"Unknown configuration(s) {unknown}. Received: --configs={','.join(names)}. "
+                f"Expected names among: {', '.join(by_name)}."
+            )
+        chosen = set(names)
+    # The jit-off baseline is always run: it sizes the samples of every config.
+    chosen |= {by_name[name].baseline for name in chosen} | {BASELINE}
+    return [config for config in configs if config.name in chosen]
+
+
+def peer_of(name):
+    """The extra-pass peer at the same N as jit-off kgrad probe ``name``, or ``None``.
+
+    >>> peer_of("probe_n10"), peer_of("probe_xla_n10"), peer_of("probe_norms_n1")
+    ('extra_pass_n10', None, None)
+    """
+    period = name[len("probe_n") :]
+    return f"extra_pass_n{period}" if name.startswith("probe_n") and period.isdigit() else None

@@ -1,0 +1,126 @@
+"""Smoke test of the benchmark harness: it runs and writes what it promises.
+
+Timing is not tested here (see shared/BENCHMARKING.md): only that the
+smallest run completes and its outputs have the documented format.
+"""
+
+import doctest
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import configs, run, timing
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("bench")
+    argv = [
+        "--quick",
+        "--models",
+        "mlp",
+        "--configs",
+        "baseline_aa,probe_n100",
+        "--pairs",
+        "1",
+        "--steps-per-epoch",
+        "5",
+        "--no-memory",
+        "--out-dir",
+        str(out_dir),
+    ]
+    code = run.main(argv)
+    return code, out_dir
+
+
+def test_tiny_run_writes_results_json(tiny_run):
+    code, out_dir = tiny_run
+    assert code == 0
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["mode"] == "quick"
+    assert results["command"].startswith("python -m benchmarks.run --quick")
+    assert {"cpu_model", "logical_cpus", "tensorflow", "keras"} <= set(results["machine"])
+    model = results["models"]["mlp"]
+    assert set(model["configs"]) == {"baseline", "baseline_aa", "probe_n100"}
+    for name in ("baseline_aa", "probe_n100"):
+        result = model["configs"][name]
+        assert result["status"] == "ok"
+        assert len(result["pairs"]) == 1
+        assert result["cpu_ratio"]["median"] > 0 and result["wall_ratio"]["median"] > 0
+    rows = {(row["config"], row["target"]): row for row in results["targets"]}
+    assert rows[("probe_n100", "CPU time ratio")]["verdict"] in ("pass", "FAIL")
+    assert ("probe_n100", "peak memory ratio") not in rows  # --no-memory: no memory verdicts
+
+
+def test_tiny_run_writes_results_markdown(tiny_run):
+    _, out_dir = tiny_run
+    text = (out_dir / "RESULTS.md").read_text()
+    for heading in (
+        "## Targets (issue 7)",
+        "## Noise floor",
+        "## Results per model",
+        "## Overhead vs every_n_steps",
+        "## Method",
+        "## Machine",
+    ):
+        assert heading in text
+    assert "`python -m benchmarks.run --quick --models mlp" in text
+    assert "| `probe_n100` |" in text
+
+
+def test_pure_helpers_doctests():
+    for module in (timing, configs):
+        failures, _ = doctest.testmod(module)
+        assert failures == 0
+
+
+def test_every_config_alternates_sides_of_its_baseline():
+    names = ["a", "b", "c"]
+    sides = {name: [] for name in names}
+    for round_index in range(4):
+        for before, after in timing.round_triplets(names, round_index):
+            if before:
+                sides[before].append("config_first")
+            if after:
+                sides[after].append("baseline_first")
+    for name in names:
+        assert (
+            sides[name] == ["config_first", "baseline_first"] * 2
+            or sides[name] == ["baseline_first", "config_first"] * 2
+        )
+
+
+def test_unknown_config_names_the_choices():
+    with pytest.raises(ValueError, match=r"Unknown configuration\(s\) \['nope'\].*probe_n1"):
+        configs.select_configs(["nope"])
+
+
+@pytest.mark.slow
+def test_memory_process_prints_peak_rss(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.memory",
+        "--model",
+        "mlp",
+        "--config",
+        "baseline",
+        "--steps-per-epoch",
+        "2",
+        "--epochs",
+        "1",
+        "--max-cpu",
+        "30",
+        "--seed",
+        "0",
+        "--log-dir",
+        str(tmp_path),
+    ]
+    root = pathlib.Path(run.__file__).resolve().parents[1]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300, check=True)
+    line = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
+    report = json.loads(line)
+    assert report["maxrss_mb"] > 0 and report["steps"] == 2
