@@ -202,7 +202,7 @@ class ProbingStep:
         ) as tape:
             y_pred, loss = self._forward_and_loss(x, y, sample_weight)
         if not model.trainable_weights:
-            warnings.warn("The model does not have any trainable weights.")
+            warnings.warn("The model does not have any trainable weights.", stacklevel=2)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         weights = model.trainable_weights
         if replicas.multi_replica():
@@ -211,10 +211,11 @@ class ProbingStep:
             # (all-gather, mirrored-variable write) cannot sit in a branch.
             self._write(step, scalars, histograms, weights, where=probe_now)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        batch = (x, y, y_pred, sample_weight)
         if self.guard is None:
-            scalars, histograms = self._probed_update(tape, loss, weights, probe_now, x, y, y_pred, sample_weight)
+            scalars, histograms = self._probed_update(tape, loss, weights, probe_now, *batch)
         else:
-            scalars, histograms = self._guarded_update(tape, loss, weights, probe_now, step, x, y, y_pred, sample_weight)
+            scalars, histograms = self._guarded_update(tape, loss, weights, probe_now, step, *batch)
         if self._names is not None:
             tf.cond(
                 probe_now,
