@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from references import central_difference
 
 MODES = ["eager", "function", "xla"]
 F64 = "float64"
@@ -19,18 +20,6 @@ def _compiled(fn, mode):
     if mode == "eager":
         return fn
     return tf.function(fn, jit_compile=mode == "xla")
-
-
-def _central_difference(loss_of, y_pred, eps=1e-6):
-    values = np.array(y_pred, dtype=np.float64)
-    gradient = np.zeros_like(values)
-    for index in np.ndindex(values.shape):
-        step = np.zeros_like(values)
-        step[index] = eps
-        plus = float(loss_of(tf.constant(values + step)))
-        minus = float(loss_of(tf.constant(values - step)))
-        gradient[index] = (plus - minus) / (2 * eps)
-    return gradient
 
 
 def _shortcut_case(kind):
@@ -65,7 +54,7 @@ def test_plain_tape_gives_none_and_kgrad_matches_finite_differences(kind, mode):
 
     y_pred, gradient = _compiled(run, mode)(logits)
     assert plain_gradient_was_none == [True]
-    expected = _central_difference(lambda p: loss_fn(targets, p), y_pred)
+    expected = central_difference(lambda p: loss_fn(targets, p), y_pred)
     np.testing.assert_allclose(gradient, expected, rtol=1e-6, atol=1e-9)
     assert gradient.shape == y_pred.shape and gradient.dtype == tf.float64
 
@@ -88,7 +77,7 @@ def test_sample_weight_is_part_of_the_loss(mode):
     gradient = _compiled(
         lambda p: kgrad.prediction_gradient(loss_fn, targets, p, sample_weight=weights), mode
     )(y_pred)
-    expected = _central_difference(lambda p: loss_fn(targets, p, sample_weight=weights), y_pred)
+    expected = central_difference(lambda p: loss_fn(targets, p, sample_weight=weights), y_pred)
     np.testing.assert_allclose(gradient, expected, rtol=1e-6, atol=1e-9)
     np.testing.assert_array_equal(gradient[1], np.zeros(3))  # weight 0: no gradient
 
@@ -144,7 +133,7 @@ def test_multi_output_gradient_has_the_structure_of_the_prediction(structure):
     class_gradient, value_gradient = unpack(gradient)
     np.testing.assert_allclose(
         class_gradient,
-        _central_difference(lambda p: cce(class_targets, p), classes),
+        central_difference(lambda p: cce(class_targets, p), classes),
         rtol=1e-6,
         atol=1e-9,
     )

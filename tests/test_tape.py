@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from references import central_difference
 
 MODES = ["eager", "function", "xla"]
 F64 = "float64"
@@ -30,17 +31,6 @@ def _compiled(fn, mode):
 
 def _loss(prediction, target):
     return tf.reduce_mean(tf.square(prediction - target)) + tf.reduce_sum(prediction) / 7.0
-
-
-def _central_difference(fn, x, eps=1e-6):
-    """dfn/dx of a scalar float64 function, one element at a time."""
-    x = np.array(x, dtype=np.float64)
-    gradient = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        step = np.zeros_like(x)
-        step[index] = eps
-        gradient[index] = (float(fn(x + step)) - float(fn(x - step))) / (2 * eps)
-    return gradient
 
 
 # --- the three kinds of model, each with its hand-split twin ----------------
@@ -166,9 +156,9 @@ def test_every_gradient_matches_a_manual_tape_and_finite_differences(kind, mode)
 
     # Finite differences: of the whole model in x, and of the rest of the
     # model in the activation where the hand split cuts it.
-    fd_input = _central_difference(lambda v: _loss(model(tf.constant(v)), y), x)
+    fd_input = central_difference(lambda v: _loss(model(tf.constant(v)), y), x)
     np.testing.assert_allclose(input_gradient, fd_input, atol=1e-7)
-    fd_activation = _central_difference(
+    fd_activation = central_difference(
         lambda v: _loss(list(rest(tf.constant(v)).values())[-1], y),
         ref_activations[split_name],
     )
@@ -247,7 +237,7 @@ def test_input_gradient_of_a_multi_input_model_has_the_input_structure(dict_inpu
     # d/db of (Dense . square) is 2 b W_b: zero where b is zero.
     np.testing.assert_allclose(
         got_b,
-        _central_difference(
+        central_difference(
             lambda v: _loss(
                 model({"a": a, "b": tf.constant(v)} if dict_inputs else [a, tf.constant(v)]), y
             ),
@@ -270,7 +260,7 @@ def test_input_given_as_numpy_or_keyword_is_watched():
         assert got is not None and got.shape == (2, 3)
         reference = got if reference is None else reference
         np.testing.assert_allclose(got, reference, rtol=1e-12)
-    fd = _central_difference(lambda v: _loss(model(tf.constant(v)), y), x)
+    fd = central_difference(lambda v: _loss(model(tf.constant(v)), y), x)
     np.testing.assert_allclose(reference, fd, atol=1e-7)
 
 

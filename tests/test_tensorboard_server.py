@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import kgrad
+from test_tensorboard_writer import tiny_model
 
 # A server subprocess and a fit: seconds, not milliseconds.
 pytestmark = pytest.mark.slow
@@ -42,15 +43,7 @@ ELEMENTS = {
 def logged(tmp_path_factory):
     keras.utils.set_random_seed(0)
     log_dir = tmp_path_factory.mktemp("logs")
-    model = keras.Sequential(
-        [
-            keras.Input((3,)),
-            keras.layers.Dense(2, activation="relu", name="hidden"),
-            keras.layers.Dense(1, name="out"),
-        ],
-        name="tiny",
-    )
-    model.compile(keras.optimizers.SGD(0.1), "mse")
+    model = tiny_model()
     records = []
     probe = kgrad.GradientProbe(log_dir, every_n_steps=2, bucket_count=5, on_probe=records.append)
     rng = np.random.default_rng(0)
