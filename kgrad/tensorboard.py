@@ -7,15 +7,15 @@ documented in `kgrad.summaries`.
 """
 
 import os
+import time
 
 import numpy as np
-import tensorflow as tf
-from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
-from tensorboard.util import tensor_util
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 #: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
 RUN_NAME = "kgrad"
@@ -101,6 +101,10 @@ def custom_scalar_layout():
 class ProbeWriter:
     """Writes `kgrad.ProbeRecord`s to ``<log_dir>/kgrad``, created lazily.
 
+    Events go through TensorBoard's own `EventFileWriter` (the writer
+    ``torch.utils.tensorboard`` uses too): no TensorFlow op per record, and
+    the file is written in its background thread.
+
     Args:
         log_dir: The TensorBoard log directory (the one given to Keras'
             ``TensorBoard`` callback, if any).
@@ -111,40 +115,56 @@ class ProbeWriter:
         self.run_dir = os.path.join(self.log_dir, RUN_NAME)
         self._writer = None
         self._described = set()  # tags whose metadata this event file holds
+        self._templates = {}  # tag lists -> reusable Summary without metadata
 
-    def _file_writer(self):
+    def _event_writer(self):
         if self._writer is None:
             # Created on first write: no event file for runs that never log.
-            self._writer = tf.summary.create_file_writer(self.run_dir)
+            self._writer = EventFileWriter(self.run_dir)
             self._described = set()
-            with self._writer.as_default(), tf.summary.record_if(True):
-                tf.summary.experimental.write_raw_pb(
-                    custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString(),
-                    step=0,
-                )
+            self._templates = {}
+            # The plugin builds TensorFlow's Summary class when TensorFlow is
+            # installed; the event wants TensorBoard's own: same wire format.
+            layout = summary_pb2.Summary.FromString(
+                custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString()
+            )
+            self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=layout))
         return self._writer
 
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
-        # One Summary proto per record, built on the host: one TF op instead
-        # of one per tag (hundreds per probed step in a deep model).
-        summary = summary_pb2.Summary()
-        for tag, value in record.scalars.items():
-            self._add(summary, tag, np.float32(value), scalar_metadata)
-        for tag, buckets in record.histograms.items():
-            self._add(summary, tag, np.asarray(buckets, np.float64), histogram_metadata)
-        # record_if(True): Keras' TensorBoard(update_freq=N) sets a global
-        # record_if around each batch that would drop probed steps.
-        # The step as np.int64: TensorFlow caches the tensor of every Python
-        # int it converts, so a new int per step grows memory without bound.
-        with self._file_writer().as_default(), tf.summary.record_if(True):
-            tf.summary.experimental.write_raw_pb(
-                summary.SerializeToString(), step=np.int64(record.step)
-            )
+        writer = self._event_writer()
+        summary = self._summary(record)
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(record.step), summary=summary))
 
-    def _add(self, summary, tag, array, plugin_metadata):
+    def _summary(self, record):
+        # One Summary per record. Records of a run have the same tags, so the
+        # Summary built for the first is kept and only its values replaced:
+        # hundreds of values per record, microseconds each.
+        key = (tuple(record.scalars), tuple(record.histograms))
+        template = self._templates.get(key)
+        if template is None:
+            summary = summary_pb2.Summary()
+            for tag, value in record.scalars.items():
+                self._add(summary, tag, scalar_metadata).tensor.CopyFrom(_scalar_proto(value))
+            for tag, buckets in record.histograms.items():
+                self._add(summary, tag, histogram_metadata).tensor.CopyFrom(_histogram_proto(buckets))
+            template = summary_pb2.Summary()
+            template.CopyFrom(summary)
+            for entry in template.value:
+                entry.ClearField("metadata")
+            self._templates[key] = template
+            return summary
+        entries = template.value
+        for index, value in enumerate(record.scalars.values()):
+            entries[index].tensor.float_val[0] = value
+        offset = len(record.scalars)
+        for index, buckets in enumerate(record.histograms.values()):
+            entries[offset + index].tensor.tensor_content = _histogram_bytes(buckets)
+        return template
+
+    def _add(self, summary, tag, plugin_metadata):
         entry = summary.value.add(tag=tag)
-        entry.tensor.CopyFrom(tensor_util.make_tensor_proto(array))
         # TensorBoard reads a tag's plugin and description from its first
         # event in a file, as tf.summary does; later events omit them.
         if tag not in self._described:
@@ -152,6 +172,7 @@ class ProbeWriter:
             entry.metadata.CopyFrom(
                 plugin_metadata.create_summary_metadata(display_name=tag, description=describe_tag(tag))
             )
+        return entry
 
     def flush(self):
         """Writes buffered events to disk (called at the end of each epoch)."""
@@ -163,3 +184,29 @@ class ProbeWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+# Tensor protos built directly: `tensor_util.make_tensor_proto` is general and
+# costs tens of microseconds per value, hundreds of values per record.
+_SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
+
+
+def _scalar_proto(value):
+    """A float32 scalar TensorProto, as ``tf.summary.scalar`` writes it."""
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[value]
+    )
+
+
+def _histogram_proto(buckets):
+    """A float64 ``[k, 3]`` TensorProto, as ``tf.summary.histogram`` writes it."""
+    shape = tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in np.shape(buckets)]
+    )
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=_histogram_bytes(buckets)
+    )
+
+
+def _histogram_bytes(buckets):
+    return np.ascontiguousarray(buckets, dtype=np.float64).tobytes()

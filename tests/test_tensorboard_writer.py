@@ -236,3 +236,24 @@ def test_writer_round_trip_across_reopened_event_files(tmp_path):
     assert run["scalars"]["grad_norm/a"].steps.tolist() == [3, 5]
     assert run["scalars"]["grad_norm/a"].values.tolist() == [0.5, 0.25]
     np.testing.assert_array_equal(run["histograms"]["grad_hist/a"].values, [[[0, 1, 4]], [[1, 2, 4]]])
+
+
+def test_records_with_changing_tag_sets_keep_their_own_values(tmp_path):
+    # A step the loss scaler skipped is written with fewer tags; the records
+    # around it must still carry their own values, not a reused Summary's.
+    hist = lambda low: np.array([[low, low + 1.0, 2.0]])  # noqa: E731
+    records = [
+        kgrad.ProbeRecord(0, {"grad_norm/a": 1.0, "global/loss_scale": 8.0}, {"grad_hist/a": hist(0.0)}),
+        kgrad.ProbeRecord(1, {"global/loss_scale": 4.0}, {}),
+        kgrad.ProbeRecord(2, {"grad_norm/a": 3.0, "global/loss_scale": 4.0}, {"grad_hist/a": hist(5.0)}),
+        kgrad.ProbeRecord(3, {"grad_norm/a": 4.0, "global/loss_scale": 2.0}, {"grad_hist/a": hist(7.0)}),
+    ]
+    writer = tensorboard.ProbeWriter(tmp_path)
+    for record in records:
+        writer.write(record)
+    writer.close()
+    run = kgrad.read_logs(tmp_path)["kgrad"]
+    assert run["scalars"]["grad_norm/a"].steps.tolist() == [0, 2, 3]
+    assert run["scalars"]["grad_norm/a"].values.tolist() == [1.0, 3.0, 4.0]
+    assert run["scalars"]["global/loss_scale"].values.tolist() == [8.0, 4.0, 4.0, 2.0]
+    np.testing.assert_array_equal(run["histograms"]["grad_hist/a"].values[:, 0, 0], [0.0, 5.0, 7.0])
