@@ -142,9 +142,7 @@ class GuardState:
         """
         # Summed over replicas: every replica then takes the same branch and
         # the same apply decision, which the optimizer's all-reduce needs.
-        squares = sum_over_replicas(
-            tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors])
-        )
+        squares = sum_over_replicas(tf.stack([stats.sum_of_squares(t) for t in tensors]))
         finite = tf.reduce_all(tf.math.is_finite(squares))
 
         def record_finite():
@@ -200,8 +198,14 @@ class GuardState:
             non_finite=bad,
         )
 
-    def reset(self):
+    def reset(self, everything=False):
+        """Re-arms the guard; with ``everything``, also forgets earlier steps."""
         self.tripped.assign(False)
+        if everything:
+            self.trip_step.assign(-1)
+            self.counts.assign(tf.zeros_like(self.counts))
+            self.last_finite_step.assign(-1)
+            self.last_finite_norms.assign(tf.zeros_like(self.last_finite_norms))
 
 
 def _uses_loss_scaling(model):

@@ -13,12 +13,6 @@ from tensorflow.python.ops import control_flow_util
 MOMENT_NAMES = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
 
 
-def _finite_parts(x):
-    x = tf.cast(tf.reshape(x, [-1]), tf.float32)
-    finite = tf.math.is_finite(x)
-    return tf.where(finite, x, tf.zeros_like(x)), finite
-
-
 def _count(mask):
     # Counted as integers: a float32 sum of ones stops growing at 2**24, which
     # an activation gradient of a real network easily exceeds.
@@ -54,9 +48,119 @@ def moments(x):
     >>> [round(float(v), 3) for v in stats.moments(tf.constant([0.0, 3.0, 4.0]))]
     [5.0, 2.333, 1.7, 0.0, 4.0, 0.333, 0.0]
     """
-    # Few passes over the elements: this runs for every captured tensor of
-    # every probed step. Counts are integer ops (exact beyond 2**24).
-    values, finite = _finite_parts(x)
+    return summarize(x)[0]
+
+
+def summarize(x, bucket_count=None):
+    """`moments` of ``x`` and, with ``bucket_count``, its `histogram`, together.
+
+    This runs for every captured tensor of every probed step, so the common
+    case takes few passes over the elements: one sum of squares tells whether
+    every element is finite (and no square overflows); then sum, min, max
+    and the zero count finish the moments, and the histogram needs no
+    masking. Only a tensor with NaN, Inf or huge values takes the slower,
+    masked and rescaled path.
+
+    Args:
+        x: A tensor of any float dtype and shape.
+        bucket_count: Buckets of the histogram, or ``None`` for none.
+
+    Returns:
+        ``(moments, histogram)``: a ``[7]`` float32 tensor as `moments`
+        returns, and a ``[bucket_count, 3]`` float32 tensor as `histogram`
+        returns over the finite min and max (``None`` without
+        ``bucket_count``).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> moments, histogram = stats.summarize(tf.constant([0.0, 1.0, 1.0, 4.0]), 2)
+    >>> float(moments[0]), histogram.numpy().tolist()
+    (4.242640495300293, [[0.0, 2.0, 3.0], [2.0, 4.0, 1.0]])
+    """
+    if bucket_count is not None:
+        _check_bucket_count(bucket_count)
+    values = tf.reshape(tf.cast(x, tf.float32), [-1])
+    squares = sum_of_squares(values)
+
+    def finite_path():
+        result = _finite_moments(values, squares)
+        if bucket_count is None:
+            return result
+        edges = _edges(result[3], result[4], bucket_count)
+        return result, _histogram(values, None, edges, bucket_count)
+
+    def masked_path():
+        result = _masked_moments(values)
+        if bucket_count is None:
+            return result
+        finite = tf.math.is_finite(values)
+        edges = _edges(result[3], result[4], bucket_count)
+        return result, _histogram(values, finite, edges, bucket_count)
+
+    # A finite sum of squares means no element is NaN or Inf and no square
+    # overflowed: the unmasked statistics are exact.
+    result = tf.cond(tf.math.is_finite(squares), finite_path, masked_path)
+    return (result, None) if bucket_count is None else result
+
+
+def sum_of_squares(x):
+    """``sum(x²)`` in float32, in one pass over ``x`` with no temporary.
+
+    ``tf.nn.l2_loss`` is one fused kernel; ``reduce_sum(square(x))`` is two
+    passes and a tensor the size of ``x``.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> float(stats.sum_of_squares(tf.constant([3.0, 4.0])))
+    25.0
+    """
+    return 2.0 * tf.nn.l2_loss(tf.cast(x, tf.float32))
+
+
+def l2_norm(x):
+    """The L2 norm of all of ``x``, in float32, in one pass (see `sum_of_squares`).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> float(stats.l2_norm(tf.constant([[3.0], [4.0]])))
+    5.0
+    """
+    return tf.sqrt(sum_of_squares(x))
+
+
+def _finite_moments(values, squares):
+    """`moments` of ``values`` known to be finite, with ``squares`` = sum of x²."""
+    size = tf.size(values)
+    count = tf.maximum(tf.cast(size, tf.float32), 1.0)
+    not_empty = size > 0
+    minimum = tf.where(not_empty, tf.reduce_min(values), 0.0)
+    maximum = tf.where(not_empty, tf.reduce_max(values), 0.0)
+    mean = tf.reduce_sum(values) / count
+    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
+    # E[x²] - E[x]² loses the variance to round-off when the mean dominates
+    # (a constant tensor, large offsets): then take the centered second pass.
+    variance = tf.cond(
+        tf.square(mean) > 100.0 * variance,
+        lambda: tf.reduce_sum(tf.square(values - mean)) / count,
+        lambda: variance,
+    )
+    # Counted as integers: a float32 sum of ones stops growing at 2**24.
+    zeros = tf.cast(tf.reduce_sum(tf.cast(tf.equal(values, 0.0), tf.int32)), tf.float32)
+    return tf.stack(
+        [tf.sqrt(squares), mean, tf.sqrt(variance), minimum, maximum, zeros / count, 0.0]
+    )
+
+
+def _masked_moments(values):
+    """`moments` of ``values`` that may hold NaN, Inf or overflowing squares."""
+    finite = tf.math.is_finite(values)
+    values = tf.where(finite, values, tf.zeros_like(values))
     size = tf.size(values, out_type=tf.int64)
     finite_count = tf.math.count_nonzero(finite, dtype=tf.int64)
     nonzero_count = tf.math.count_nonzero(values, dtype=tf.int64)  # non-finite are 0 here
@@ -86,11 +190,16 @@ def moments(x):
     )
 
 
+def _check_bucket_count(bucket_count):
+    if isinstance(bucket_count, bool) or not isinstance(bucket_count, int) or bucket_count < 1:
+        raise ValueError(
+            "`bucket_count` must be a positive Python int. Received: "
+            f"bucket_count={bucket_count!r}. Example: histogram(x, bucket_count=30)."
+        )
+
+
 def histogram(x, bucket_count, value_range=None):
     """A TensorBoard histogram of the finite elements of ``x``, on device.
-
-    ``tf.histogram_fixed_width`` has no XLA kernel; this uses a bucket index
-    and ``unsorted_segment_sum``, which compile everywhere.
 
     Args:
         x: A float tensor of any shape.
@@ -115,41 +224,45 @@ def histogram(x, bucket_count, value_range=None):
     >>> stats.histogram(tf.constant([0.0, 1.0, 1.0, 4.0]), 2).numpy().tolist()
     [[0.0, 2.0, 3.0], [2.0, 4.0, 1.0]]
     """
-    if isinstance(bucket_count, bool) or not isinstance(bucket_count, int) or bucket_count < 1:
-        raise ValueError(
-            "`bucket_count` must be a positive Python int. Received: "
-            f"bucket_count={bucket_count!r}. Example: histogram(x, bucket_count=30)."
-        )
-    values, finite = _finite_parts(x)
+    _check_bucket_count(bucket_count)
     if value_range is None:
-        big = tf.float32.max
-        low = tf.reduce_min(tf.where(finite, values, big))
-        high = tf.reduce_max(tf.where(finite, values, -big))
-        has_finite = tf.reduce_any(finite)
-        low = tf.where(has_finite, low, 0.0)
-        high = tf.where(has_finite, high, 0.0)
-    else:
-        low, high = (tf.cast(v, tf.float32) for v in value_range)
+        return summarize(x, bucket_count)[1]
+    values = tf.reshape(tf.cast(x, tf.float32), [-1])
+    low, high = (tf.cast(v, tf.float32) for v in value_range)
+    edges = _edges(low, high, bucket_count)
+    return _histogram(values, tf.math.is_finite(values), edges, bucket_count)
+
+
+def _edges(low, high, bucket_count):
+    """``bucket_count + 1`` edges over [low, high], widened when it is empty."""
     degenerate = high <= low
     low = tf.where(degenerate, low - 0.5, low)
     high = tf.where(degenerate, high + 0.5, high)
     width = (high - low) / bucket_count
-    counts = tf.cast(_bucket_counts(values, finite, low, high, bucket_count), tf.float32)
     edges = low + width * tf.range(bucket_count + 1, dtype=tf.float32)
     # The last edge is set exactly so float rounding never cuts off the max.
-    edges = tf.concat([edges[:-1], [high]], axis=0)
-    return tf.stack([edges[:-1], edges[1:], counts], axis=1)
+    return tf.concat([edges[:-1], [high]], axis=0)
+
+
+def _histogram(values, finite, edges, bucket_count):
+    """The ``[k, 3]`` histogram; ``finite`` is ``None`` when all values are."""
+    counts = _bucket_counts(values, finite, edges[0], edges[-1], bucket_count)
+    return tf.stack([edges[:-1], edges[1:], tf.cast(counts, tf.float32)], axis=1)
 
 
 def _bucket_counts(values, finite, low, high, bucket_count):
-    """Integer counts of the finite ``values`` in equal buckets of [low, high]."""
+    """Integer counts of the finite ``values`` in equal buckets of [low, high].
+
+    ``finite`` is the mask of finite values, or ``None`` when all are.
+    """
     if not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         # Outside XLA, TensorFlow's own kernel is several times faster than a
-        # scatter. Non-finite elements are moved to the first bucket, then
-        # taken out of it.
-        counts = tf.histogram_fixed_width(
-            tf.where(finite, values, low), tf.stack([low, high]), nbins=bucket_count
-        )
+        # scatter.
+        value_range = tf.stack([low, high])
+        if finite is None:
+            return tf.histogram_fixed_width(values, value_range, nbins=bucket_count)
+        # Non-finite elements are moved to the first bucket, then taken out.
+        counts = tf.histogram_fixed_width(tf.where(finite, values, low), value_range, nbins=bucket_count)
         nonfinite = tf.reduce_sum(tf.cast(tf.logical_not(finite), tf.int32))
         return counts - tf.one_hot(0, bucket_count, on_value=nonfinite, off_value=0)
     # `tf.histogram_fixed_width` has no XLA kernel: a bucket index and a
@@ -158,7 +271,8 @@ def _bucket_counts(values, finite, low, high, bucket_count):
     index = tf.cast(tf.floor((values - low) / width), tf.int32)
     index = tf.clip_by_value(index, 0, bucket_count - 1)
     # Integer counts: a float32 count stops growing at 2**24 elements.
-    return tf.math.unsorted_segment_sum(tf.cast(finite, tf.int32), index, bucket_count)
+    ones = tf.ones_like(index) if finite is None else tf.cast(finite, tf.int32)
+    return tf.math.unsorted_segment_sum(ones, index, bucket_count)
 
 
 def _norm(x, axis=None):
@@ -205,6 +319,34 @@ def global_norm(tensors):
         return tf.constant(0.0)
     norms = [_norm(tf.reshape(tf.cast(t, tf.float32), [-1])) for t in tensors]
     return _norm(tf.stack(norms))
+
+
+def combined_norm(norms, nonfinite_counts, tensors):
+    """`global_norm` of ``tensors`` from their own norms, without another pass.
+
+    Args:
+        norms: Float32 scalars, the L2 norm of the finite elements of each
+            tensor (``moments(t)[0]``).
+        nonfinite_counts: Float32 scalars, each tensor's non-finite count.
+        tensors: The tensors themselves; read again only when one holds
+            NaN or Inf, so that the result is NaN or Inf as `global_norm`'s.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> tensors = [tf.constant([3.0]), tf.constant([[4.0]])]
+    >>> moments = [stats.moments(t) for t in tensors]
+    >>> float(stats.combined_norm([m[0] for m in moments], [m[6] for m in moments], tensors))
+    5.0
+    """
+    if not tensors:
+        return tf.constant(0.0)
+    return tf.cond(
+        tf.reduce_any(tf.stack(nonfinite_counts) > 0),
+        lambda: global_norm(tensors),
+        lambda: _norm(tf.stack(norms)),
+    )
 
 
 def count_nonfinite(x):

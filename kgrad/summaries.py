@@ -48,15 +48,18 @@ class SummaryBuilder:
         self._histogram_values = []
 
     def add_tensor(self, kind, name, tensor):
-        """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram."""
-        moments = stats.moments(tensor)
+        """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram.
+
+        Returns the ``[7]`` moments tensor (`kgrad.stats.MOMENT_NAMES`).
+        """
+        bucket_count = self._bucket_count if self._histograms else None
+        moments, histogram = stats.summarize(tensor, bucket_count)
         for index, stat in enumerate(stats.MOMENT_NAMES):
             self.add_scalar(f"{kind}_{stat}/{name}", moments[index])
-        if self._histograms:
+        if histogram is not None:
             self.histogram_names.append(f"{kind}_hist/{name}")
-            # The range is the finite min and max the moments just computed.
-            value_range = (moments[3], moments[4])
-            self._histogram_values.append(stats.histogram(tensor, self._bucket_count, value_range))
+            self._histogram_values.append(histogram)
+        return moments
 
     def add_scalar(self, tag, value):
         self.scalar_names.append(tag)

@@ -70,6 +70,40 @@ def test_moments_of_exploding_values_stay_finite():
         np.testing.assert_allclose(got[index], expected[name], rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("offset", [0.0, 1e3, -5e4])
+def test_moments_of_finite_values_match_numpy_also_when_the_mean_dominates(mode, offset):
+    # All-finite tensors take the unmasked path; E[x²] - E[x]² would lose
+    # the variance of values far from zero to round-off.
+    values = (offset + np.random.default_rng(1).normal(size=(50, 40))).astype(np.float32)
+    values[0, :7] = 0.0
+    got = _compiled(stats.moments, mode)(tf.constant(values)).numpy()
+    expected = _numpy_moments(values)
+    for index, name in enumerate(stats.MOMENT_NAMES):
+        np.testing.assert_allclose(got[index], expected[name], rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("with_nonfinite", [False, True])
+def test_summarize_equals_moments_and_histogram_apart(mode, with_nonfinite):
+    values = _with_nonfinite(shape=(30, 20), seed=2)
+    if not with_nonfinite:
+        values = np.where(np.isfinite(values), values, 0.5).astype(np.float32)
+    tensor = tf.constant(values)
+    got_moments, got_histogram = _compiled(lambda x: stats.summarize(x, 9), mode)(tensor)
+    moments = stats.moments(tensor)
+    np.testing.assert_allclose(got_moments.numpy(), moments.numpy(), rtol=1e-6)
+    finite = values[np.isfinite(values)].astype(np.float64)
+    counts, edges = np.histogram(finite, bins=9, range=(finite.min(), finite.max()))
+    np.testing.assert_allclose(got_histogram.numpy()[:, 0], edges[:-1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got_histogram.numpy()[:, 2], counts)
+
+
+def test_summarize_without_buckets_has_no_histogram():
+    moments, histogram = stats.summarize(tf.constant([1.0, 2.0]))
+    assert histogram is None and moments.shape == (7,)
+
+
 # --- histogram -------------------------------------------------------------------
 
 
