@@ -5,6 +5,11 @@ check) when ``fit`` starts; both share one `ProbingStep`, so a probed and
 guarded step still runs a single backward pass. When the last one detaches,
 the model gets back exactly what it had: no instance ``train_step``, its
 previous ``train_function``.
+
+Tracing the probing step takes seconds (a minute for a MobileNet), so it is
+not redone by every ``fit``: the step and its traced functions are kept on the
+model after ``fit`` (outside its tracked attributes), and a later ``fit`` with
+the same options and the same compiled Keras function runs them again.
 """
 
 import dataclasses
@@ -63,8 +68,10 @@ def _install(model, role):
         model._set_probing_step(step)
     else:
         previous = None
-        step = ProbingStep(model)
-        step.train_step = _restoring_on_error(model, step)
+        step = _kept_step(model)
+        if step is None:
+            step = ProbingStep(model)
+            step.train_step = _restoring_on_error(model, step)
         object.__setattr__(model, "train_step", step.train_step)
     installation = _Installation(
         step, previous, model.train_function, set(), getattr(model, "history", None)
@@ -87,12 +94,12 @@ def attach(model, role, part):
     """
     installation = model.__dict__.get("_kgrad_installation")
     if installation is not None and installation.history is not getattr(model, "history", None):
-        _uninstall(model, installation)
+        _uninstall(model, installation, keep=False)
         installation = None
     installation = installation or _install(model, role)
     if role in installation.roles:
         # Keras calls no on_train_end after this error: restore the model now.
-        _uninstall(model, installation)
+        _uninstall(model, installation, keep=False)
         raise ValueError(
             f"Model '{model.name}' already has a {_ROLE_CALLBACKS[role]} attached in "
             f"this fit. Received a second one; pass a single {_ROLE_CALLBACKS[role]} "
@@ -101,8 +108,8 @@ def attach(model, role, part):
     installation.roles.add(role)
     setattr(installation.step, _ROLE_ATTRIBUTES[role], part)
     installation.step.prepare()
-    # Traced lazily on the first batch, after every callback has attached.
-    model.make_train_function(force=True)
+    # Chosen (or traced) on the first batch, once every callback has attached.
+    model.train_function = _TrainFunction(model, installation.step)
     return installation.step
 
 
@@ -151,17 +158,58 @@ def _restoring_on_error(model, step):
         except Exception:
             installation = model.__dict__.get("_kgrad_installation")
             if installation is not None and installation.step is step:
-                _uninstall(model, installation)
+                _uninstall(model, installation, keep=False)
             raise
 
     return train_step_restoring_on_error
 
 
-def _uninstall(model, installation):
+def _uninstall(model, installation, keep=True):
     if isinstance(model, ProbingModel):
         model._set_probing_step(installation.previous_step)
     else:
         # pop: replicas tracing in parallel threads may both fail.
         model.__dict__.pop("train_step", None)
+        if keep and installation.train_function is not None:
+            # For the next fit: valid while Keras keeps this train function
+            # (compile, or a new steps_per_execution, makes another).
+            object.__setattr__(
+                model, "_kgrad_kept", (installation.step, installation.train_function)
+            )
     model.train_function = installation.train_function
     model.__dict__.pop("_kgrad_installation", None)
+
+
+def _kept_step(model):
+    """The step a previous fit left, if Keras still runs the same train function."""
+    kept = model.__dict__.pop("_kgrad_kept", None)
+    if kept is None or kept[1] is not model.train_function:
+        return None
+    step = kept[0]
+    step.config = step.guard = None  # each callback attaches its part again
+    return step
+
+
+class _TrainFunction:
+    """``model.train_function`` while kgrad is attached.
+
+    On its first call every callback has attached its part, so the step knows
+    what it will compute: the traced function for that is reused if the step
+    has one, and traced otherwise.
+    """
+
+    def __init__(self, model, step):
+        self._model = model
+        self._step = step
+        self._function = None
+
+    def __call__(self, iterator):
+        if self._function is None:
+            self._function = self._step.traced_function(self._make_function)
+        return self._function(iterator)
+
+    def _make_function(self):
+        self._model.make_train_function(force=True)
+        # Keras stores the new function as model.train_function; this stays.
+        function, self._model.train_function = self._model.train_function, self
+        return function

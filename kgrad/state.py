@@ -85,6 +85,11 @@ class ProbeState:
             _assign_row(self.histograms, index, histograms[tf.newaxis], where)
         self.written.assign_add(1 if where is None else tf.cast(where, tf.int64))
 
+    def reset(self):
+        """Empties the buffer (for a new ``fit``); ``read_since(0)`` then returns nothing."""
+        self.written.assign(0)
+        self.steps.assign(tf.fill(tf.shape(self.steps), tf.constant(-1, tf.int64)))
+
     def read_since(self, delivered):
         """Returns the records written after the first ``delivered`` ones.
 

@@ -98,9 +98,10 @@ class ProbingStep:
         self._counter = None
         self._snapshots = None
         self._names = None  # (scalar tags, histogram tags), known once traced
+        self._traced = []  # (what it computes, function, the state it captured)
 
     def prepare(self):
-        """Resets the probe schedule; call eagerly before ``fit`` trains."""
+        """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
         replicas.check_strategy(self.model, "kgrad")
         if self._counter is None:
             self._counter = replicas.create_variables(
@@ -108,6 +109,46 @@ class ProbingStep:
                 lambda: replicas.state_variable(tf.constant(0, tf.int64), "kgrad_step_counter"),
             )
         self._counter.assign(0)
+        # A step kept from an earlier fit starts this one with empty buffers.
+        self._remember_current()
+        for _, _, captured in self._traced:
+            if captured["state"] is not None:
+                captured["state"].reset()
+            if captured["guard_state"] is not None:
+                captured["guard_state"].reset(everything=True)
+
+    #: How many traced functions a step keeps (one per set of options).
+    MAX_TRACED = 4
+
+    def traced_function(self, make_function):
+        """The train function for what this step now computes.
+
+        One traced by an earlier fit for the same options is reused, with the
+        buffers it writes; otherwise ``make_function()`` makes a new one
+        (traced on its first call).
+        """
+        self._remember_current()
+        key = (self.config, self.guard, self.model.steps_per_execution)
+        for index, (traced_key, function, captured) in enumerate(self._traced):
+            if traced_key == key:
+                self.state, self.guard_state = captured["state"], captured["guard_state"]
+                self._snapshots, self._names = captured["snapshots"], captured["names"]
+                entry = self._traced.pop(index)
+                break
+        else:
+            entry = (key, make_function(), {})
+        self._traced.append(entry)  # the most recently used last
+        del self._traced[: -self.MAX_TRACED]
+        return entry[1]
+
+    def _remember_current(self):
+        # The buffers the step holds are those that the function it ran last
+        # captured when it was traced.
+        if self._traced:
+            self._traced[-1][2].update(
+                state=self.state, guard_state=self.guard_state,
+                snapshots=self._snapshots, names=self._names,
+            )
 
     def start_at(self, step_index):
         """Tells the step that the next step is the ``step_index``-th of ``fit``.
@@ -371,32 +412,40 @@ class ProbingStep:
         return builder
 
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
-        total = []
+        norms, nonfinite, total = [], [], []
         snapshots = self._ensure_snapshots(weights)
         for weight, gradient, snapshot in zip(weights, gradients, snapshots):
             value = tf.cast(weight.value, tf.float32)
             path = _model_relative_path(self.model, weight)
-            builder.add_scalar(f"weight_norm/{path}", tf.norm(value))
+            builder.add_scalar(f"weight_norm/{path}", stats.l2_norm(value))
             snapshot.assign(value)
             if gradient is not None:
                 # Each replica holds the gradient of its share of the loss.
                 gradient = replicas.sum_over_replicas(unscale(tf.convert_to_tensor(gradient)))
-                builder.add_tensor("weight_grad", path, gradient)
+                moments = builder.add_tensor("weight_grad", path, gradient)
+                norms.append(moments[0])
+                nonfinite.append(moments[6])
                 total.append(gradient)
-        builder.add_scalar("global/grad_norm", stats.global_norm(total))
+        # From the per-weight norms just computed: no second pass over the gradients.
+        builder.add_scalar("global/grad_norm", stats.combined_norm(norms, nonfinite, total))
 
     def _write(self, step, scalars, histograms, weights, where=None):
         scalar_names, histogram_names = self._names
         if self.config.captures("weight_gradients"):
             ratios = []
             for weight, snapshot in zip(weights, self._snapshots):
-                before = snapshot.value()
-                after = tf.cast(weight.value, tf.float32)
+                path = _model_relative_path(self.model, weight)
+                # ‖w‖ before the update is already among the scalars.
+                before_norm = scalars[scalar_names.index(f"weight_norm/{path}")]
+                change = stats.l2_norm(tf.cast(weight.value, tf.float32) - snapshot.value())
                 # A weight that was all zeros (a bias at step 0) is compared
-                # with its new value: its whole value is the update.
-                scale = tf.norm(before)
-                scale = tf.where(scale > 0, scale, tf.norm(after))
-                ratios.append(tf.math.divide_no_nan(tf.norm(after - before), scale))
+                # with its new value, which is all of its change: ratio 1.
+                ratio = tf.where(
+                    before_norm > 0,
+                    tf.math.divide_no_nan(change, before_norm),
+                    tf.cast(change > 0, tf.float32),
+                )
+                ratios.append(ratio)
             scalars = tf.concat([scalars, tf.stack(ratios)], axis=0)
             scalar_names = scalar_names + [
                 f"update_ratio/{_model_relative_path(self.model, w)}" for w in weights
