@@ -205,6 +205,12 @@ class _TrainFunction:
 
     def __call__(self, iterator):
         if self._function is None:
+            # With one step per execution, a GradientProbe alone runs this
+            # function for probed steps only (Keras' own for the others).
+            self._step.only_probed_steps = (
+                plain_train_function(self._model) is not None
+                and self._model.steps_per_execution == 1
+            )
             self._function = self._step.traced_function(self._make_function)
         return self._function(iterator)
 

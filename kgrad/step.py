@@ -5,7 +5,9 @@ A ``tf.cond`` on the step index picks which backward pass: the plain one over
 the weights (what Keras does), or, on probed steps, the one over the weights
 *and* the captured activations and inputs, followed by the summaries. Steps
 that are not probed therefore compute nothing more than Keras would, except
-the step-index test.
+the step-index test. A function that runs only probed steps (every step
+probed, or a `GradientProbe` running Keras' own function for the others)
+has no branch at all.
 """
 
 import contextlib
@@ -99,6 +101,10 @@ class ProbingStep:
         self._snapshots = None
         self._names = None  # (scalar tags, histogram tags), known once traced
         self._traced = []  # (what it computes, function, the state it captured)
+        # Set by `kgrad.install` when the function runs only for probed steps
+        # (Keras' own function runs the others): it then needs no branch.
+        self.only_probed_steps = False
+        self._every_step = False  # at trace time: is every step probed?
 
     def prepare(self):
         """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
@@ -128,7 +134,7 @@ class ProbingStep:
         (traced on its first call).
         """
         self._remember_current()
-        key = (self.config, self.guard, self.model.steps_per_execution)
+        key = (self.config, self.guard, self.model.steps_per_execution, self.only_probed_steps)
         for index, (traced_key, function, captured) in enumerate(self._traced):
             if traced_key == key:
                 self.state, self.guard_state = captured["state"], captured["guard_state"]
@@ -233,6 +239,11 @@ class ProbingStep:
             return type(model).train_step(model, data)
         _build_if_needed(model, data)
         probe_now = self._probe_now()
+        # Without a branch when every step is probed: XLA on CPU compiles a
+        # convolution's gradient inside a conditional ~20x slower.
+        self._every_step = self.config is not None and (
+            self.only_probed_steps or self.config.every_n_steps == 1
+        )
         step = tf.identity(model.optimizer.iterations)
         with ProbeTape(
             model,
@@ -258,12 +269,16 @@ class ProbingStep:
         else:
             scalars, histograms = self._guarded_update(tape, loss, weights, probe_now, step, *batch)
         if self._names is not None:
-            tf.cond(
+            self._if_probed(
                 probe_now,
                 lambda: self._write(step, scalars, histograms, weights),
                 lambda: tf.no_op(),
             )
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _if_probed(self, probe_now, probed, plain):
+        """``tf.cond(probe_now, probed, plain)``, or ``probed()`` when every step is."""
+        return probed() if self._every_step else tf.cond(probe_now, probed, plain)
 
     def _every_step_update(self, tape, loss, weights, x, y, y_pred, sample_weight):
         """Multi-replica: summaries of the global batch computed on every step.
@@ -309,7 +324,7 @@ class ProbingStep:
             gradients = tf.GradientTape.gradient(tape, loss, weights)
             return (_split_sparse(gradients), *self._no_summaries())
 
-        gradients, scalars, histograms = tf.cond(probe_now, probed, plain)
+        gradients, scalars, histograms = self._if_probed(probe_now, probed, plain)
         gradients = _join_sparse(gradients, weights)
         self.model.optimizer.apply_gradients(zip(gradients, weights))
         return scalars, histograms
@@ -335,7 +350,7 @@ class ProbingStep:
                 self._names = (builder.scalar_names, builder.histogram_names)
                 return builder.scalars(), builder.histograms()
 
-            scalars, histograms = tf.cond(probe_now, probed, self._no_summaries)
+            scalars, histograms = self._if_probed(probe_now, probed, self._no_summaries)
         else:
             scalars, histograms = self._no_summaries()
 
