@@ -8,6 +8,8 @@ summed over replicas; statistics must be taken over the gathered batch. These
 helpers are identities outside a multi-replica context.
 """
 
+import threading
+
 import tensorflow as tf
 
 
@@ -56,12 +58,37 @@ def create_variables(model, create):
     """
 
     def in_cross_replica_context(strategy=None):
-        with tf.init_scope(), model.distribute_strategy.scope():
-            return create()
+        with tf.init_scope():
+            return _outside_traced_functions(model.distribute_strategy, create)
 
     if multi_replica():
         return tf.distribute.get_replica_context().merge_call(in_cross_replica_context)
     return in_cross_replica_context()
+
+
+def _outside_traced_functions(strategy, create):
+    """Runs ``create()`` in a thread of its own, in ``strategy``'s scope.
+
+    A ``tf.function`` that sees a variable created while it traces (even
+    lifted out by ``tf.init_scope``) traces itself a second time, which for
+    the probing step of a large model costs as much as the first. The
+    variable-creator scopes through which it sees them are per thread.
+    """
+    result, errors = [], []
+
+    def run():
+        try:
+            with strategy.scope():
+                result.append(create())
+        except BaseException as error:  # re-raised in the calling thread
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="kgrad-create-variables")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
 
 
 def state_variable(initial_value, name):
