@@ -13,15 +13,16 @@ METHOD = """\
   (an endless `tf.data` pipeline without prefetching). Each runs ONE long
   `model.fit` in its own thread; the threads take turns epoch by epoch, so
   only one trains at a time (`benchmarks/interleave.py`). One `fit` per
-  configuration matters: `GradientProbe` makes a new train function in
-  `on_train_begin`, so each `fit` call with it traces (with XLA, compiles)
-  again; that cost is excluded here, like Keras' own first trace.
+  configuration keeps each sample free of setup: callbacks are created per
+  configuration, and a first `fit` traces (with XLA, compiles) its step;
+  that cost is excluded here, like Keras' own first trace.
 - **Warm-up excluded.** Each configuration first runs {warmup} warm-up epoch(s)
   (tracing; its steps after the first size the samples), untimed; once all
   are traced, one more untimed epoch each (a traced step's first call after other functions
   were added to TensorFlow's runtime costs more). "First step" in the tables
   is the CPU time from `fit`'s start to the end of its first step: setup,
-  tracing and XLA compilation, paid again by every `fit` call. A configuration
+  tracing and XLA compilation, paid by the first `fit` with these options
+  (later `fit` calls of the same model reuse the traced step). A configuration
   whose warm-up steps after the first use more than {max_warmup:.0f} CPU-s is
   stopped and reported *too slow*, with its CPU ratio estimated from those
   steps (over whole probe periods) against the baseline's.
