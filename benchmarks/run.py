@@ -1,6 +1,6 @@
 """The benchmark command: ``python -m benchmarks.run [--quick] [options]``.
 
-Full run (on a quiet machine; 40-45 minutes on 2 cores with today's kgrad)::
+Full run (on a quiet machine; about 35 minutes on 2 cores with today's kgrad)::
 
     python -m benchmarks.run
 
