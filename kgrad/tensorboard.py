@@ -7,15 +7,14 @@ documented in `kgrad.summaries`.
 """
 
 import os
-import time
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+import tensorflow as tf
+from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 #: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
 RUN_NAME = "kgrad"
@@ -101,9 +100,9 @@ def custom_scalar_layout():
 class ProbeWriter:
     """Writes `kgrad.ProbeRecord`s to ``<log_dir>/kgrad``, created lazily.
 
-    Events go through TensorBoard's own `EventFileWriter` (the writer
-    ``torch.utils.tensorboard`` uses too): no TensorFlow op per record, and
-    the file is written in its background thread.
+    Each record is one Summary written by one op of TensorFlow's own event
+    writer, which checksums in C++ (TensorBoard's ``EventFileWriter`` does it
+    in Python, several CPU-ms per record of a few hundred tags).
 
     Args:
         log_dir: The TensorBoard log directory (the one given to Keras'
@@ -117,30 +116,36 @@ class ProbeWriter:
         self._described = set()  # tags whose metadata this event file holds
         self._templates = {}  # tag lists -> reusable Summary without metadata
 
-    def _event_writer(self):
+    def _file_writer(self):
         if self._writer is None:
             # Created on first write: no event file for runs that never log.
-            self._writer = EventFileWriter(self.run_dir)
+            self._writer = tf.summary.create_file_writer(self.run_dir)
             self._described = set()
             self._templates = {}
-            # The plugin builds TensorFlow's Summary class when TensorFlow is
-            # installed; the event wants TensorBoard's own: same wire format.
-            layout = summary_pb2.Summary.FromString(
-                custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString()
-            )
-            self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=layout))
+            with self._writer.as_default(), tf.summary.record_if(True):
+                tf.summary.experimental.write_raw_pb(
+                    custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString(),
+                    step=0,
+                )
         return self._writer
 
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
-        writer = self._event_writer()
+        writer = self._file_writer()
         summary = self._summary(record)
-        writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(record.step), summary=summary))
+        # record_if(True): Keras' TensorBoard(update_freq=N) sets a global
+        # record_if around each batch that would drop probed steps.
+        # The step as np.int64: TensorFlow caches the tensor of every Python
+        # int it converts, so a new int per step grows memory without bound.
+        with writer.as_default(), tf.summary.record_if(True):
+            tf.summary.experimental.write_raw_pb(
+                summary.SerializeToString(), step=np.int64(record.step)
+            )
 
     def _summary(self, record):
         # One Summary per record. Records of a run have the same tags, so the
-        # Summary built for the first is kept and only its values replaced:
-        # hundreds of values per record, microseconds each.
+        # Summary built for the first is kept as a template whose values are
+        # replaced: hundreds of values per record, microseconds each.
         key = (tuple(record.scalars), tuple(record.histograms))
         template = self._templates.get(key)
         if template is None:
@@ -155,13 +160,17 @@ class ProbeWriter:
                 entry.ClearField("metadata")
             self._templates[key] = template
             return summary
-        entries = template.value
+        # A copy per record: the protobuf runtime frees replaced bytes only
+        # with the message, so refilling one long-lived Summary grows forever.
+        summary = summary_pb2.Summary()
+        summary.CopyFrom(template)
+        entries = summary.value
         for index, value in enumerate(record.scalars.values()):
             entries[index].tensor.float_val[0] = value
         offset = len(record.scalars)
         for index, buckets in enumerate(record.histograms.values()):
             entries[offset + index].tensor.tensor_content = _histogram_bytes(buckets)
-        return template
+        return summary
 
     def _add(self, summary, tag, plugin_metadata):
         entry = summary.value.add(tag=tag)
