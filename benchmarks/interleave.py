@@ -3,11 +3,12 @@
 Interleaving configurations by calling ``fit`` in turn would pay each
 ``fit``'s setup (callbacks, iterator, the first call of a traced step after
 other functions ran) in every sample. Instead each configuration runs ONE
-long ``fit`` in its own thread, and the threads take turns: a thread trains ``epochs`` epochs, then blocks in ``on_epoch_end``
-until the scheduler (the main thread) gives it the next turn. Only one
-thread runs at a time, so ``time.process_time()`` (CPU time of the whole
-process) measured over a turn is the cost of that turn: the other threads
-are blocked and the dataset does no prefetching in the background.
+long ``fit`` in its own thread, and the threads take turns: a thread trains
+``epochs`` epochs, then blocks in ``on_epoch_end`` until the scheduler (the
+main thread) gives it the next turn. Only one thread runs at a time, so
+``time.process_time()`` (CPU time of the whole process) measured over a turn
+is the cost of that turn: the other threads are blocked and the dataset does
+no prefetching in the background.
 """
 
 import dataclasses

@@ -105,7 +105,6 @@ class ProbingStep:
         # Set by `kgrad.install` when the function runs only for probed steps
         # (Keras' own function runs the others): it then needs no branch.
         self.only_probed_steps = False
-        self._every_step = False  # at trace time: is every step probed?
 
     def prepare(self):
         """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
@@ -136,7 +135,7 @@ class ProbingStep:
         """
         self._remember_current()
         key = (self.config, self.guard, self.model.steps_per_execution, self.only_probed_steps)
-        for index, (traced_key, function, captured) in enumerate(self._traced):
+        for index, (traced_key, _, captured) in enumerate(self._traced):
             if traced_key == key:
                 self.state, self.guard_state = captured["state"], captured["guard_state"]
                 self._snapshots, self._names = captured["snapshots"], captured["names"]
@@ -242,11 +241,6 @@ class ProbingStep:
             return type(model).train_step(model, data)
         _build_if_needed(model, data)
         probe_now = self._probe_now()
-        # Without a branch when every step is probed: XLA on CPU compiles a
-        # convolution's gradient inside a conditional ~20x slower.
-        self._every_step = self.config is not None and (
-            self.only_probed_steps or self.config.every_n_steps == 1
-        )
         step = tf.identity(model.optimizer.iterations)
         with ProbeTape(
             model,
@@ -280,8 +274,15 @@ class ProbingStep:
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _if_probed(self, probe_now, probed, plain):
-        """``tf.cond(probe_now, probed, plain)``, or ``probed()`` when every step is."""
-        return probed() if self._every_step else tf.cond(probe_now, probed, plain)
+        """``tf.cond(probe_now, probed, plain)``, or ``probed()`` when every step is.
+
+        Without a branch when every step is probed: XLA on CPU compiles a
+        convolution's gradient inside a conditional ~20x slower.
+        """
+        every_step = self.config is not None and (
+            self.only_probed_steps or self.config.every_n_steps == 1
+        )
+        return probed() if every_step else tf.cond(probe_now, probed, plain)
 
     def _every_step_update(self, tape, loss, weights, x, y, y_pred, sample_weight):
         """Multi-replica: summaries of the global batch computed on every step.
