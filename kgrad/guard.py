@@ -2,11 +2,20 @@
 
 Every guarded step computes one cheap reduction per watched tensor (its sum
 of squares, which is non-finite whenever an element is NaN or Inf) and a
-single flag. Only when that flag trips does a second, exact pass count NaN
-and Inf per tensor, in forward order (inputs, activations, prediction) and
-then backward order (dJ/dŷ, dJ/d(activation) from the loss downward, weight
-gradients). A sum of squares can also overflow for huge finite values; the
-exact pass then finds nothing and the step is not reported.
+single flag, which the step returns with its logs (the host reads no device
+variable for it). Only when that flag trips does a second, exact pass count
+NaN and Inf per tensor, in forward order (inputs, activations, prediction)
+and then backward order (dJ/dŷ, dJ/d(activation) from the loss downward,
+weight gradients). A sum of squares can also overflow for huge finite
+values; the exact pass then finds nothing and the step is not reported.
+
+dJ/dŷ is the one watched tensor that the training step does not compute
+itself (kgrad evaluates the loss a second time for it): it is computed and
+checked on a tripped step only, when the weight gradients are checked every
+step. On the training path it is the output layer's activation gradient and
+feeds every weight gradient, so a non-finite dJ/dŷ that can reach the
+weights trips the guard through them; under Keras' logits shortcut (softmax
+or sigmoid with cross-entropy) it is not on the training path at all.
 """
 
 import dataclasses
@@ -20,6 +29,10 @@ from kgrad.summaries import io_names
 
 #: Kinds computed by the forward pass; the rest come from the backward pass.
 FORWARD_KINDS = ("input", "activation", "prediction", "loss")
+
+#: Key of the guard's flag in the outputs of a guarded train step; kgrad's
+#: train function takes it out before Keras sees the logs.
+TRIPPED_OUTPUT = "_kgrad_guard_tripped"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +67,8 @@ class NonFiniteReport:
         inf_count: Inf elements in that tensor.
         last_finite_step: The latest step on which every watched tensor was
             finite (``None`` if there was none).
-        last_finite_norm: L2 norm of the same tensor on that step.
+        last_finite_norm: L2 norm of the same tensor on that step (``None``
+            for dJ/dŷ, which is only computed on a tripped step).
         last_summaries: Full summaries of that layer from the latest probed
             step, when a `kgrad.GradientProbe` ran alongside (else ``{}``).
         non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
@@ -79,11 +93,13 @@ class NonFiniteReport:
             f"{self.kind} of {self.layer!r} ({self.tensor}) with {self.nan_count} NaN "
             f"and {self.inf_count} Inf."
         ]
-        if self.last_finite_step is not None:
+        if self.last_finite_step is not None and self.last_finite_norm is not None:
             lines.append(
                 f"On the last finite step ({self.last_finite_step}) its L2 norm was "
                 f"{self.last_finite_norm:.6g}."
             )
+        elif self.last_finite_step is not None:
+            lines.append(f"The last finite step was {self.last_finite_step}.")
         others = [name for name in self.non_finite if name != self.tensor]
         if others:
             lines.append(f"Also non-finite on this step: {', '.join(others[:10])}"
@@ -124,10 +140,13 @@ class GuardState:
 
     Args:
         names: Tensor names (``"<kind>/<layer>"``) in check order.
+        on_trip_only: Names of the tensors that are computed and checked on a
+            tripped step only (see `watched_tensors`).
     """
 
-    def __init__(self, names):
+    def __init__(self, names, on_trip_only=()):
         self.names = tuple(names)
+        self.on_trip_only = frozenset(on_trip_only)
         count = len(self.names)
         self.tripped = state_variable(False, "kgrad_guard_tripped")
         self.trip_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_step")
@@ -138,12 +157,19 @@ class GuardState:
     def check(self, tensors, step):
         """Checks ``tensors`` (in ``names`` order); returns True when all finite.
 
-        Graph code: runs inside the train step, every step.
+        Graph code: runs inside the train step, every step. The tensors of
+        ``on_trip_only`` names are zero-argument callables, called only
+        when another tensor of the step is non-finite.
         """
+        every_step = [t for name, t in zip(self.names, tensors) if name not in self.on_trip_only]
         # Summed over replicas: every replica then takes the same branch and
         # the same apply decision, which the optimizer's all-reduce needs.
-        squares = sum_over_replicas(tf.stack([stats.sum_of_squares(t) for t in tensors]))
+        squares = sum_over_replicas(tf.stack([stats.sum_of_squares(t) for t in every_step]))
         finite = tf.reduce_all(tf.math.is_finite(squares))
+        if self.on_trip_only:
+            # Their slots keep zeros: no norm is known for them.
+            positions = [[i] for i, name in enumerate(self.names) if name not in self.on_trip_only]
+            squares = tf.scatter_nd(positions, squares, [len(self.names)])
 
         def record_finite():
             self.last_finite_norms.assign(tf.sqrt(squares))
@@ -151,7 +177,8 @@ class GuardState:
             return tf.constant(True)
 
         def locate():
-            counts = sum_over_replicas(tf.stack([stats.count_nonfinite(t) for t in tensors]))
+            computed = [t() if name in self.on_trip_only else t for name, t in zip(self.names, tensors)]
+            counts = sum_over_replicas(tf.stack([stats.count_nonfinite(t) for t in computed]))
             really_bad = tf.reduce_any(counts > 0)
 
             def record_trip():
@@ -193,7 +220,11 @@ class GuardState:
             nan_count=bad[first][0],
             inf_count=bad[first][1],
             last_finite_step=last_step if last_step >= 0 else None,
-            last_finite_norm=float(self.last_finite_norms.numpy()[index]) if last_step >= 0 else None,
+            last_finite_norm=(
+                float(self.last_finite_norms.numpy()[index])
+                if last_step >= 0 and first not in self.on_trip_only
+                else None
+            ),
             last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
             non_finite=bad,
         )
@@ -222,11 +253,17 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
         model: The trained model.
         probe: The step's `kgrad.ProbeResult`.
         loss: The (possibly scaled) training loss.
-        prediction_gradient: dJ/dŷ, or ``None``.
+        prediction_gradient: ``fn() -> dJ/dŷ`` (structured like the
+            prediction), or ``None`` if the model has no compiled loss.
         gradients: Weight gradients, in the order of ``weights``.
         weights: The trainable weights.
         layers: Names of the guarded layers, or ``None`` for every captured
             activation (the tape then captured only the guard's layers).
+
+    Returns:
+        ``(watched, on_trip_only)``: the pairs, and the names whose "tensor"
+        is a zero-argument callable to call only on a tripped step (dJ/dŷ,
+        when the weight gradients are checked every step).
     """
     watched = []
     captures = config.captures
@@ -243,11 +280,19 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
     watched.append(("loss/loss", loss))
     if config.ignore_loss_scale_skips and _uses_loss_scaling(model):
         # Inf gradients are the loss scaler's signal; it skips those steps.
-        return watched
-    if captures("prediction_gradient") and prediction_gradient is not None:
-        gradients_of_outputs = tf.nest.flatten(prediction_gradient)
-        names = io_names(prediction_gradient, "output", getattr(model, "output_names", None))
-        watched += [(f"pred_grad/{name}", t) for name, t in zip(names, gradients_of_outputs)]
+        return watched, ()
+    on_trip_only = []
+    if captures("prediction_gradient") and prediction_gradient is not None and probe.prediction is not None:
+        names = io_names(probe.prediction, "output", getattr(model, "output_names", None))
+        names = [f"pred_grad/{name}" for name in names]
+        leaves = _leaves_once_per_graph(prediction_gradient)
+        if captures("weight_gradients"):
+            # A second loss evaluation and backward pass every step for a
+            # tensor whose non-finite values reach the weight gradients.
+            watched += [(name, lambda i=i: leaves()[i]) for i, name in enumerate(names)]
+            on_trip_only = names
+        else:
+            watched += list(zip(names, leaves()))
     if captures("activation_gradients"):
         watched += [
             (f"grad/{name}", probe.gradients[name]) for name, _ in reversed(activations)
@@ -257,7 +302,24 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
             if gradient is not None:
                 path = weight.path.removeprefix(f"{model.name}/")
                 watched.append((f"weight_grad/{path}", tf.convert_to_tensor(gradient)))
-    return watched
+    return watched, tuple(on_trip_only)
+
+
+def _leaves_once_per_graph(structure_fn):
+    """``fn() -> flat leaves of structure_fn()``, computed once per graph.
+
+    A ``tf.cond`` branch is a graph of its own: tensors made in one cannot be
+    used in another, so each branch that asks computes them once.
+    """
+    cache = {}
+
+    def leaves():
+        graph = tf.compat.v1.get_default_graph()
+        if graph not in cache:
+            cache[graph] = tf.nest.flatten(structure_fn())
+        return cache[graph]
+
+    return leaves
 
 
 def _belongs_to(name, layers):

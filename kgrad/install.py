@@ -17,6 +17,7 @@ import dataclasses
 import keras
 
 from kgrad import replicas
+from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.model import ProbingModel
 from kgrad.step import ProbingStep
 
@@ -212,7 +213,11 @@ class _TrainFunction:
                 and self._model.steps_per_execution == 1
             )
             self._function = self._step.traced_function(self._make_function)
-        return self._function(iterator)
+        outputs = self._function(iterator)
+        if isinstance(outputs, dict) and TRIPPED_OUTPUT in outputs:
+            outputs = dict(outputs)
+            self._step.guard_tripped = outputs.pop(TRIPPED_OUTPUT)
+        return outputs
 
     def _make_function(self):
         self._model.make_train_function(force=True)

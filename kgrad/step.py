@@ -102,6 +102,9 @@ class ProbingStep:
         self._snapshots = None
         self._names = None  # (scalar tags, histogram tags), known once traced
         self._traced = []  # (what it computes, function, the state it captured)
+        # The guard's flag as of the latest execution (a host tensor), set by
+        # `kgrad.install` from the step's outputs.
+        self.guard_tripped = None
         # Set by `kgrad.install` when the function runs only for probed steps
         # (Keras' own function runs the others): it then needs no branch.
         self.only_probed_steps = False
@@ -115,6 +118,7 @@ class ProbingStep:
                 lambda: replicas.state_variable(tf.constant(0, tf.int64), "kgrad_step_counter"),
             )
         self._counter.assign(0)
+        self.guard_tripped = None
         # A step kept from an earlier fit starts this one with empty buffers.
         self._remember_current()
         for _, _, captured in self._traced:
@@ -271,7 +275,12 @@ class ProbingStep:
                 lambda: self._write(step, scalars, histograms, weights),
                 lambda: tf.no_op(),
             )
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        if self.guard is not None:
+            # The flag travels with the logs that Keras reads anyway; the
+            # train function takes it out (`kgrad.install`).
+            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: self.guard_state.tripped.read_value()}
+        return outputs
 
     def _if_probed(self, probe_now, probed, plain):
         """``tf.cond(probe_now, probed, plain)``, or ``probed()`` when every step is.
@@ -338,19 +347,19 @@ class ProbingStep:
         gradients = tape.gradient(loss, weights)
         probe = tape.probe
         prediction_gradient = None
-        if self.guard.captures("prediction_gradient") or (
-            self.config is not None and self.config.captures("prediction_gradient")
-        ):
-            prediction_gradient = self._prediction_gradient(y, y_pred, sample_weight)
-        watched = guard_module.watched_tensors(
+        if self.model._compile_loss is not None:
+            prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
+        watched, on_trip_only = guard_module.watched_tensors(
             self.guard, self.model, probe, loss, prediction_gradient, gradients, weights,
             self._guard_layer_names(),
         )
-        self.guard_state = self._ensure_guard_state([name for name, _ in watched])
+        self.guard_state = self._ensure_guard_state([name for name, _ in watched], on_trip_only)
         finite = self.guard_state.check([tensor for _, tensor in watched], step)
         if self.config is not None:
             def probed():
-                builder = self._summarize(probe, gradients, weights, x, lambda: prediction_gradient)
+                builder = self._summarize(
+                    probe, gradients, weights, x, lambda: self._prediction_gradient(y, y_pred, sample_weight)
+                )
                 self._names = (builder.scalar_names, builder.histogram_names)
                 return builder.scalars(), builder.histograms()
 
@@ -370,10 +379,11 @@ class ProbingStep:
             return None
         return list(selection.resolve_layers(self.model, self.guard.layers))
 
-    def _ensure_guard_state(self, names):
-        if self.guard_state is None or self.guard_state.names != tuple(names):
+    def _ensure_guard_state(self, names, on_trip_only):
+        state = self.guard_state
+        if state is None or state.names != tuple(names) or state.on_trip_only != set(on_trip_only):
             self.guard_state = replicas.create_variables(
-                self.model, lambda: guard_module.GuardState(names)
+                self.model, lambda: guard_module.GuardState(names, on_trip_only)
             )
         return self.guard_state
 

@@ -99,6 +99,43 @@ def test_nan_born_in_backward_pass_of_sqrt_at_zero(jit_compile):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
+def test_nan_born_in_the_loss_gradient_is_reported_as_prediction_gradient(jit_compile):
+    x, y = _data()
+    y[8:12] = 1000.0  # batch 2 turns on the sqrt-at-zero term of the loss
+
+    def loss(y_true, y_pred):
+        # Finite forward everywhere; d/dŷ of sqrt(ŷ * 0) is Inf * 0 = NaN on
+        # the marked batch only, and it reaches every weight gradient.
+        marked = keras.ops.cast(y_true > 100.0, "float32")
+        return keras.ops.mean(keras.ops.square(y_true - y_pred) * (1.0 - marked)) + keras.ops.mean(
+            keras.ops.sqrt(y_pred * 0.0 + (1.0 - marked))
+        )
+
+    model = _model(lambda t: keras.ops.tanh(t))
+    model.compile(keras.optimizers.SGD(0.01), loss, jit_compile=jit_compile)
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[guard], verbose=0)
+    report = guard.report
+    # dJ/dŷ is computed on the tripped step only; it comes first from the loss down.
+    assert (report.step, report.pass_, report.kind, report.layer) == (2, "backward", "pred_grad", "output")
+    assert report.nan_count == BATCH and report.last_finite_step == 1
+    assert report.last_finite_norm is None  # not computed on clean steps
+    assert "The last finite step was 1." in str(report)
+    assert "grad/out" in report.non_finite and "weight_grad/out/kernel" in report.non_finite
+
+
+def test_guard_flag_stays_out_of_the_logs_keras_and_callbacks_see():
+    x, y = _data()
+    seen = []
+    recorder = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(set(logs)))
+    model = _model(lambda t: keras.ops.tanh(t))
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    history = model.fit(x, y, batch_size=BATCH, callbacks=[kgrad.NonFiniteGuard(), recorder], verbose=0)
+    assert seen and all(keys == {"loss"} for keys in seen)
+    assert set(history.history) == {"loss"}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
 def test_bad_batch_is_reported_as_input_and_update_skipped(jit_compile):
     x, y = _data()
     x[13, 1] = np.nan  # batch 3

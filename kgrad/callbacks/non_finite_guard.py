@@ -19,7 +19,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
     every step and do not work under ``jit_compile``. This guard checks every
     step, inside the compiled step, whether an input, activation, dJ/dŷ,
     dJ/d(activation) or weight gradient holds a NaN or Inf: one cheap
-    reduction per tensor and one scalar flag read per execution. When a step
+    reduction per tensor and one scalar flag, returned with the logs that
+    Keras reads after each execution anyway. (dJ/dŷ, which the step does not
+    compute for training, is computed and located on a bad step only: every
+    NaN/Inf in it that can reach the weights trips the weight-gradient check
+    first.) When a step
     goes non-finite, its update is **not applied**, and the guard reports the
     step, the first non-finite tensor in forward order (then backward, from the
     loss down), its layer, its NaN and Inf counts and its norm on the last
@@ -90,10 +94,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
         install.detach(self.model, "guard")
 
     def on_train_batch_end(self, batch, logs=None):
-        state = self._step.guard_state
-        if state is None:
+        state, tripped = self._step.guard_state, self._step.guard_tripped
+        # The flag came back with the step's logs, which Keras has already
+        # read from the device: testing it costs no device access.
+        if state is None or tripped is None or not bool(tripped):
             return
-        # One scalar read per execution: the flag the step set on device.
         report = state.read_report(self._latest_summaries)
         if report is None:
             return
