@@ -375,9 +375,15 @@ def combined_norm(norms, nonfinite_counts, tensors):
     """
     if not tensors:
         return tf.constant(0.0)
+
+    def non_finite():
+        # NaN if any element is NaN, else Inf: the plain sum of all squares
+        # says which (an overflowing square only adds Inf to an Inf).
+        return tf.sqrt(tf.add_n([sum_of_squares(t) for t in tensors]))
+
     return tf.cond(
         tf.reduce_any(tf.stack(nonfinite_counts) > 0),
-        lambda: global_norm(tensors),
+        non_finite,
         lambda: _norm(tf.stack(norms)),
     )
 

@@ -461,24 +461,20 @@ class ProbingStep:
     def _write(self, step, scalars, histograms, weights, where=None):
         scalar_names, histogram_names = self._names
         if self.config.captures("weight_gradients"):
-            ratios = []
-            for weight, snapshot in zip(weights, self._snapshots):
-                path = _model_relative_path(self.model, weight)
-                # ‖w‖ before the update is already among the scalars.
-                before_norm = scalars[scalar_names.index(f"weight_norm/{path}")]
-                change = stats.l2_norm(tf.cast(weight.value, tf.float32) - snapshot.value())
-                # A weight that was all zeros (a bias at step 0) is compared
-                # with its new value, which is all of its change: ratio 1.
-                ratio = tf.where(
-                    before_norm > 0,
-                    tf.math.divide_no_nan(change, before_norm),
-                    tf.cast(change > 0, tf.float32),
-                )
-                ratios.append(ratio)
-            scalars = tf.concat([scalars, tf.stack(ratios)], axis=0)
-            scalar_names = scalar_names + [
-                f"update_ratio/{_model_relative_path(self.model, w)}" for w in weights
-            ]
+            paths = [_model_relative_path(self.model, weight) for weight in weights]
+            # ‖w‖ before the update is already among the scalars.
+            before = tf.gather(scalars, [scalar_names.index(f"weight_norm/{path}") for path in paths])
+            changes = tf.sqrt(tf.stack([
+                stats.sum_of_squares(tf.cast(weight.value, tf.float32) - snapshot.value())
+                for weight, snapshot in zip(weights, self._snapshots)
+            ]))
+            # A weight that was all zeros (a bias at step 0) is compared with
+            # its new value, which is all of its change: ratio 1.
+            ratios = tf.where(
+                before > 0, tf.math.divide_no_nan(changes, before), tf.cast(changes > 0, tf.float32)
+            )
+            scalars = tf.concat([scalars, ratios], axis=0)
+            scalar_names = scalar_names + [f"update_ratio/{path}" for path in paths]
         if isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer):
             # A LossScaleOptimizer skips the update of a step whose scaled
             # gradients overflowed (that is how it finds its scale, not an

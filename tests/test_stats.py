@@ -196,6 +196,31 @@ def test_global_norm_matches_numpy(mode):
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "bad, expected",
+    [([NAN], "nan"), ([INF], "inf"), ([-INF, NAN], "nan"), ([INF, 3e30], "inf"), ([], "finite")],
+)
+def test_combined_norm_equals_global_norm_also_when_not_finite(mode, bad, expected):
+    rng = np.random.default_rng(4)
+    arrays = [rng.normal(size=(3, 2)).astype("float32"), (rng.normal(size=(5,)) * 1e20).astype("float32")]
+    arrays.append(np.array([1.0, *bad], "float32"))
+    tensors = [tf.constant(a) for a in arrays]
+
+    def combined(tensors):
+        moments = [stats.moments(t) for t in tensors]
+        return stats.combined_norm([m[0] for m in moments], [m[6] for m in moments], tensors)
+
+    got = float(_compiled(combined, mode)(tensors))
+    reference = float(stats.global_norm(tensors))
+    if expected == "nan":
+        assert np.isnan(got) and np.isnan(reference)
+    elif expected == "inf":
+        assert got == INF and reference == INF
+    else:
+        np.testing.assert_allclose(got, reference, rtol=1e-6)
+
+
 def test_global_norm_of_nothing_is_zero_and_of_mixed_dtypes_is_float32():
     assert float(stats.global_norm([])) == 0.0
     got = stats.global_norm([tf.constant([3.0], tf.float16), tf.constant([4.0], tf.float64)])
