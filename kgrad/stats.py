@@ -408,4 +408,24 @@ def count_nonfinite(x):
     x = tf.reshape(tf.convert_to_tensor(x), [-1])
     if not x.dtype.is_floating:
         return tf.zeros([2], tf.float32)
-    return tf.stack([_count(tf.math.is_nan(x)), _count(tf.math.is_inf(x))])
+    if x.dtype in (tf.float16, tf.bfloat16):
+        x = tf.cast(x, tf.float32)  # NaN and Inf stay NaN and Inf
+    if x.dtype != tf.float32 or tf.executing_eagerly():
+        return _count_flat(x)
+    # One shared function, as for `summarize`: the guard counts hundreds of
+    # tensors in the branch that locates a bad step.
+    return _count_function()(x)
+
+
+def _count_flat(values):
+    return tf.stack([_count(tf.math.is_nan(values)), _count(tf.math.is_inf(values))])
+
+
+@functools.lru_cache(maxsize=None)
+def _count_function():
+    return tf.function(
+        _count_flat,
+        input_signature=[tf.TensorSpec([None], tf.float32)],
+        autograph=False,
+        experimental_attributes={"_noinline": True},
+    )

@@ -407,10 +407,15 @@ class ProbingStep:
         """
         model, capture = self.model, self.config.captures
         # Mixed precision scales the loss; report gradients of the true loss.
-        inverse_scale = 1.0 / tf.cast(model.optimizer.scale_loss(tf.constant(1.0)), tf.float32)
+        if _scales_loss(model.optimizer):
+            inverse_scale = 1.0 / tf.cast(model.optimizer.scale_loss(tf.constant(1.0)), tf.float32)
 
-        def unscale(tensor):
-            return tf.cast(tensor, tf.float32) * inverse_scale
+            def unscale(tensor):
+                return tf.cast(tensor, tf.float32) * inverse_scale
+        else:
+            # A multiply by 1 would be one more pass over every gradient.
+            def unscale(tensor):
+                return tf.cast(tensor, tf.float32)
 
         builder = SummaryBuilder(self.config.histograms, self.config.bucket_count)
         # Under tf.distribute, statistics are of the global batch.
@@ -423,7 +428,7 @@ class ProbingStep:
             for name, gradient in probe.gradients.items():
                 # A softmax/sigmoid output under cross-entropy is cut from the
                 # loss by Keras' logits shortcut; its gradient is dJ/dŷ.
-                gradient = output_gradients.get(name, unscale(gradient))
+                gradient = output_gradients[name] if name in output_gradients else unscale(gradient)
                 builder.add_tensor("grad", name, batch(gradient))
         if capture("prediction_gradient"):
             _add_prediction_gradient(
@@ -485,6 +490,15 @@ class ProbingStep:
         state = self._ensure_state(scalar_names, histogram_names)
         state.write(step, scalars, histograms, where=where)
         return tf.no_op()
+
+
+def _scales_loss(optimizer):
+    """Whether ``optimizer.scale_loss`` multiplies the loss (mixed precision, or
+    a ``loss_scale_factor``), so that gradients must be divided back."""
+    return (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        or getattr(optimizer, "loss_scale_factor", None) is not None
+    )
 
 
 def _add_loss_scale(builder, optimizer):

@@ -116,6 +116,21 @@ def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16):
     assert kernel[:, 2].sum() == FEATURES * 8
 
 
+def test_an_optimizers_loss_scale_factor_is_divided_back_out():
+    # Keras optimizers take a fixed `loss_scale_factor` too (float32 here):
+    # the tape sees 64 J, kgrad reports the gradients of J.
+    x, y = _data(samples=BATCH)
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.01, loss_scale_factor=64.0), "mse")
+    expected = _float32_reference(model, x, y)
+    records = []
+    probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[probe])
+    (record,) = records
+    for tag, value in expected.items():
+        assert record.scalars[tag] == pytest.approx(value, rel=1e-5), tag
+
+
 def test_steps_skipped_by_the_loss_scaler_are_marked_not_exploding(mixed_float16, tmp_path):
     x, y = _data(samples=16 * BATCH)
     # 2**24 overflows float16 gradients: the loss scaler skips steps and
