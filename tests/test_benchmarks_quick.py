@@ -124,3 +124,12 @@ def test_memory_process_prints_peak_rss(tmp_path):
     line = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
     report = json.loads(line)
     assert report["maxrss_mb"] > 0 and report["steps"] == 2
+
+
+def test_guard_floor_measures_every_variant_against_plain():
+    from benchmarks import guard_floor
+
+    ratios, plain_ms = guard_floor.measure("mlp", rounds=1, steps=1)
+    assert set(ratios) == set(guard_floor.VARIANTS)
+    assert ratios["plain"] == 1.0 and plain_ms > 0
+    assert all(ratio > 0 for ratio in ratios.values())
