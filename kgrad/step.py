@@ -346,20 +346,18 @@ class ProbingStep:
         """Every step: one full backward pass, the finite check, a guarded apply."""
         gradients = tape.gradient(loss, weights)
         probe = tape.probe
-        prediction_gradient = None
-        if self.model._compile_loss is not None:
-            prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
+        # Called where it is needed: on probed steps, and on tripped ones.
+        prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
         watched, on_trip_only = guard_module.watched_tensors(
-            self.guard, self.model, probe, loss, prediction_gradient, gradients, weights,
-            self._guard_layer_names(),
+            self.guard, self.model, probe, loss,
+            prediction_gradient if self.model._compile_loss is not None else None,
+            gradients, weights, self._guard_layer_names(),
         )
         self.guard_state = self._ensure_guard_state([name for name, _ in watched], on_trip_only)
         finite = self.guard_state.check([tensor for _, tensor in watched], step)
         if self.config is not None:
             def probed():
-                builder = self._summarize(
-                    probe, gradients, weights, x, lambda: self._prediction_gradient(y, y_pred, sample_weight)
-                )
+                builder = self._summarize(probe, gradients, weights, x, prediction_gradient)
                 self._names = (builder.scalar_names, builder.histogram_names)
                 return builder.scalars(), builder.histograms()
 

@@ -23,12 +23,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
     Keras reads after each execution anyway. (dJ/dŷ, which the step does not
     compute for training, is computed and located on a bad step only: every
     NaN/Inf in it that can reach the weights trips the weight-gradient check
-    first.) When a step
-    goes non-finite, its update is **not applied**, and the guard reports the
-    step, the first non-finite tensor in forward order (then backward, from the
-    loss down), its layer, its NaN and Inf counts and its norm on the last
-    finite step (plus the full summaries of that layer when a
-    `kgrad.GradientProbe` runs alongside).
+    first.) When a step goes non-finite, its update is **not applied**, and
+    the guard reports the step, the first non-finite tensor in forward order
+    (then backward, from the loss down), its layer, its NaN and Inf counts
+    and its norm on the last finite step (plus the full summaries of that
+    layer when a `kgrad.GradientProbe` runs alongside).
 
     Args:
         action: ``"stop"`` (stop training, keep the last finite weights),
