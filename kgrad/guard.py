@@ -282,7 +282,8 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
         # Inf gradients are the loss scaler's signal; it skips those steps.
         return watched, ()
     on_trip_only = []
-    if captures("prediction_gradient") and prediction_gradient is not None and probe.prediction is not None:
+    if captures("prediction_gradient") and prediction_gradient is not None:
+        # dJ/dŷ has the prediction's structure (the tape has seen the model's call).
         names = io_names(probe.prediction, "output", getattr(model, "output_names", None))
         names = [f"pred_grad/{name}" for name in names]
         leaves = _leaves_once_per_graph(prediction_gradient)
