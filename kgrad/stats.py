@@ -56,13 +56,6 @@ def moments(x):
 def summarize(x, bucket_count=None):
     """`moments` of ``x`` and, with ``bucket_count``, its `histogram`, together.
 
-    This runs for every captured tensor of every probed step, so the common
-    case takes few passes over the elements: one sum of squares tells whether
-    every element is finite (and no square overflows); then sum, min, max
-    and the zero count finish the moments, and the histogram needs no
-    masking. Only a tensor with NaN, Inf or huge values takes the slower,
-    masked and rescaled path.
-
     Args:
         x: A tensor of any float dtype and shape.
         bucket_count: Buckets of the histogram, or ``None`` for none.
@@ -81,61 +74,136 @@ def summarize(x, bucket_count=None):
     >>> float(moments[0]), histogram.numpy().tolist()
     (4.242640495300293, [[0.0, 2.0, 3.0], [2.0, 4.0, 1.0]])
     """
+    moments, histograms = summarize_many([x], bucket_count)
+    return moments[0], None if histograms is None else histograms[0]
+
+
+def summarize_many(tensors, bucket_count=None):
+    """`summarize` of several tensors at once, as a probed step needs.
+
+    A probed step summarizes every captured tensor, so the common case is
+    made cheap: each tensor is read by five straight-line reductions (sum of
+    squares, sum, min, max, nonzero count) and, with ``bucket_count``, one
+    histogram kernel; everything else is computed for all tensors together.
+    A single branch for the whole call sends the rare tensors that need
+    more (NaN or Inf elements, squares that overflow float32, a mean so
+    large that E[x²] - E[x]² would lose the variance to round-off) through
+    a masked, rescaled and centered path, tensor by tensor.
+
+    Args:
+        tensors: A list of tensors of any float dtype and shape.
+        bucket_count: Buckets per histogram, or ``None`` for none.
+
+    Returns:
+        ``(moments, histograms)``: a ``[n, 7]`` float32 tensor, one row of
+        `MOMENT_NAMES` per tensor, and a ``[n, bucket_count, 3]`` float32
+        tensor of histograms (``None`` without ``bucket_count``).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad import stats
+    >>> moments, _ = stats.summarize_many([tf.constant([3.0, 4.0]), tf.constant([0.0])])
+    >>> moments[:, 0].numpy().tolist()  # the L2 norms
+    [5.0, 0.0]
+    """
     if bucket_count is not None:
         _check_bucket_count(bucket_count)
-    values = tf.reshape(tf.cast(x, tf.float32), [-1])
-    if tf.executing_eagerly():
-        result = _summarize_flat(values, bucket_count)
-    else:
-        # In a graph, one shared function per bucket count: a probed step
-        # summarizes hundreds of tensors, and their ops, repeated for each
-        # one, took most of the tracing time and memory of a MobileNet's step.
-        result = _summary_function(bucket_count, _in_xla())(values)
-    return (result, None) if bucket_count is None else result
+    if not tensors:
+        histograms = None if bucket_count is None else tf.zeros([0, bucket_count, 3])
+        return tf.zeros([0, len(MOMENT_NAMES)]), histograms
+    # Per tensor only the kernels that read it, sharing their constants: a
+    # large model's step summarizes hundreds of tensors, and each graph op
+    # costs tracing and optimizing time on the first step.
+    flat_shape, axis = tf.constant([-1]), tf.constant([0])
+    flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
+    size = tf.cast(tf.stack([tf.size(v) for v in flat]), tf.float32)
+    count = tf.maximum(size, 1.0)
+    not_empty = size > 0
+    squares = 2.0 * tf.stack([tf.nn.l2_loss(v) for v in flat])
+    mean = tf.stack([tf.reduce_sum(v, axis) for v in flat]) / count
+    # The min and max of an empty tensor are +-Inf: 0 is reported.
+    minimum = tf.where(not_empty, tf.stack([tf.reduce_min(v, axis) for v in flat]), 0.0)
+    maximum = tf.where(not_empty, tf.stack([tf.reduce_max(v, axis) for v in flat]), 0.0)
+    # Counted as integers (a float32 sum of ones stops growing at 2**24);
+    # a cast to bool is `x != 0`, twice as fast as `tf.equal(x, 0.0)`.
+    nonzeros = tf.cast(
+        tf.stack([tf.reduce_sum(tf.cast(tf.cast(v, tf.bool), tf.int32), axis) for v in flat]),
+        tf.float32,
+    )
+    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
+    # A finite sum of squares means no element is NaN or Inf and no square
+    # overflowed; a mean that dominates the variance needs a centered pass.
+    simple = tf.logical_and(tf.math.is_finite(squares), tf.square(mean) <= 100.0 * variance)
+    moments = tf.stack(
+        [
+            tf.sqrt(squares), mean, tf.sqrt(variance), minimum, maximum,
+            (size - nonzeros) / count, tf.zeros_like(size),
+        ],
+        axis=1,
+    )
+
+    def simple_histograms():
+        if bucket_count is None:
+            return tf.zeros([len(flat), 0, 3])
+        edges = _edges(minimum, maximum, bucket_count)
+        ranges = tf.unstack(tf.stack([edges[:, 0], edges[:, -1]], axis=1))
+        counts = _bucket_counts_many(flat, ranges, bucket_count)
+        return _histograms(edges, counts)
+
+    def every_tensor_simple():
+        return moments, simple_histograms()
+
+    def some_tensors_exact():
+        exact_summary = _exact_summary_function(bucket_count, _in_xla())
+        exact = [exact_summary(values) for values in flat]
+        exact_moments = tf.stack([summary[0] for summary in exact])
+        chosen = tf.where(simple[:, tf.newaxis], moments, exact_moments)
+        if bucket_count is None:
+            return chosen, tf.zeros([len(flat), 0, 3])
+        # Histograms of the exact path for every tensor: a tensor with a
+        # NaN must not reach the unmasked histogram kernel.
+        return chosen, tf.stack([summary[1] for summary in exact])
+
+    moments, histograms = tf.cond(tf.reduce_all(simple), every_tensor_simple, some_tensors_exact)
+    return moments, None if bucket_count is None else histograms
 
 
 def _in_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def _exact_summary_function(bucket_count, xla):
+    """``fn(flat values) -> (moments, histogram or [0, 3] zeros)``, masked and rescaled."""
+    if tf.executing_eagerly():
+        return functools.partial(_exact_summary, bucket_count=bucket_count)
+    return _shared_exact_summary_function(bucket_count, xla)
+
+
 @functools.lru_cache(maxsize=None)
-def _summary_function(bucket_count, xla):
-    # Separate functions in and out of XLA: `_bucket_counts` picks its ops
-    # by the context it is traced in, which a function's cache ignores.
+def _shared_exact_summary_function(bucket_count, xla):
+    # One shared function per bucket count, in and out of XLA (`_bucket_counts`
+    # picks its ops by the context it is traced in, which a function's cache
+    # ignores): a step has hundreds of tensors, and this path's ops, repeated
+    # for each, would take most of a large model's tracing time and memory.
     del xla
     return tf.function(
-        lambda values: _summarize_flat(values, bucket_count),
+        functools.partial(_exact_summary, bucket_count=bucket_count),
         input_signature=[tf.TensorSpec([None], tf.float32)],
         autograph=False,
-        # Not inlined: TensorFlow's graph optimizer would otherwise see every
-        # copy (a MobileNet's first step: 50 -> 18 CPU-s, 2.2 -> 1.5 GB peak),
-        # and a call runs as fast as the inlined ops.
         experimental_attributes={"_noinline": True},
     )
 
 
-def _summarize_flat(values, bucket_count):
-    """`summarize` of a flat float32 ``values``: moments, or (moments, histogram)."""
-    squares = sum_of_squares(values)
-
-    def finite_path():
-        result = _finite_moments(values, squares)
-        if bucket_count is None:
-            return result
-        edges = _edges(result[3], result[4], bucket_count)
-        return result, _histogram(values, None, edges, bucket_count)
-
-    def masked_path():
-        result = _masked_moments(values)
-        if bucket_count is None:
-            return result
-        finite = tf.math.is_finite(values)
-        edges = _edges(result[3], result[4], bucket_count)
-        return result, _histogram(values, finite, edges, bucket_count)
-
-    # A finite sum of squares means no element is NaN or Inf and no square
-    # overflowed: the unmasked statistics are exact.
-    return tf.cond(tf.math.is_finite(squares), finite_path, masked_path)
+def _exact_summary(values, bucket_count):
+    """Moments and histogram of flat ``values`` that may hold NaN, Inf or huge values."""
+    moments = _masked_moments(values)
+    if bucket_count is None:
+        return moments, tf.zeros([0, 3])
+    finite = tf.math.is_finite(values)
+    edges = _edges(moments[3][tf.newaxis], moments[4][tf.newaxis], bucket_count)
+    counts = _bucket_counts(values, finite, edges[0, 0], edges[0, -1], bucket_count)
+    return moments, _histograms(edges, counts[tf.newaxis])[0]
 
 
 def sum_of_squares(x):
@@ -165,29 +233,6 @@ def l2_norm(x):
     5.0
     """
     return tf.sqrt(sum_of_squares(x))
-
-
-def _finite_moments(values, squares):
-    """`moments` of ``values`` known to be finite, with ``squares`` = sum of x²."""
-    size = tf.size(values)
-    count = tf.maximum(tf.cast(size, tf.float32), 1.0)
-    not_empty = size > 0
-    minimum = tf.where(not_empty, tf.reduce_min(values), 0.0)
-    maximum = tf.where(not_empty, tf.reduce_max(values), 0.0)
-    mean = tf.reduce_sum(values) / count
-    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
-    # E[x²] - E[x]² loses the variance to round-off when the mean dominates
-    # (a constant tensor, large offsets): then take the centered second pass.
-    variance = tf.cond(
-        tf.square(mean) > 100.0 * variance,
-        lambda: tf.reduce_sum(tf.square(values - mean)) / count,
-        lambda: variance,
-    )
-    # Counted as integers: a float32 sum of ones stops growing at 2**24.
-    zeros = tf.cast(tf.reduce_sum(tf.cast(tf.equal(values, 0.0), tf.int32)), tf.float32)
-    return tf.stack(
-        [tf.sqrt(squares), mean, tf.sqrt(variance), minimum, maximum, zeros / count, 0.0]
-    )
 
 
 def _masked_moments(values):
@@ -261,26 +306,40 @@ def histogram(x, bucket_count, value_range=None):
     if value_range is None:
         return summarize(x, bucket_count)[1]
     values = tf.reshape(tf.cast(x, tf.float32), [-1])
-    low, high = (tf.cast(v, tf.float32) for v in value_range)
+    low, high = (tf.reshape(tf.cast(v, tf.float32), [1]) for v in value_range)
     edges = _edges(low, high, bucket_count)
-    return _histogram(values, tf.math.is_finite(values), edges, bucket_count)
+    counts = _bucket_counts(values, tf.math.is_finite(values), edges[0, 0], edges[0, -1], bucket_count)
+    return _histograms(edges, counts[tf.newaxis])[0]
 
 
 def _edges(low, high, bucket_count):
-    """``bucket_count + 1`` edges over [low, high], widened when it is empty."""
+    """``[n, bucket_count + 1]`` edges over each [low, high] (``[n]`` each), widened when empty."""
     degenerate = high <= low
     low = tf.where(degenerate, low - 0.5, low)
     high = tf.where(degenerate, high + 0.5, high)
     width = (high - low) / bucket_count
-    edges = low + width * tf.range(bucket_count + 1, dtype=tf.float32)
+    edges = low[:, tf.newaxis] + width[:, tf.newaxis] * tf.range(bucket_count + 1, dtype=tf.float32)
     # The last edge is set exactly so float rounding never cuts off the max.
-    return tf.concat([edges[:-1], [high]], axis=0)
+    return tf.concat([edges[:, :-1], high[:, tf.newaxis]], axis=1)
 
 
-def _histogram(values, finite, edges, bucket_count):
-    """The ``[k, 3]`` histogram; ``finite`` is ``None`` when all values are."""
-    counts = _bucket_counts(values, finite, edges[0], edges[-1], bucket_count)
-    return tf.stack([edges[:-1], edges[1:], tf.cast(counts, tf.float32)], axis=1)
+def _histograms(edges, counts):
+    """``[n, k, 3]`` histograms from ``[n, k + 1]`` edges and ``[n, k]`` integer counts."""
+    return tf.stack([edges[:, :-1], edges[:, 1:], tf.cast(counts, tf.float32)], axis=2)
+
+
+def _bucket_counts_many(flat, ranges, bucket_count):
+    """``[n, k]`` integer counts of finite flat tensors, each in its ``[2]`` (low, high) range."""
+    if _in_xla():
+        return tf.stack([
+            _bucket_counts(values, None, value_range[0], value_range[1], bucket_count)
+            for values, value_range in zip(flat, ranges)
+        ])
+    nbins = tf.constant(bucket_count)
+    return tf.stack([
+        tf.raw_ops.HistogramFixedWidth(values=values, value_range=value_range, nbins=nbins)
+        for values, value_range in zip(flat, ranges)
+    ])
 
 
 def _bucket_counts(values, finite, low, high, bucket_count):
@@ -358,9 +417,10 @@ def combined_norm(norms, nonfinite_counts, tensors):
     """`global_norm` of ``tensors`` from their own norms, without another pass.
 
     Args:
-        norms: Float32 scalars, the L2 norm of the finite elements of each
-            tensor (``moments(t)[0]``).
-        nonfinite_counts: Float32 scalars, each tensor's non-finite count.
+        norms: Float32 scalars (a list or a vector), the L2 norm of the
+            finite elements of each tensor (``moments(t)[0]``).
+        nonfinite_counts: Float32 scalars (a list or a vector), each
+            tensor's non-finite count.
         tensors: The tensors themselves; read again only when one holds
             NaN or Inf, so that the result is NaN or Inf as `global_norm`'s.
 
@@ -379,12 +439,12 @@ def combined_norm(norms, nonfinite_counts, tensors):
     def non_finite():
         # NaN if any element is NaN, else Inf: the plain sum of all squares
         # says which (an overflowing square only adds Inf to an Inf).
-        return tf.sqrt(tf.add_n([sum_of_squares(t) for t in tensors]))
+        return tf.sqrt(2.0 * tf.add_n([tf.nn.l2_loss(tf.cast(t, tf.float32)) for t in tensors]))
 
     return tf.cond(
-        tf.reduce_any(tf.stack(nonfinite_counts) > 0),
+        tf.reduce_any(tf.convert_to_tensor(nonfinite_counts) > 0),
         non_finite,
-        lambda: _norm(tf.stack(norms)),
+        lambda: _norm(tf.convert_to_tensor(norms)),
     )
 
 

@@ -166,6 +166,10 @@ class ProbingStep:
         For executions that ran Keras' own function in between (no host
         sync: an assignment enqueued on the device).
         """
+        if self.only_probed_steps:
+            # Its function probes every step it runs and needs no schedule:
+            # no device write per execution.
+            return
         # As np.int64: TensorFlow keeps the tensor of every distinct Python
         # int it converts, ~1.4 KiB per probed step for the whole process.
         self._counter.assign(np.int64(step_index))
@@ -206,6 +210,8 @@ class ProbingStep:
     def _probe_now(self):
         if self.config is None:
             return tf.constant(False)
+        if self.only_probed_steps:
+            return tf.constant(True)  # the schedule is kept on the host
         probe_now = tf.equal(tf.math.floormod(self._counter, self.config.every_n_steps), 0)
         self._counter.assign_add(1)
         return probe_now
@@ -354,7 +360,6 @@ class ProbingStep:
             gradients, weights, self._guard_layer_names(),
         )
         self.guard_state = self._ensure_guard_state([name for name, _ in watched], on_trip_only)
-        finite = self.guard_state.check([tensor for _, tensor in watched], step)
         if self.config is not None:
             def probed():
                 builder = self._summarize(probe, gradients, weights, x, prediction_gradient)
@@ -367,9 +372,11 @@ class ProbingStep:
 
         def apply():
             self.model.optimizer.apply_gradients(zip(gradients, weights))
-            return tf.no_op()
 
-        tf.cond(guard_module.may_apply(self.guard, finite, self.guard_state), apply, tf.no_op)
+        # After the summaries, which read the weights before the update.
+        self.guard_state.guarded_apply(
+            [tensor for _, tensor in watched], step, apply, self.guard.halt_updates
+        )
         return scalars, histograms
 
     def _guard_layer_names(self):
@@ -444,22 +451,29 @@ class ProbingStep:
         return builder
 
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
-        norms, nonfinite, total = [], [], []
         snapshots = self._ensure_snapshots(weights)
-        for weight, gradient, snapshot in zip(weights, gradients, snapshots):
-            value = tf.cast(weight.value, tf.float32)
-            path = _model_relative_path(self.model, weight)
-            builder.add_scalar(f"weight_norm/{path}", stats.l2_norm(value))
+        paths = [_model_relative_path(self.model, weight) for weight in weights]
+        values = [tf.cast(weight.value, tf.float32) for weight in weights]
+        builder.add_scalars(
+            [f"weight_norm/{path}" for path in paths],
+            tf.sqrt(2.0 * tf.stack([tf.nn.l2_loss(value) for value in values])),
+        )
+        for value, snapshot in zip(values, snapshots):
             snapshot.assign(value)
+        indices, total = [], []
+        for path, gradient in zip(paths, gradients):
             if gradient is not None:
                 # Each replica holds the gradient of its share of the loss.
                 gradient = replicas.sum_over_replicas(unscale(tf.convert_to_tensor(gradient)))
-                moments = builder.add_tensor("weight_grad", path, gradient)
-                norms.append(moments[0])
-                nonfinite.append(moments[6])
+                indices.append(builder.add_tensor("weight_grad", path, gradient))
                 total.append(gradient)
-        # From the per-weight norms just computed: no second pass over the gradients.
-        builder.add_scalar("global/grad_norm", stats.combined_norm(norms, nonfinite, total))
+        # From the per-weight norms of the moments: no second pass over the gradients.
+        builder.add_scalar(
+            "global/grad_norm",
+            lambda moments: stats.combined_norm(
+                tf.gather(moments[:, 0], indices), tf.gather(moments[:, 6], indices), total
+            ),
+        )
 
     def _write(self, step, scalars, histograms, weights, where=None):
         scalar_names, histogram_names = self._names

@@ -34,6 +34,10 @@ from kgrad import stats
 class SummaryBuilder:
     """Accumulates named on-device summaries in a fixed order.
 
+    Tensors are summarized together when the scalars or histograms are
+    first asked for (`kgrad.stats.summarize_many`: straight-line kernels per
+    tensor, one branch for all of them).
+
     Args:
         histograms: Whether tensors also get a histogram.
         bucket_count: Buckets per histogram.
@@ -43,42 +47,84 @@ class SummaryBuilder:
         self._histograms = histograms
         self._bucket_count = bucket_count
         self.scalar_names = []
-        # Float32 vectors whose concatenation is `scalars()`, in name order:
-        # a tensor's moments stay one block (slicing them into scalars and
-        # stacking them again took ~50 graph ops per tensor).
+        # In name order, what `scalars()` concatenates: the index of a tensor
+        # (its row of moments), a [1] tensor, or fn(moments) -> scalar.
         self._scalar_blocks = []
         self.histogram_names = []
-        self._histogram_values = []
+        self._tensors = []
+        self._summaries = None
 
     def add_tensor(self, kind, name, tensor):
         """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram.
 
-        Returns the ``[7]`` moments tensor (`kgrad.stats.MOMENT_NAMES`).
+        Returns the tensor's index: its row in the ``[n, 7]`` moments that a
+        callable given to `add_scalar` receives.
         """
-        bucket_count = self._bucket_count if self._histograms else None
-        moments, histogram = stats.summarize(tensor, bucket_count)
+        self._check_open()
+        index = len(self._tensors)
+        self._tensors.append(tensor)
         self.scalar_names += [f"{kind}_{stat}/{name}" for stat in stats.MOMENT_NAMES]
-        self._scalar_blocks.append(moments)
-        if histogram is not None:
+        self._scalar_blocks.append(index)
+        if self._histograms:
             self.histogram_names.append(f"{kind}_hist/{name}")
-            self._histogram_values.append(histogram)
-        return moments
+        return index
 
     def add_scalar(self, tag, value):
+        """A scalar tensor, or ``fn(moments) -> scalar`` of the ``[n, 7]`` moments."""
+        self._check_open()
         self.scalar_names.append(tag)
-        self._scalar_blocks.append(tf.reshape(tf.cast(value, tf.float32), [1]))
+        if callable(value):
+            self._scalar_blocks.append(value)
+        else:
+            self._scalar_blocks.append(tf.reshape(tf.cast(value, tf.float32), [1]))
+
+    def add_scalars(self, tags, values):
+        """Scalars given as one ``[len(tags)]`` vector, in ``tags`` order."""
+        self._check_open()
+        self.scalar_names += list(tags)
+        self._scalar_blocks.append(tf.reshape(tf.cast(values, tf.float32), [len(tags)]))
+
+    def _check_open(self):
+        if self._summaries is not None:
+            raise RuntimeError("SummaryBuilder: add summaries before reading scalars() or histograms().")
+
+    def _summarize(self):
+        if self._summaries is None:
+            bucket_count = self._bucket_count if self._histograms else None
+            self._summaries = stats.summarize_many(self._tensors, bucket_count)
+        return self._summaries
 
     def scalars(self):
         """All scalars as one ``[n]`` float32 vector, in ``scalar_names`` order."""
         if not self._scalar_blocks:
             return tf.zeros([0])
-        return tf.concat(self._scalar_blocks, axis=0)
+        moments = self._summarize()[0]
+        parts, run = [], []  # a run of consecutive tensors is one slice of the moments
+
+        def close_run():
+            if run:
+                parts.append(tf.reshape(moments[run[0] : run[-1] + 1], [-1]))
+                run.clear()
+
+        for block in self._scalar_blocks:
+            if isinstance(block, int) and (not run or block == run[-1] + 1):
+                run.append(block)
+                continue
+            close_run()
+            if isinstance(block, int):
+                run.append(block)
+            elif callable(block):
+                parts.append(tf.reshape(tf.cast(block(moments), tf.float32), [1]))
+            else:
+                parts.append(block)
+        close_run()
+        return tf.concat(parts, axis=0)
 
     def histograms(self):
         """All histograms as one ``[n, buckets, 3]`` float32 tensor."""
-        if not self._histogram_values:
+        if not self.histogram_names:
             return tf.zeros([0, self._bucket_count, 3])
-        return tf.stack(self._histogram_values)
+        return self._summarize()[1]
 
 
 def io_names(structure, prefix, keras_names=None):

@@ -164,11 +164,44 @@ def test_steps_per_execution_stops_updates_after_the_bad_step():
     guard = kgrad.NonFiniteGuard()
     _fit(model, x, y, guard, steps_per_execution=4)
     assert (guard.report.step, guard.report.kind) == (5, "input")
+    # The steps after the trip in the same execution update nothing and do
+    # not count as finite steps.
+    assert guard.report.last_finite_step == 4
     reference = _model(lambda t: keras.ops.tanh(t))
     reference.set_weights(initial)
     reference.compile(keras.optimizers.SGD(0.01), "mse")
     reference.fit(x[:20], y[:20], batch_size=BATCH, shuffle=False, verbose=0)
     for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def _huge_middle_model():
+    """An activation of ~1e20: finite, but its squares overflow float32."""
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Lambda(lambda t: t * 1e20, name="huge"),
+            keras.layers.Lambda(lambda t: t * 1e-20, name="back"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_finite_values_whose_squares_overflow_are_no_alarm_and_train(jit_compile):
+    x, y = _data()
+    model = _huge_middle_model()
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(layers="all")
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    assert guard.report is None
+    plain = _huge_middle_model()
+    plain.set_weights(initial)
+    _fit(plain, x, y, keras.callbacks.Callback(), jit_compile=jit_compile)
+    assert int(model.optimizer.iterations) == int(plain.optimizer.iterations) == len(x) // BATCH
+    for got, want in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 

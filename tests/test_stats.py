@@ -99,6 +99,67 @@ def test_summarize_equals_moments_and_histogram_apart(mode, with_nonfinite):
     np.testing.assert_array_equal(got_histogram.numpy()[:, 2], counts)
 
 
+def _numpy_histogram_counts(values, bucket_count):
+    finite = np.asarray(values, dtype=np.float64).ravel()
+    finite = finite[np.isfinite(finite)]
+    low, high = (finite.min(), finite.max()) if finite.size else (0.0, 0.0)
+    if high <= low:
+        low, high = low - 0.5, high + 0.5
+    return np.histogram(finite, bins=bucket_count, range=(low, high))
+
+
+def _many_kinds_of_tensors(rng):
+    normal = rng.normal(size=(20, 10)).astype(np.float32)
+    relu = np.maximum(rng.normal(size=(7, 3, 5)), 0.0).astype(np.float32)
+    return {
+        "normal": normal,
+        "relu (zeros)": relu,
+        "dominating mean": (1e3 + rng.normal(size=(30, 4))).astype(np.float32),
+        "constant": np.full((6,), 2.5, np.float32),
+        "empty": np.zeros((0, 3), np.float32),
+        "exploding": np.array([3e20, -4e20, 1e19, 0.0], np.float32),
+        "non-finite": _with_nonfinite(seed=3),
+    }
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize("with_hard_cases", [False, True])
+def test_summarize_many_matches_numpy_for_each_tensor(mode, with_hard_cases):
+    # Without hard cases every tensor takes the straight-line path; with them
+    # the step takes the branch in which only those use the exact path.
+    tensors = _many_kinds_of_tensors(np.random.default_rng(4))
+    if not with_hard_cases:
+        tensors = {name: t for name, t in tensors.items() if name in ("normal", "relu (zeros)", "empty")}
+    run = {
+        "eager": lambda f: f,
+        "graph": tf.function,
+        "xla": lambda f: tf.function(f, jit_compile=True),
+    }[mode]
+    # An odd bucket count: a constant's value is then mid-bucket, not on an edge.
+    moments, histograms = run(lambda ts: stats.summarize_many(ts, 5))(
+        [tf.constant(t) for t in tensors.values()]
+    )
+    assert moments.shape == (len(tensors), 7) and histograms.shape == (len(tensors), 5, 3)
+    for row, (name, values) in enumerate(tensors.items()):
+        if values.size:
+            expected = _numpy_moments(values)
+            for index, stat in enumerate(stats.MOMENT_NAMES):
+                np.testing.assert_allclose(
+                    moments[row, index], expected[stat], rtol=2e-5, atol=1e-6, err_msg=f"{name}: {stat}"
+                )
+        else:
+            np.testing.assert_array_equal(moments[row], np.zeros(7), err_msg=name)
+        counts, edges = _numpy_histogram_counts(values, 5)
+        np.testing.assert_array_equal(histograms[row, :, 2], counts, err_msg=name)
+        np.testing.assert_allclose(histograms[row, :, 0], edges[:-1], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_summarize_many_of_no_tensors():
+    moments, histograms = stats.summarize_many([], 4)
+    assert moments.shape == (0, 7) and histograms.shape == (0, 4, 3)
+    assert stats.summarize_many([])[1] is None
+
+
 def test_summarize_without_buckets_has_no_histogram():
     moments, histogram = stats.summarize(tf.constant([1.0, 2.0]))
     assert histogram is None and moments.shape == (7,)
