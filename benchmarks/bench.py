@@ -5,8 +5,9 @@ weights, its own ``fit`` thread (see `benchmarks.interleave`) and the same
 data. Then:
 
 1. Warm-up turn per configuration: tracing and ``warmup_epochs`` epochs,
-   whose steps after the first size the samples. A warm-up whose steps after
-   the first run past ``max_warmup_cpu`` is stopped: the configuration is
+   whose steps after the first two (`benchmarks.interleave.SETUP_STEPS`)
+   size the samples. A warm-up whose steady steps run past ``max_warmup_cpu``
+   is stopped: the configuration is
    reported "too slow", with a ratio estimated from those steps. Once all
    are traced, one more untimed epoch each (`ModelBench._settle`).
 2. Timed rounds: configurations in triplets around a baseline sample (see
@@ -22,7 +23,7 @@ import os
 
 from benchmarks import configs as configs_module
 from benchmarks import timing
-from benchmarks.interleave import ConfigRunner
+from benchmarks.interleave import SETUP_STEPS, ConfigRunner
 from benchmarks.models import build_model, first_batch, make_data, make_dataset
 
 
@@ -142,7 +143,8 @@ class ModelBench:
         # Setup, tracing (and XLA compilation) and the first step: what every
         # `fit` call with this configuration pays before training.
         result["first_step_cpu"] = runner.step_stamps[0] - runner.started_cpu
-        per_step, whole = timing.steady_step_cpu(runner.step_stamps, config.every_n_steps)
+        steady = runner.step_stamps[SETUP_STEPS - 1 :]
+        per_step, whole = timing.steady_step_cpu(steady, config.every_n_steps)
         result["calibration_epoch_cpu"] = per_step * self.settings.steps_per_epoch if per_step else None
         if runner.aborted:
             self._record_too_slow(config, per_step, whole, len(runner.step_stamps))
@@ -165,7 +167,7 @@ class ModelBench:
             estimate_is_lower_bound=not whole,
             note=(
                 f"too slow to time: {steps} warm-up steps passed {self.settings.max_warmup_cpu:.0f} "
-                f"CPU-s after the first; CPU ratio estimated from them: {shown}"
+                f"CPU-s after the first {SETUP_STEPS}; CPU ratio estimated from them: {shown}"
             ),
         )
         self._say(f"{config.name}: {result['note']}")

@@ -22,6 +22,8 @@ import time
 
 import keras
 
+from benchmarks.interleave import SETUP_STEPS
+
 #: Longest a memory process may run (seconds).
 _PROCESS_TIMEOUT = 900
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,23 +123,23 @@ def peak_rss_mib():
 
 
 class _CpuLimit(keras.callbacks.Callback):
-    """Counts steps; stops training once the steps after the first used ``seconds``.
+    """Counts steps; stops training once the steps after the setup used ``seconds``.
 
-    As in the timing run, the budget starts after the first (traced) step.
+    As in the timing run, the budget starts after `SETUP_STEPS` steps.
     """
 
     def __init__(self, seconds):
         super().__init__()
         self.seconds = seconds
         self.steps = 0
-        self._first_step_end = None
+        self._setup_end = None
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         now = time.process_time()
-        if self._first_step_end is None:
-            self._first_step_end = now
-        elif now - self._first_step_end > self.seconds:
+        if self.steps == SETUP_STEPS:
+            self._setup_end = now
+        elif self._setup_end is not None and now - self._setup_end > self.seconds:
             self.model.stop_training = True
 
 

@@ -17,13 +17,15 @@ METHOD = """\
   configuration, and a first `fit` traces (with XLA, compiles) its step;
   that cost is excluded here, like Keras' own first trace.
 - **Warm-up excluded.** Each configuration first runs {warmup} warm-up epoch(s)
-  (tracing; its steps after the first size the samples), untimed; once all
+  (tracing; its steps after the first two size the samples), untimed; once all
   are traced, one more untimed epoch each (a traced step's first call after other functions
   were added to TensorFlow's runtime costs more). "First step" in the tables
   is the CPU time from `fit`'s start to the end of its first step: setup,
   tracing and XLA compilation, paid by the first `fit` with these options
   (later `fit` calls of the same model reuse the traced step). A configuration
-  whose warm-up steps after the first use more than {max_warmup:.0f} CPU-s is
+  whose warm-up steps after the first two (the second is the first call of
+  Keras' own step, traced or compiled then when `every_n_steps` > 1) use
+  more than {max_warmup:.0f} CPU-s is
   stopped and reported *too slow*, with its CPU ratio estimated from those
   steps (over whole probe periods) against the baseline's.
 - **Samples.** A sample is {k_text} whole epoch(s) of {steps} steps, so that the

@@ -69,7 +69,7 @@ def parse_args(argv):
     parser.add_argument(
         "--max-warmup-cpu",
         type=float,
-        help="CPU-s budget of a config's warm-up steps after the first; past it, 'too slow'.",
+        help="CPU-s budget of a config's warm-up steps after the first two; past it, 'too slow'.",
     )
     parser.add_argument("--no-memory", action="store_true", help="Skip the peak-memory processes.")
     parser.add_argument("--jobs", type=int, default=2, help="Memory processes at a time.")

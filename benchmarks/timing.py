@@ -99,10 +99,11 @@ def noise_floor(aa_summary):
 
 
 def steady_step_cpu(step_stamps, every_n_steps):
-    """CPU per step after the first (traced) step, over whole probe periods.
+    """CPU per step after the first stamp, over whole probe periods.
 
     Args:
-        step_stamps: Process CPU time after each step, from the first.
+        step_stamps: Process CPU time after each step, from the last setup
+            step (tracing and compiling are not steady steps).
         every_n_steps: The configuration's period: the window spans a
             multiple of it so it holds its share of probed steps.
 

@@ -1,9 +1,9 @@
 """Finding the first NaN/Inf of a step: on-device check, host-side report.
 
 Every guarded step computes one cheap reduction per watched tensor (its sum
-of squares, which is non-finite whenever an element is NaN or Inf) and a
-single branch around the optimizer's update; its flag returns with the
-step's logs (the host reads no device variable for it). Only when that flag
+of squares, which is non-finite whenever an element is NaN or Inf), a
+branch on them and one around the optimizer's update; its flag returns with
+the step's logs (the host reads no device variable for it). Only when that flag
 trips does a second, exact pass count NaN and Inf per tensor, in forward
 order (inputs, activations, prediction) and then backward order (dJ/dŷ,
 dJ/d(activation) from the loss downward, weight gradients). A sum of
@@ -159,13 +159,15 @@ class GuardState:
         """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
 
         Graph code: runs inside the train step, every step. A clean step costs
-        one sum of squares per tensor and a single branch, around the update
-        itself (each branch in a step costs a few percent of a small model's
-        step on CPU). ``apply`` runs when every tensor is finite and, with
+        one sum of squares per tensor and two branches: the check and the
+        update. ``apply`` runs when every tensor is finite and, with
         ``halt_updates``, no earlier step of the execution tripped; it also
         runs on a step whose sums overflowed but whose exact counts find no
         NaN or Inf. The tensors of ``on_trip_only`` names are zero-argument
         callables, called only when another tensor of the step is non-finite.
+
+        Returns:
+            A boolean tensor: whether ``apply`` ran.
         """
         every_step = [t for name, t in zip(self.names, tensors) if name not in self.on_trip_only]
         # Half sums of squares (`tf.nn.l2_loss`, one kernel each): non-finite
@@ -179,10 +181,9 @@ class GuardState:
         if halt_updates:
             clean = tf.logical_and(clean, tf.logical_not(self.tripped))
 
-        def record_and_apply():
+        def record_clean():
             self.last_finite_half_squares.assign(self._spread(half_squares))
             self.last_finite_step.assign(tf.cast(step, tf.int64))
-            apply()
             return tf.constant(True)
 
         def locate():
@@ -196,27 +197,28 @@ class GuardState:
                 self.tripped.assign(True)
                 return tf.constant(False)
 
-            def overflow_only():
-                # Finite values whose squares overflowed: a clean step.
-                apply()
-                return tf.constant(True)
-
+            # No NaN or Inf, only squares that overflowed: a clean step.
             first_trip = tf.logical_and(really_bad, tf.logical_not(self.tripped))
-            return tf.case(
-                [(first_trip, record_trip), (really_bad, lambda: tf.constant(False))],
-                default=overflow_only,
-            )
+            return tf.cond(first_trip, record_trip, lambda: tf.logical_not(really_bad))
 
-        if not halt_updates:
-            return tf.cond(clean, record_and_apply, locate)
+        def not_clean():
+            if not halt_updates:
+                return locate()
+            # After a trip the rest of the execution updates nothing, checks
+            # nothing and keeps the last finite step from before the trip.
+            return tf.cond(self.tripped, lambda: tf.constant(False), locate)
 
-        # After a trip the rest of the execution updates nothing, checks
-        # nothing and keeps the last finite step from before the trip.
-        return tf.cond(
-            clean,
-            record_and_apply,
-            lambda: tf.cond(self.tripped, lambda: tf.constant(False), locate),
-        )
+        may_apply = tf.cond(clean, record_clean, not_clean)
+
+        def update():
+            apply()
+            return tf.no_op()
+
+        # A branch of its own: the update is traced once (a large model's
+        # update is a good part of its step's graph; tracing it into two
+        # branches cost the MobileNet ~170 MB of peak memory).
+        tf.cond(may_apply, update, tf.no_op)
+        return may_apply
 
     def _spread(self, every_step_values):
         """Values of the every-step tensors, at their places among ``names`` (0 elsewhere)."""

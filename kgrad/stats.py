@@ -7,6 +7,7 @@ NaN does not hide the shape of the rest of the distribution.
 """
 
 import functools
+import typing
 
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
@@ -86,10 +87,10 @@ def summarize_many(tensors, bucket_count=None):
     squares, sum, min, max, nonzero count) and, with ``bucket_count``, one
     histogram kernel; everything else is computed for all tensors together.
     A single branch for the whole call handles the tensors that need more:
-    a mean so large that E[x²] - E[x]² would lose the variance to round-off
-    gets a centered pass (that tensor only), and when a tensor holds NaN or
-    Inf, or squares that overflow float32, every tensor takes a masked,
-    rescaled and centered path.
+    when a tensor's mean is so large that E[x²] - E[x]² would lose the
+    variance to round-off, or a tensor holds NaN or Inf, or squares that
+    overflow float32, every tensor is summarized again on its own: a finite
+    one with a centered pass, any other masked, rescaled and centered.
 
     Args:
         tensors: A list of tensors of any float dtype and shape.
@@ -116,8 +117,50 @@ def summarize_many(tensors, bucket_count=None):
     # Per tensor only the kernels that read it, sharing their constants: a
     # large model's step summarizes hundreds of tensors, and each graph op
     # costs tracing and optimizing time on the first step.
-    flat_shape, axis = tf.constant([-1]), tf.constant([0])
+    flat_shape = tf.constant([-1])
     flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
+    plain = _plain_moments(flat)
+    # A finite sum of squares means no element is NaN or Inf and no square
+    # overflowed. E[x²] - E[x]² keeps ~5 significant digits of the variance
+    # while the mean² is up to 100x the variance; beyond, a centered pass.
+    simple = tf.logical_and(
+        tf.math.is_finite(plain.squares), tf.square(plain.mean) <= 100.0 * plain.variance
+    )
+
+    def every_tensor_simple():
+        return _moment_rows(plain, plain.variance), _finite_histograms(flat, plain, bucket_count)
+
+    def some_tensors_need_care():
+        # Common early in training (a softmax output near uniform has a mean
+        # that dominates its variance), rare later (a step gone bad, or
+        # |x| > 1e19). One shared function per tensor, not a branch per
+        # tensor in the step's graph: that cost the MobileNet's first probed
+        # step ~20 CPU-s of graph optimization and ~350 MB of peak memory.
+        careful_summary = _careful_summary_function(bucket_count, _in_xla())
+        summaries = [careful_summary(values) for values in flat]
+        histograms = tf.stack([summary[1] for summary in summaries])
+        return tf.stack([summary[0] for summary in summaries]), histograms
+
+    moments, histograms = tf.cond(tf.reduce_all(simple), every_tensor_simple, some_tensors_need_care)
+    return moments, None if bucket_count is None else histograms
+
+
+class _PlainMoments(typing.NamedTuple):
+    """``[n]`` vectors of straight-line statistics of ``n`` flat tensors."""
+
+    size: tf.Tensor
+    count: tf.Tensor  # size, at least 1 (a divisor)
+    squares: tf.Tensor
+    mean: tf.Tensor
+    variance: tf.Tensor  # E[x²] - E[x]²: see `summarize_many` for when it is exact
+    minimum: tf.Tensor
+    maximum: tf.Tensor
+    nonzeros: tf.Tensor
+
+
+def _plain_moments(flat):
+    """`_PlainMoments` of flat float32 tensors: five reductions of each, no branch."""
+    axis = tf.constant([0])
     size = tf.cast(tf.stack([tf.size(v) for v in flat]), tf.float32)
     count = tf.maximum(size, 1.0)
     not_empty = size > 0
@@ -132,84 +175,71 @@ def summarize_many(tensors, bucket_count=None):
     # stop growing at 2**24: exact to float32 rounding at any size (tested).
     nonzeros = 2.0 * tf.stack([tf.nn.l2_loss(tf.sign(v)) for v in flat])
     variance = tf.maximum(squares / count - tf.square(mean), 0.0)
-    # A finite sum of squares means no element is NaN or Inf and no square
-    # overflowed. E[x²] - E[x]² keeps ~5 significant digits of the variance
-    # while the mean² is up to 100x the variance; beyond, a centered pass.
-    finite = tf.math.is_finite(squares)
-    dominated = tf.square(mean) > 100.0 * variance
+    return _PlainMoments(size, count, squares, mean, variance, minimum, maximum, nonzeros)
 
-    def moments_with(variance):
-        return tf.stack(
-            [
-                tf.sqrt(squares), mean, tf.sqrt(variance), minimum, maximum,
-                (size - nonzeros) / count, tf.zeros_like(size),
-            ],
-            axis=1,
-        )
 
-    def finite_histograms():
-        if bucket_count is None:
-            return tf.zeros([len(flat), 0, 3])
-        edges = _edges(minimum, maximum, bucket_count)
-        ranges = tf.unstack(tf.stack([edges[:, 0], edges[:, -1]], axis=1))
-        counts = _bucket_counts_many(flat, ranges, bucket_count)
-        return _histograms(edges, counts)
-
-    def every_tensor_simple():
-        return moments_with(variance), finite_histograms()
-
-    def some_means_dominate():
-        # Common: a softmax output near uniform early in training. A
-        # centered pass for those tensors only, each in a branch of its own.
-        centered = tf.stack([
-            tf.cond(
-                dominated[i],
-                lambda i=i, values=values: 2.0 * tf.nn.l2_loss(values - mean[i]) / count[i],
-                lambda i=i: variance[i],
-            )
-            for i, values in enumerate(flat)
-        ])
-        return moments_with(centered), finite_histograms()
-
-    def some_tensors_non_finite():
-        # Rare (a step gone bad, or |x| > 1e19): masked and rescaled, tensor
-        # by tensor; a tensor with NaN must not reach the unmasked histogram.
-        exact_summary = _exact_summary_function(bucket_count, _in_xla())
-        exact = [exact_summary(values) for values in flat]
-        histograms = tf.stack([summary[1] for summary in exact])
-        return tf.stack([summary[0] for summary in exact]), histograms
-
-    moments, histograms = tf.cond(
-        tf.reduce_all(tf.logical_and(finite, tf.logical_not(dominated))),
-        every_tensor_simple,
-        lambda: tf.cond(tf.reduce_all(finite), some_means_dominate, some_tensors_non_finite),
+def _moment_rows(plain, variance):
+    """``[n, 7]`` rows of `MOMENT_NAMES` of finite tensors, with ``variance``."""
+    return tf.stack(
+        [
+            tf.sqrt(plain.squares), plain.mean, tf.sqrt(variance), plain.minimum, plain.maximum,
+            (plain.size - plain.nonzeros) / plain.count, tf.zeros_like(plain.size),
+        ],
+        axis=1,
     )
-    return moments, None if bucket_count is None else histograms
+
+
+def _finite_histograms(flat, plain, bucket_count):
+    """``[n, bucket_count, 3]`` histograms of finite flat tensors (``[n, 0, 3]`` without buckets)."""
+    if bucket_count is None:
+        return tf.zeros([len(flat), 0, 3])
+    edges = _edges(plain.minimum, plain.maximum, bucket_count)
+    ranges = tf.unstack(tf.stack([edges[:, 0], edges[:, -1]], axis=1))
+    counts = _bucket_counts_many(flat, ranges, bucket_count)
+    return _histograms(edges, counts)
 
 
 def _in_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-def _exact_summary_function(bucket_count, xla):
-    """``fn(flat values) -> (moments, histogram or [0, 3] zeros)``, masked and rescaled."""
+def _careful_summary_function(bucket_count, xla):
+    """``fn(flat values) -> (moments, histogram or [0, 3] zeros)``, exact in every case."""
     if tf.executing_eagerly():
-        return functools.partial(_exact_summary, bucket_count=bucket_count)
-    return _shared_exact_summary_function(bucket_count, xla)
+        return functools.partial(_careful_summary, bucket_count=bucket_count)
+    return _shared_careful_summary_function(bucket_count, xla)
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_exact_summary_function(bucket_count, xla):
+def _shared_careful_summary_function(bucket_count, xla):
     # One shared function per bucket count, in and out of XLA (`_bucket_counts`
     # picks its ops by the context it is traced in, which a function's cache
     # ignores): a step has hundreds of tensors, and this path's ops, repeated
     # for each, would take most of a large model's tracing time and memory.
     del xla
     return tf.function(
-        functools.partial(_exact_summary, bucket_count=bucket_count),
+        functools.partial(_careful_summary, bucket_count=bucket_count),
         input_signature=[tf.TensorSpec([None], tf.float32)],
         autograph=False,
         experimental_attributes={"_noinline": True},
+    )
+
+
+def _careful_summary(values, bucket_count):
+    """Moments and histogram of one flat tensor, whatever it holds.
+
+    Finite: the straight-line statistics with a centered variance (its mean
+    may dominate). With NaN, Inf or squares that overflow: `_exact_summary`.
+    """
+    plain = _plain_moments([values])
+
+    def finite():
+        centered = 2.0 * tf.nn.l2_loss(values - plain.mean[0]) / plain.count
+        histograms = _finite_histograms([values], plain, bucket_count)
+        return _moment_rows(plain, centered)[0], histograms[0]
+
+    return tf.cond(
+        tf.math.is_finite(plain.squares[0]), finite, lambda: _exact_summary(values, bucket_count)
     )
 
 
