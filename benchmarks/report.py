@@ -25,9 +25,8 @@ METHOD = """\
   (later `fit` calls of the same model reuse the traced step). A configuration
   whose warm-up steps after the first two (the second is the first call of
   Keras' own step, traced or compiled then when `every_n_steps` > 1) use
-  more than {max_warmup:.0f} CPU-s is
-  stopped and reported *too slow*, with its CPU ratio estimated from those
-  steps (over whole probe periods) against the baseline's.
+  more than {max_warmup:.0f} CPU-s is stopped and reported *too slow*, with its CPU ratio
+  estimated from those steps (over whole probe periods) against the baseline's.
 - **Samples.** A sample is {k_text} whole epoch(s) of {steps} steps, so that the
   baseline's sample lasts at least {sample_cpu:.1f} CPU-s. The epoch length is a
   multiple of every `every_n_steps`, so every sample probes equally often.

@@ -1,11 +1,11 @@
 """The benchmark command: ``python -m benchmarks.run [--quick] [options]``.
 
-Full run (on a quiet machine; about 35 minutes on 2 cores with today's kgrad)::
+Full run (on a quiet machine; 30-50 minutes on 2 cores with today's kgrad)::
 
     python -m benchmarks.run
 
 writes ``benchmarks/RESULTS.md``, ``benchmarks/results.json`` and
-``benchmarks/overhead.png``. ``--quick`` (CI smoke, about 2 minutes) runs the
+``benchmarks/overhead.png``. ``--quick`` (CI smoke, under 2 minutes) runs the
 MLP and the CNN with few short samples and writes to a temporary folder
 unless ``--out-dir`` is given.
 """
@@ -58,7 +58,7 @@ def parse_args(argv):
         prog="python -m benchmarks.run",
         description="What kgrad's probing costs against plain model.fit and the peers.",
     )
-    parser.add_argument("--quick", action="store_true", help="Smoke run (about 2 minutes).")
+    parser.add_argument("--quick", action="store_true", help="Smoke run (under 2 minutes).")
     parser.add_argument("--models", type=_names, help=f"Comma-separated, among {', '.join(MODELS)}.")
     parser.add_argument(
         "--configs", type=_names, help="Comma-separated config names (their baselines are added)."
