@@ -487,7 +487,7 @@ def combined_norm(norms, nonfinite_counts, tensors):
     def non_finite():
         # NaN if any element is NaN, else Inf: the plain sum of all squares
         # says which (an overflowing square only adds Inf to an Inf).
-        return tf.sqrt(2.0 * tf.add_n([tf.nn.l2_loss(tf.cast(t, tf.float32)) for t in tensors]))
+        return tf.sqrt(tf.add_n([sum_of_squares(t) for t in tensors]))
 
     return tf.cond(
         tf.reduce_any(tf.convert_to_tensor(nonfinite_counts) > 0),
