@@ -19,6 +19,7 @@ import keras
 from kgrad import replicas
 from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.model import ProbingModel
+from kgrad.state import RECORD_OUTPUT
 from kgrad.step import ProbingStep
 
 #: The attribute of `ProbingStep` each role sets.
@@ -212,11 +213,16 @@ class _TrainFunction:
                 plain_train_function(self._model) is not None
                 and self._model.steps_per_execution == 1
             )
+            self._step.records_in_outputs = True
             self._function = self._step.traced_function(self._make_function)
         outputs = self._function(iterator)
-        if isinstance(outputs, dict) and TRIPPED_OUTPUT in outputs:
-            outputs = dict(outputs)
+        if not isinstance(outputs, dict):
+            return outputs
+        outputs = dict(outputs)
+        # Keras' logs must not show kgrad's outputs; the step keeps them.
+        if TRIPPED_OUTPUT in outputs:
             self._step.guard_tripped = outputs.pop(TRIPPED_OUTPUT)
+        self._step.latest_record = outputs.pop(RECORD_OUTPUT, None)
         return outputs
 
     def _make_function(self):

@@ -14,6 +14,11 @@ import tensorflow as tf
 
 from kgrad.replicas import state_variable
 
+#: The key under which a train function that probes every step returns the
+#: record it wrote (`ProbeState.write`'s result), so that the host gets it
+#: with the outputs Keras reads anyway instead of reading the buffer.
+RECORD_OUTPUT = "kgrad_record"
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeRecord:
@@ -71,6 +76,11 @@ class ProbeState:
 
         With ``where`` (a scalar bool tensor), the write happens only where it
         is true, without a branch (for multi-replica steps).
+
+        Returns:
+            ``(written, step, scalars, histograms)``: the record as written,
+            after how many records were written in all (its sequence number
+            plus one), which `read_since` takes as ``latest``.
         """
         slot = tf.math.floormod(self.written, self.capacity)
         index = tf.reshape(slot, [1, 1])
@@ -83,7 +93,10 @@ class ProbeState:
             _assign_row(self.scalars, index, scalars[tf.newaxis], where)
         if self.histogram_names:
             _assign_row(self.histograms, index, histograms[tf.newaxis], where)
-        self.written.assign_add(1 if where is None else tf.cast(where, tf.int64))
+        written = tf.convert_to_tensor(
+            self.written.assign_add(1 if where is None else tf.cast(where, tf.int64))
+        )
+        return written, tf.cast(step, tf.int64), scalars, histograms
 
     @tf.function(autograph=False)
     def _read_all(self):
@@ -99,15 +112,28 @@ class ProbeState:
         self.written.assign(0)
         self.steps.assign(tf.fill(tf.shape(self.steps), tf.constant(-1, tf.int64)))
 
-    def read_since(self, delivered):
+    def read_since(self, delivered, latest=None):
         """Returns the records written after the first ``delivered`` ones.
 
         This reads device memory: call it only on steps that log.
+
+        Args:
+            delivered: How many records the caller has already.
+            latest: What `write` returned for the latest record, as outputs
+                of the train function that wrote it (``None`` if unknown).
+                When it is the only new record, or there is none, the buffer
+                is not read: one function call less per logged step.
 
         Returns:
             ``(records, written)``: the new `ProbeRecord`s in order, and the
             total number written so far (pass it back as ``delivered``).
         """
+        if latest is not None:
+            written, step, scalars, histograms = (value.numpy() for value in latest)
+            if written == delivered:
+                return [], delivered
+            if written == delivered + 1:
+                return [self._record(step, scalars, histograms)], int(written)
         # One call for the four buffers: a variable's `.numpy()` is an eager
         # op of its own (~70 µs), and this runs after every probed step.
         written, steps, scalars, histograms = (value.numpy() for value in self._read_all())
@@ -118,20 +144,17 @@ class ProbeState:
         records = []
         for sequence in range(first, written):
             slot = sequence % self.capacity
-            records.append(
-                ProbeRecord(
-                    step=int(steps[slot]),
-                    scalars={
-                        name: float(value)
-                        for name, value in zip(self.scalar_names, scalars[slot])
-                    },
-                    histograms={
-                        name: np.array(value)
-                        for name, value in zip(self.histogram_names, histograms[slot])
-                    },
-                )
-            )
+            records.append(self._record(steps[slot], scalars[slot], histograms[slot]))
         return records, written
+
+    def _record(self, step, scalars, histograms):
+        return ProbeRecord(
+            step=int(step),
+            # Python floats in one call; one copy of the record's
+            # histograms, of which each tag gets a view.
+            scalars=dict(zip(self.scalar_names, scalars.tolist())),
+            histograms=dict(zip(self.histogram_names, np.array(histograms))),
+        )
 
 
 def _assign_row(variable, index, rows, where=None):

@@ -21,7 +21,7 @@ from keras.src.losses import loss as keras_loss
 from kgrad import guard as guard_module
 from kgrad import replicas, selection, stats
 from kgrad import losses
-from kgrad.state import ProbeState
+from kgrad.state import RECORD_OUTPUT, ProbeState
 from kgrad.summaries import SummaryBuilder, io_names
 from kgrad.tape import ProbeTape
 
@@ -108,6 +108,10 @@ class ProbingStep:
         # Set by `kgrad.install` when the function runs only for probed steps
         # (Keras' own function runs the others): it then needs no branch.
         self.only_probed_steps = False
+        # Set by `kgrad.install`, whose train function takes the record out
+        # of the outputs (`RECORD_OUTPUT`) into `latest_record`.
+        self.records_in_outputs = False
+        self.latest_record = None
 
     def prepare(self):
         """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
@@ -119,6 +123,7 @@ class ProbingStep:
             )
         self._counter.assign(0)
         self.guard_tripped = None
+        self.latest_record = None
         # A step kept from an earlier fit starts this one with empty buffers.
         self._remember_current()
         for _, _, captured in self._traced:
@@ -138,7 +143,10 @@ class ProbingStep:
         (traced on its first call).
         """
         self._remember_current()
-        key = (self.config, self.guard, self.model.steps_per_execution, self.only_probed_steps)
+        key = (
+            self.config, self.guard, self.model.steps_per_execution,
+            self.only_probed_steps, self.records_in_outputs,
+        )
         for index, (traced_key, _, captured) in enumerate(self._traced):
             if traced_key == key:
                 self.state, self.guard_state = captured["state"], captured["guard_state"]
@@ -275,13 +283,22 @@ class ProbingStep:
             scalars, histograms = self._probed_update(tape, loss, weights, probe_now, *batch)
         else:
             scalars, histograms = self._guarded_update(tape, loss, weights, probe_now, step, *batch)
-        if self._names is not None:
-            self._if_probed(
-                probe_now,
-                lambda: self._write(step, scalars, histograms, weights),
-                lambda: tf.no_op(),
-            )
+        record = None
+        if self._names is not None and self._probes_every_step():
+            record = self._write(step, scalars, histograms, weights)
+        elif self._names is not None:
+
+            def write():
+                self._write(step, scalars, histograms, weights)
+                return tf.no_op()
+
+            tf.cond(probe_now, write, tf.no_op)
         outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        if record is not None and self.records_in_outputs:
+            # Every step of this function writes a record: the host takes the
+            # one written last from the outputs (a function with a branch
+            # would have to return zeros from the steps that do not log).
+            outputs = {**outputs, RECORD_OUTPUT: record}
         if self.guard is not None:
             # The flag travels with the logs that Keras reads anyway; the
             # train function takes it out (`kgrad.install`).
@@ -294,10 +311,10 @@ class ProbingStep:
         Without a branch when every step is probed: XLA on CPU compiles a
         convolution's gradient inside a conditional ~20x slower.
         """
-        every_step = self.config is not None and (
-            self.only_probed_steps or self.config.every_n_steps == 1
-        )
-        return probed() if every_step else tf.cond(probe_now, probed, plain)
+        return probed() if self._probes_every_step() else tf.cond(probe_now, probed, plain)
+
+    def _probes_every_step(self):
+        return self.config is not None and (self.only_probed_steps or self.config.every_n_steps == 1)
 
     def _every_step_update(self, tape, loss, weights, x, y, y_pred, sample_weight):
         """Multi-replica: summaries of the global batch computed on every step.
@@ -500,8 +517,7 @@ class ProbingStep:
             scalars = tf.concat([scalars, tf.cast(skipped, tf.float32)[tf.newaxis]], axis=0)
             scalar_names = scalar_names + ["global/loss_scale_skipped"]
         state = self._ensure_state(scalar_names, histogram_names)
-        state.write(step, scalars, histograms, where=where)
-        return tf.no_op()
+        return state.write(step, scalars, histograms, where=where)
 
 
 def _scales_loss(optimizer):

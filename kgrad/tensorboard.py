@@ -1,20 +1,21 @@
-"""The only module that writes TensorBoard event files.
+"""What kgrad writes to TensorBoard: the Summary of each probed step.
 
 Records arrive as host values (`kgrad.ProbeRecord`); histograms are the
 ``[k, 3]`` buckets computed on device, written with the histogram plugin's
 metadata, so no full tensor ever crosses to the host. The tag scheme is
-documented in `kgrad.summaries`.
+documented in `kgrad.summaries`; the file itself is `kgrad.event_file`'s.
 """
 
 import os
 
 import numpy as np
-import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from kgrad.event_file import EventFile
 
 #: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
 RUN_NAME = "kgrad"
@@ -100,9 +101,9 @@ def custom_scalar_layout():
 class ProbeWriter:
     """Writes `kgrad.ProbeRecord`s to ``<log_dir>/kgrad``, created lazily.
 
-    Each record is one Summary written by one op of TensorFlow's own event
-    writer, which checksums in C++ (TensorBoard's ``EventFileWriter`` does it
-    in Python, several CPU-ms per record of a few hundred tags).
+    Each record is one Summary in one event (`kgrad.event_file.EventFile`).
+    The first record of a set of tags is built as a proto, with each tag's
+    metadata; later ones fill the values into its bytes (`_SummaryLayout`).
 
     Args:
         log_dir: The TensorBoard log directory (the one given to Keras'
@@ -112,70 +113,49 @@ class ProbeWriter:
     def __init__(self, log_dir):
         self.log_dir = os.fspath(log_dir)
         self.run_dir = os.path.join(self.log_dir, RUN_NAME)
-        self._writer = None
+        self._events = None
         self._described = set()  # tags whose metadata this event file holds
-        self._templates = {}  # tag lists -> reusable Summary without metadata
+        self._layouts = {}  # (scalar tags, histogram tags, shapes) -> _SummaryLayout
 
-    def _file_writer(self):
-        if self._writer is None:
+    def _event_file(self):
+        if self._events is None:
             # Created on first write: no event file for runs that never log.
-            self._writer = tf.summary.create_file_writer(self.run_dir)
+            self._events = EventFile(self.run_dir)
+            # Per file: a layout is made once its tags are described in it.
             self._described = set()
-            self._templates = {}
-            with self._writer.as_default(), tf.summary.record_if(True):
-                tf.summary.experimental.write_raw_pb(
-                    custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString(),
-                    step=0,
-                )
-        return self._writer
+            self._layouts = {}
+            self._events.write_summary(
+                custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString(), step=0
+            )
+        return self._events
 
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
-        writer = self._file_writer()
-        summary = self._summary(record)
-        # record_if(True): Keras' TensorBoard(update_freq=N) sets a global
-        # record_if around each batch that would drop probed steps.
-        # The step as np.int64: TensorFlow caches the tensor of every Python
-        # int it converts, so a new int per step grows memory without bound.
-        with writer.as_default(), tf.summary.record_if(True):
-            tf.summary.experimental.write_raw_pb(
-                summary.SerializeToString(), step=np.int64(record.step)
-            )
+        events = self._event_file()
+        events.write_summary(self._serialized_summary(record), record.step)
 
-    def _summary(self, record):
-        # One Summary per record. Records of a run have the same tags, so the
-        # Summary built for the first is kept as a template whose values are
-        # replaced: hundreds of values per record, microseconds each.
-        key = (tuple(record.scalars), tuple(record.histograms))
-        template = self._templates.get(key)
-        if template is None:
+    def _serialized_summary(self, record):
+        histograms = [np.asarray(buckets) for buckets in record.histograms.values()]
+        key = (tuple(record.scalars), tuple(record.histograms), tuple(h.shape for h in histograms))
+        layout = self._layouts.get(key)
+        if layout is None and (
+            not self._described.issuperset(key[0]) or not self._described.issuperset(key[1])
+        ):
+            # TensorBoard reads a tag's plugin and description from its first
+            # event in a file, as tf.summary writes them; later events omit them.
             summary = summary_pb2.Summary()
             for tag, value in record.scalars.items():
                 self._add(summary, tag, scalar_metadata).tensor.CopyFrom(_scalar_proto(value))
             for tag, buckets in record.histograms.items():
                 self._add(summary, tag, histogram_metadata).tensor.CopyFrom(_histogram_proto(buckets))
-            template = summary_pb2.Summary()
-            template.CopyFrom(summary)
-            for entry in template.value:
-                entry.ClearField("metadata")
-            self._templates[key] = template
-            return summary
-        # A copy per record: the protobuf runtime frees replaced bytes only
-        # with the message, so refilling one long-lived Summary grows forever.
-        summary = summary_pb2.Summary()
-        summary.CopyFrom(template)
-        entries = summary.value
-        for index, value in enumerate(record.scalars.values()):
-            entries[index].tensor.float_val[0] = value
-        offset = len(record.scalars)
-        for index, buckets in enumerate(record.histograms.values()):
-            entries[offset + index].tensor.tensor_content = _histogram_bytes(buckets)
-        return summary
+            return summary.SerializeToString()
+        if layout is None:
+            layout = self._layouts[key] = _SummaryLayout(key[0], zip(key[1], key[2]))
+        scalars = np.fromiter(record.scalars.values(), np.float32, count=len(record.scalars))
+        return layout.fill(scalars, histograms)
 
     def _add(self, summary, tag, plugin_metadata):
         entry = summary.value.add(tag=tag)
-        # TensorBoard reads a tag's plugin and description from its first
-        # event in a file, as tf.summary does; later events omit them.
         if tag not in self._described:
             self._described.add(tag)
             entry.metadata.CopyFrom(
@@ -185,14 +165,82 @@ class ProbeWriter:
 
     def flush(self):
         """Writes buffered events to disk (called at the end of each epoch)."""
-        if self._writer is not None:
-            self._writer.flush()
+        if self._events is not None:
+            self._events.flush()
 
     def close(self):
         """Flushes and closes the event file; a later `write` opens a new one."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+
+class _SummaryLayout:
+    """The serialized Summary of records with the same tags, and where each value goes.
+
+    Records of a run have the same tags, so their Summaries differ only in
+    the bytes of the values: a float32 per scalar, the float64 buckets of
+    each histogram, each at a fixed offset. Filling those bytes with NumPy
+    costs a copy and one scatter per record, where setting the values of a
+    proto costs ~1 µs each (thousands in a large model's record).
+
+    Args:
+        scalar_tags: Tags of the scalars, in record order.
+        histograms: ``(tag, shape)`` of each histogram, in record order.
+    """
+
+    def __init__(self, scalar_tags, histograms):
+        pieces, scalar_starts, self._histogram_spans = [], [], []
+        size = source = 0
+        for tag in scalar_tags:
+            piece = _one_value_summary(tag, _scalar_proto(_SCALAR_MARK))
+            scalar_starts.append(size + _offset(piece, _SCALAR_MARK_BYTES))
+            pieces.append(piece)
+            size += len(piece)
+        for tag, shape in histograms:
+            mark = np.full(shape, _HISTOGRAM_MARK)
+            piece = _one_value_summary(tag, _histogram_proto(mark))
+            if mark.size:
+                start = size + _offset(piece, _histogram_bytes(mark))
+                self._histogram_spans.append((start, source, mark.nbytes))
+                source += mark.nbytes
+            pieces.append(piece)
+            size += len(piece)
+        # Serialized messages concatenate: the pieces' values append in order.
+        self._template = b"".join(pieces)
+        scalar_starts = np.asarray(scalar_starts, np.int64)
+        self._scalar_index = (scalar_starts[:, np.newaxis] + np.arange(4)).ravel()
+
+    def fill(self, scalars, histograms):
+        """The serialized Summary of float32 ``scalars`` and ``[k, 3]`` ``histograms``."""
+        summary = bytearray(self._template)
+        np.frombuffer(summary, np.uint8)[self._scalar_index] = np.asarray(scalars, "<f4").view(np.uint8)
+        if self._histogram_spans:
+            # One conversion for all histograms, then a copy of each into its place.
+            buckets = np.concatenate([np.ravel(h) for h in histograms]).astype("<f8").view(np.uint8)
+            memory = memoryview(summary)
+            for start, source, size in self._histogram_spans:
+                memory[start : start + size] = buckets[source : source + size]
+        return bytes(summary)
+
+
+# Values whose bytes cannot occur elsewhere in a piece: 0xFF is never part
+# of a UTF-8 tag, and protobuf's short lengths and field keys never hold two
+# in a row.
+_SCALAR_MARK = np.float32(np.finfo(np.float32).max)
+_SCALAR_MARK_BYTES = _SCALAR_MARK.astype("<f4").tobytes()
+_HISTOGRAM_MARK = np.finfo(np.float64).max
+
+
+def _one_value_summary(tag, tensor):
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, tensor=tensor)]).SerializeToString()
+
+
+def _offset(piece, value_bytes):
+    """Where ``value_bytes`` starts in ``piece``, which holds it exactly once."""
+    if piece.count(value_bytes) != 1:
+        raise AssertionError(f"kgrad: cannot place a value in the serialized Summary {piece!r}.")
+    return piece.index(value_bytes)
 
 
 # Tensor protos built directly: `tensor_util.make_tensor_proto` is general and

@@ -221,3 +221,48 @@ def test_a_later_probed_fit_starts_a_fresh_schedule():
     # optimizer.iterations, which goes on counting.
     assert first.steps == [0, 3]
     assert second.steps == [4, 7]
+
+
+class _BufferReader(keras.callbacks.Callback):
+    """After the probe, reads the probe's buffer itself: the record written last."""
+
+    def __init__(self, probe):
+        super().__init__()
+        self.probe = probe
+        self.from_buffer = []
+        self.delivered = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        state = self.probe._step.state
+        records, _ = state.read_since(int(state.written.numpy()) - 1)
+        self.from_buffer += records
+        self.delivered.append(self.probe.latest)
+
+
+@pytest.mark.parametrize("with_guard", [False, True])
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_records_taken_from_the_outputs_are_the_records_in_the_buffer(with_guard, jit_compile, monkeypatch):
+    # A function that probes every step returns its record with its outputs:
+    # the probe takes it from there and never calls the buffer's reader.
+    buffer_reads = []
+    read_all = kgrad.state.ProbeState._read_all
+    monkeypatch.setattr(
+        kgrad.state.ProbeState, "_read_all", lambda self: buffer_reads.append(1) or read_all(self)
+    )
+    x, y = classification_data()
+    model = compile_classifier(sequential_classifier(), jit_compile=jit_compile)
+    probe = kgrad.GradientProbe(every_n_steps=1, bucket_count=5)
+    reader, seen_logs = _BufferReader(probe), []
+    keys = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen_logs.append(set(logs)))
+    guard = [kgrad.NonFiniteGuard()] if with_guard else []
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[probe, *guard, reader, keys])
+    assert len(buffer_reads) == len(reader.from_buffer) == 8  # the reader's own reads only
+    assert [record.step for record in reader.delivered] == list(range(8))
+    for got, expected in zip(reader.delivered, reader.from_buffer):
+        assert got.step == expected.step and got.scalars == expected.scalars
+        assert got.histograms.keys() == expected.histograms.keys()
+        for tag in got.histograms:
+            np.testing.assert_array_equal(got.histograms[tag], expected.histograms[tag])
+    # Keras' logs never see the record.
+    assert all(keys == {"loss", "accuracy"} for keys in seen_logs)
+    assert set(history.history) == {"loss", "accuracy"}

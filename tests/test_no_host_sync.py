@@ -64,11 +64,11 @@ def device_reads(monkeypatch):
 
 
 def _logged(method, name, log, reading):
-    def read(self, *args):
+    def read(self, *args, **kwargs):
         log.append(("read", name))
         reading.append(name)
         try:
-            return method(self, *args)
+            return method(self, *args, **kwargs)
         finally:
             reading.pop()
 

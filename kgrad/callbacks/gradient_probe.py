@@ -175,7 +175,7 @@ class GradientProbe(keras.callbacks.Callback):
         state = self._step.state if self._step is not None else None
         if state is None:
             return
-        records, self._delivered = state.read_since(self._delivered)
+        records, self._delivered = state.read_since(self._delivered, latest=self._step.latest_record)
         for record in records:
             self.latest = record
             if self._writer is not None:
