@@ -129,11 +129,11 @@ class ProbeState:
             total number written so far (pass it back as ``delivered``).
         """
         if latest is not None:
-            written, step, scalars, histograms = (value.numpy() for value in latest)
+            written = int(latest[0].numpy())
             if written == delivered:
                 return [], delivered
             if written == delivered + 1:
-                return [self._record(step, scalars, histograms)], int(written)
+                return [self._record(*(value.numpy() for value in latest[1:]))], written
         # One call for the four buffers: a variable's `.numpy()` is an eager
         # op of its own (~70 µs), and this runs after every probed step.
         written, steps, scalars, histograms = (value.numpy() for value in self._read_all())
