@@ -8,7 +8,7 @@ long ``fit`` in its own thread, and the threads take turns: a thread trains
 main thread) gives it the next turn. Only one thread runs at a time, so
 ``time.process_time()`` (CPU time of the whole process) measured over a turn
 is the cost of that turn: the other threads are blocked and the dataset does
-no prefetching in the background.
+no prefetching or autotuning in the background.
 """
 
 import dataclasses

@@ -108,14 +108,20 @@ def make_data(spec, distinct_batches, seed):
 
 
 def make_dataset(spec, x, y):
-    """An endless dataset of fixed batches, in order, without prefetching.
+    """An endless dataset of fixed batches, in order, without background threads.
 
     Without ``prefetch``, a configuration waiting for its turn has no
     background thread filling a buffer, so the CPU time measured during
     another configuration's turn is that configuration's alone.
     """
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
-    return dataset.batch(spec.batch_size, drop_remainder=True).repeat()
+    dataset = dataset.batch(spec.batch_size, drop_remainder=True).repeat()
+    # Nor tf.data's autotuning thread: it has nothing to tune here, and
+    # ending an iterator waits for it (~2-5 s per fit on 2 cores, minutes
+    # over a run).
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def first_batch(spec, x, y):

@@ -10,7 +10,7 @@ METHOD = """\
 - **Same process, interleaved.** Every configuration of a model trains a fresh
   copy of the model built under the same seed (identical initial weights),
   compiled once, on the same in-memory synthetic batches in the same order
-  (an endless `tf.data` pipeline without prefetching). Each runs ONE long
+  (an endless `tf.data` pipeline without prefetching or autotuning). Each runs ONE long
   `model.fit` in its own thread; the threads take turns epoch by epoch, so
   only one trains at a time (`benchmarks/interleave.py`). One `fit` per
   configuration keeps each sample free of setup: callbacks are created per
