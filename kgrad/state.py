@@ -5,6 +5,9 @@ of variables; the host reads it only on steps it knows were probed, so steps
 that do not log never read device memory. Each record carries its
 ``optimizer.iterations`` step and a sequence number, so that with
 ``steps_per_execution=k`` every probed step of an execution is delivered once.
+A train function that probes every step also returns the record it wrote
+with its outputs (`RECORD_OUTPUT`); when that is the one new record, the
+host takes it from there and the buffer is not read.
 """
 
 import dataclasses
