@@ -88,9 +88,10 @@ def summarize_many(tensors, bucket_count=None):
     histogram kernel; everything else is computed for all tensors together.
     A single branch for the whole call handles the tensors that need more:
     when a tensor's mean is so large that E[x²] - E[x]² would lose the
-    variance to round-off, or a tensor holds NaN or Inf, or squares that
-    overflow float32, every tensor is summarized again on its own: a finite
-    one with a centered pass, any other masked, rescaled and centered.
+    variance to round-off, it gets a centered pass; when it holds NaN or
+    Inf, or squares that overflow float32, it is masked, rescaled and
+    centered. The other tensors of the call keep their five reductions and
+    only get their histogram in that branch.
 
     Args:
         tensors: A list of tensors of any float dtype and shape.
@@ -131,13 +132,17 @@ def summarize_many(tensors, bucket_count=None):
         return _moment_rows(plain, plain.variance), _finite_histograms(flat, plain, bucket_count)
 
     def some_tensors_need_care():
-        # Common early in training (a softmax output near uniform has a mean
-        # that dominates its variance), rare later (a step gone bad, or
-        # |x| > 1e19). One shared function per tensor, not a branch per
-        # tensor in the step's graph: that cost the MobileNet's first probed
-        # step ~20 CPU-s of graph optimization and ~350 MB of peak memory.
-        careful_summary = _careful_summary_function(bucket_count, _in_xla())
-        summaries = [careful_summary(values) for values in flat]
+        # Common early in training, and for as long as a classifier's softmax
+        # output stays near uniform (its mean dominates its variance); rare
+        # otherwise (a step gone bad, or |x| > 1e19). Each tensor goes
+        # through one shared function that branches on its own flag, so a
+        # single tensor needing care does not make every other one read
+        # again. A function, not a branch per tensor in the step's graph:
+        # that cost the MobileNet's first probed step ~20 CPU-s of graph
+        # optimization and ~350 MB of peak memory.
+        summary_of = _careful_summary_function(bucket_count, _in_xla())
+        rows = tf.unstack(tf.stack(plain, axis=1))
+        summaries = [summary_of(*arguments) for arguments in zip(flat, rows, tf.unstack(simple))]
         histograms = tf.stack([summary[1] for summary in summaries])
         return tf.stack([summary[0] for summary in summaries]), histograms
 
@@ -204,7 +209,10 @@ def _in_xla():
 
 
 def _careful_summary_function(bucket_count, xla):
-    """``fn(flat values) -> (moments, histogram or [0, 3] zeros)``, exact in every case."""
+    """``fn(flat values, plain row, simple) -> (moments, histogram or [0, 3] zeros)``.
+
+    See `_careful_summary` for the arguments.
+    """
     if tf.executing_eagerly():
         return functools.partial(_careful_summary, bucket_count=bucket_count)
     return _shared_careful_summary_function(bucket_count, xla)
@@ -219,24 +227,40 @@ def _shared_careful_summary_function(bucket_count, xla):
     del xla
     return tf.function(
         functools.partial(_careful_summary, bucket_count=bucket_count),
-        input_signature=[tf.TensorSpec([None], tf.float32)],
+        input_signature=[
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([len(_PlainMoments._fields)], tf.float32),
+            tf.TensorSpec([], tf.bool),
+        ],
         autograph=False,
         experimental_attributes={"_noinline": True},
     )
 
 
-def _careful_summary(values, bucket_count):
+def _careful_summary(values, plain_row, simple, bucket_count):
     """Moments and histogram of one flat tensor, whatever it holds.
 
-    Finite: the straight-line statistics with a centered variance (its mean
-    may dominate). With NaN, Inf or squares that overflow: `_exact_summary`.
+    Args:
+        values: The flat float32 tensor.
+        plain_row: Its `_PlainMoments` as one vector, in field order.
+        simple: Whether those are its moments as they are (finite squares, a
+            mean that does not dominate the variance).
+        bucket_count: As for `summarize_many`.
+
+    Simple: the moments as they are. Finite squares: a centered variance
+    (its mean dominates). With NaN, Inf or squares that overflow:
+    `_exact_summary`.
     """
-    plain = _plain_moments([values])
+    plain = _PlainMoments(*tf.unstack(plain_row[:, tf.newaxis]))
 
     def finite():
-        centered = 2.0 * tf.nn.l2_loss(values - plain.mean[0]) / plain.count
+        variance = tf.cond(
+            simple,
+            lambda: plain.variance,
+            lambda: 2.0 * tf.nn.l2_loss(values - plain.mean[0])[tf.newaxis] / plain.count,
+        )
         histograms = _finite_histograms([values], plain, bucket_count)
-        return _moment_rows(plain, centered)[0], histograms[0]
+        return _moment_rows(plain, variance)[0], histograms[0]
 
     return tf.cond(
         tf.math.is_finite(plain.squares[0]), finite, lambda: _exact_summary(values, bucket_count)
