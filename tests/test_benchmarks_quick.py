@@ -133,3 +133,39 @@ def test_guard_floor_measures_every_variant_against_plain():
     assert set(ratios) == set(guard_floor.VARIANTS)
     assert ratios["plain"] == 1.0 and plain_ms > 0
     assert all(ratio > 0 for ratio in ratios.values())
+
+
+def test_profile_ops_counts_op_events_only(tmp_path):
+    from benchmarks import profile_ops
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    names = {
+        1: "StatefulPartitionedCall/dense/MatMul:MatMul",  # an op of the train function
+        2: "cond/then/_0/L2Loss_tfg_inlined_cond_0:L2Loss",  # an op of a called function
+        3: "ExecutorState::Process",  # the executor's
+        4: "Iterator::Root::ForeverRepeat",  # tf.data's
+        5: "EagerLocalExecute: Shape",  # eager dispatch
+    }
+    for key, name in names.items():
+        plane.event_metadata[key].id, plane.event_metadata[key].name = key, name
+    line = plane.lines.add()
+    for key, microseconds in [(1, 5), (1, 7), (2, 3), (3, 100), (4, 50), (5, 9)]:
+        line.events.add(metadata_id=key, duration_ps=microseconds * 10**6)
+    path = tmp_path / "host.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+
+    total, count = profile_ops.op_times(str(path))
+    assert dict(total) == {"MatMul": 12.0, "L2Loss": 3.0}
+    assert dict(count) == {"MatMul": 2, "L2Loss": 1}
+
+
+def test_profile_ops_shows_what_a_probe_adds(capsys):
+    from benchmarks import profile_ops
+
+    profile_ops.main(["--model", "mlp", "--configs", "probe_n1", "--steps", "2", "--top", "40"])
+    table = capsys.readouterr().out
+    assert "**`probe_n1`**" in table
+    # kgrad's own kernels appear as added op time, absent from the baseline.
+    assert "| `HistogramFixedWidth` | 0 |" in table and "| `L2Loss` | 0 |" in table
