@@ -166,24 +166,19 @@ def test_summarize_many_matches_numpy_for_each_tensor(mode, case):
         np.testing.assert_allclose(histograms[row, :, 0], edges[:-1], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("mode", ["graph", "xla"])
 @pytest.mark.parametrize("needing_care", ["dominating mean", "non-finite"])
-def test_a_tensor_needing_care_leaves_the_summaries_of_the_others_as_they_were(mode, needing_care):
+def test_a_tensor_needing_care_leaves_the_summaries_of_the_others_as_they_were(needing_care):
     # One tensor that needs care sends the call down the careful branch; the
-    # other tensors' moments and counts there are the straight-line branch's,
-    # bit for bit (XLA may round a histogram edge differently: 1 ulp).
+    # other tensors' summaries there are the straight-line branch's, bit for
+    # bit. (Under XLA every tensor is summarized again there, on its own: the
+    # XLA cases of the test above check those against NumPy.)
     kinds = _many_kinds_of_tensors(np.random.default_rng(5))
     simple = [tf.constant(kinds[name]) for name in ("normal", "relu (zeros)", "empty")]
-    run = tf.function(lambda ts: stats.summarize_many(ts, 7), jit_compile=mode == "xla")
-    alone_moments, alone_histograms = run(simple)
-    moments, histograms = run(simple[:2] + [tf.constant(kinds[needing_care])] + simple[2:])
-    others = [0, 1, 3]
-    np.testing.assert_array_equal(tf.gather(moments, others), alone_moments)
-    np.testing.assert_array_equal(tf.gather(histograms, others)[..., 2], alone_histograms[..., 2])
-    np.testing.assert_allclose(
-        tf.gather(histograms, others)[..., :2], alone_histograms[..., :2],
-        rtol=0 if mode == "graph" else 2e-7,
-    )
+    run = tf.function(lambda ts: stats.summarize_many(ts, 7))
+    alone = run(simple)
+    together = run(simple[:2] + [tf.constant(kinds[needing_care])] + simple[2:])
+    for part in (0, 1):
+        np.testing.assert_array_equal(tf.gather(together[part], [0, 1, 3]), alone[part])
 
 
 def test_zero_fraction_counts_beyond_the_float32_integer_range():
