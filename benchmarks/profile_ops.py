@@ -134,7 +134,7 @@ def added_ops_table(baseline, profile, top):
     }
     total_added = sum(added.values())
     lines = [
-        f"**`{profile.name}`**: {profile.cpu_ms_per_step:.2f} CPU-ms per step "
+        f"**`{profile.name}`**: {profile.cpu_ms_per_step:.2f} CPU-ms per step in one unpaired fit "
         f"(baseline {baseline.cpu_ms_per_step:.2f}, ratio "
         f"{profile.cpu_ms_per_step / baseline.cpu_ms_per_step:.2f}); op time "
         f"{profile.op_ms_per_step:.2f} ms per step (baseline {baseline.op_ms_per_step:.2f}), "
