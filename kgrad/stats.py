@@ -145,8 +145,9 @@ def summarize_many(tensors, bucket_count=None):
         if xla:
             # XLA compiles this branch whether it runs or not, and taking the
             # straight-line moments in made it compile a MobileNet step in
-            # 2.4x the time and ~1.3x the peak memory: under XLA each tensor
-            # is summarized again on its own, as a whole.
+            # 1.5x the CPU time and 1.4x the peak memory (256 against 167
+            # CPU-s, 5.3 against 3.7 GB): under XLA each tensor is summarized
+            # again on its own, as a whole.
             summaries = [summary_of(values) for values in flat]
         else:
             rows = tf.unstack(tf.stack(plain, axis=1))
