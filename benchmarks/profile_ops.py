@@ -14,7 +14,7 @@ Op time is summed over the executor's threads: with two cores busy it is
 close to CPU time, but an op waiting on a lock or on oneDNN's threads counts
 as time. Use it for shares, the timed benchmark for ratios.
 
-Example (from the repository root; ~1 minute for the MLP)::
+Example (from the repository root; about 25 s for the MLP, 75 s for the MobileNet)::
 
     python -m benchmarks.profile_ops --model mlp --configs probe_n1,guard
 """
@@ -51,7 +51,6 @@ class OpProfile:
     """One configuration's profile: microseconds per step by op type."""
 
     name: str
-    steps: int
     cpu_ms_per_step: float
     op_us_per_step: dict
     op_count_per_step: dict
@@ -120,7 +119,7 @@ def profile_config(spec, config, steps, log_dir):
         raise RuntimeError(f"Expected one *.xplane.pb under {trace_dir}, found {paths}.")
     total, count = op_times(paths[0])
     return OpProfile(
-        config.name, steps, cpu_ms,
+        config.name, cpu_ms,
         {op: us / steps for op, us in total.items()},
         {op: n / steps for op, n in count.items()},
     )
