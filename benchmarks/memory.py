@@ -110,16 +110,42 @@ def measure_all(jobs, model_configs, settings, log_root, say=print):
 
 def peak_rss_mib():
     """This process's peak resident set size in MiB (``VmHWM``)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak = _status_mib("VmHWM:")
+    if peak is not None:
+        return peak
     # Not Linux: ru_maxrss is the best there is (KiB on Linux, bytes on macOS).
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
+
+
+def _status_mib(field):
+    """A ``/proc/self/status`` size in MiB (``"VmHWM:"``, ``"VmRSS:"``), or ``None`` off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+class _FirstStepMemory(keras.callbacks.Callback):
+    """The peak and resident sizes when the first step ends.
+
+    The first step traces the step function and builds its runtime (graph
+    optimization, kernels): when the process's peak equals the first step's,
+    that is where it was reached, and the resident size after it says how
+    much of it stays.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.peak_mb = self.rss_mb = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.peak_mb is None:
+            self.peak_mb, self.rss_mb = _status_mib("VmHWM:"), _status_mib("VmRSS:")
 
 
 class _CpuLimit(keras.callbacks.Callback):
@@ -164,20 +190,24 @@ def _main(argv=None):
     settings = bench.Settings(args.steps_per_epoch, args.epochs - 1, 0.0, 1, 1, None, args.max_cpu, args.seed)
     inputs = bench.make_inputs(spec, settings)
     model, callbacks = bench.prepare(spec, config, settings, inputs, args.log_dir)
-    limit = _CpuLimit(args.max_cpu)
+    limit, first_step = _CpuLimit(args.max_cpu), _FirstStepMemory()
     model.fit(
         inputs[2],
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
         verbose=0,
         shuffle=False,
-        callbacks=[*callbacks, limit],
+        callbacks=[*callbacks, limit, first_step],
     )
-    print(
-        json.dumps(
-            {"maxrss_mb": peak_rss_mib(), "steps": limit.steps, "stopped_early": bool(model.stop_training)}
-        )
-    )
+    report = {
+        "maxrss_mb": peak_rss_mib(),
+        "steps": limit.steps,
+        "stopped_early": bool(model.stop_training),
+        "first_step_peak_mb": first_step.peak_mb,
+        "first_step_end_rss_mb": first_step.rss_mb,
+        "end_rss_mb": _status_mib("VmRSS:"),
+    }
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ METHOD = """\
   {mem_epochs} epoch(s), the same warm-up CPU budget), as a ratio to the
   baseline's process of the same `jit_compile`. N=10 and 100 run the same
   step graph and write less, so N=1 is the worst case. It includes
-  TensorFlow's own footprint, as users' processes do.
+  TensorFlow's own footprint, as users' processes do. `results.json` also
+  holds each process's peak and resident size when its first step ended
+  and its resident size at the end: where the peak was reached.
 - **Peers** (`benchmarks/peers.py`): Keras' `TensorBoard(histogram_freq=1)`
   (weight histograms once per epoch of {steps} steps, no gradients), and the
   extra-pass callback recommended in TensorFlow issues (a second eager

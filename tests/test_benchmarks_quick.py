@@ -124,6 +124,9 @@ def test_memory_process_prints_peak_rss(tmp_path):
     line = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
     report = json.loads(line)
     assert report["maxrss_mb"] > 0 and report["steps"] == 2
+    # Where the peak was reached: the first step's own figures are part of it.
+    assert 0 < report["first_step_end_rss_mb"] <= report["first_step_peak_mb"] <= report["maxrss_mb"]
+    assert 0 < report["end_rss_mb"] <= report["maxrss_mb"]
 
 
 def test_guard_floor_measures_every_variant_against_plain():
@@ -169,3 +172,34 @@ def test_profile_ops_shows_what_a_probe_adds(capsys):
     assert "**`probe_n1`**" in table
     # kgrad's own kernels appear as added op time, absent from the baseline.
     assert "| `HistogramFixedWidth` | 0 |" in table and "| `L2Loss` | 0 |" in table
+
+
+def test_kernels_bucket_counts_agree_and_every_kernel_is_timed():
+    import tensorflow as tf
+
+    from benchmarks import kernels
+
+    # Values at bucket centres: no rounding can move one across an edge.
+    values = tf.constant([0.5, 1.5, 1.5, 2.5, 29.5, 29.5, 29.5], tf.float32)
+    low, high = tf.constant(0.0), tf.constant(30.0)
+    expected = [1, 2, 1] + [0] * 26 + [3]
+    for name, _, kernel in kernels.KERNELS[: kernels.HISTOGRAM_KERNELS]:
+        assert kernel(values, low, high).numpy().tolist() == expected, name
+    # The top of the range is counted in the last bucket, as TensorBoard's histograms do.
+    top = kernels.KERNELS[1][2](tf.constant([0.0, 30.0]), low, high).numpy()
+    assert top[0] == 1 and top[-1] == 1
+
+    result = kernels.measure([64], repeats=1, calls_per_turn=1)
+    assert set(result) == {name for name, _, _ in kernels.KERNELS}
+    assert all(set(per_size) == {64} for per_size in result.values())
+    table = kernels.table(result, [64])
+    assert "| `HistogramFixedWidth` | the histogram (kgrad, outside XLA) |" in table
+    assert len(table.splitlines()) == 2 + len(kernels.KERNELS)
+
+
+def test_kernels_rejects_bad_sizes(capsys):
+    from benchmarks import kernels
+
+    with pytest.raises(SystemExit):
+        kernels.main(["--sizes", "0,12"])
+    assert "received '0,12'" in capsys.readouterr().err
