@@ -13,7 +13,7 @@ minus the reference's, per element. Kernel and reference take turns; the
 median of the per-turn differences is reported (process CPU time, both cores:
 see ``shared/BENCHMARKING.md``).
 
-Example (from the repository root; about 40 s)::
+Example (from the repository root; about 20 s, 22 s with the default three sizes)::
 
     python -m benchmarks.kernels --sizes 32768,1048576
 """
@@ -35,8 +35,8 @@ CALLS = 10
 
 
 def _float32_bucket_index(values, low, high):
-    # The index XLA's path computes (kgrad.stats._bucket_counts), in
-    # float32; the top value lands in bucket BUCKETS, counted apart.
+    # A float32 index, as kgrad's XLA path computes one (it divides by the
+    # bucket width); the top value lands in bucket BUCKETS, folded back.
     return tf.cast((values - low) * (BUCKETS / (high - low)), tf.int32)
 
 
