@@ -19,6 +19,7 @@ import keras
 from kgrad import replicas
 from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.model import ProbingModel
+from kgrad.prebuild import build_before_tracing
 from kgrad.state import RECORD_OUTPUT
 from kgrad.step import ProbingStep
 
@@ -214,6 +215,9 @@ class _TrainFunction:
                 and self._model.steps_per_execution == 1
             )
             self._step.records_in_outputs = True
+            # Before any trace, so that the step (and Keras' own function
+            # for unprobed steps) traces once.
+            build_before_tracing(self._model, iterator)
             self._function = self._step.traced_function(self._make_function)
         outputs = self._function(iterator)
         if not isinstance(outputs, dict):

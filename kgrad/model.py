@@ -5,6 +5,7 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 
 from kgrad.config import ProbeConfig
+from kgrad.prebuild import BuiltBeforeTracing
 from kgrad.step import ProbingStep
 
 
@@ -73,7 +74,13 @@ class ProbingModel(keras.Model):
 
     def make_train_function(self, force=False):
         self._probing_step().prepare()
-        return super().make_train_function(force=force)
+        if self.train_function is not None and not force:
+            return self.train_function
+        super().make_train_function(force=True)
+        # Keras builds the optimizer and metrics in the first trace, which
+        # makes the probing step trace twice: built first, it traces once.
+        self.train_function = BuiltBeforeTracing(self, self.train_function)
+        return self.train_function
 
     def train_step(self, data):
         return self._probing_step().train_step(data)

@@ -11,9 +11,11 @@ import pytest
 import kgrad
 from fit_helpers import (
     RecordCollector,
+    SubclassedClassifier,
     classification_data,
     compile_classifier,
     functional_classifier,
+    sequential_classifier,
     weights_max_abs_difference,
 )
 from kgrad.step import ProbingStep
@@ -128,3 +130,64 @@ def test_a_guard_kept_from_a_tripped_fit_starts_the_next_one_clear():
     assert second.report is None
     assert model.optimizer.iterations.numpy() == 1 + 4
     assert max(np.max(np.abs(a - b)) for a, b in zip(model.get_weights(), before)) > 0
+
+
+@pytest.mark.parametrize(
+    "callbacks",
+    [
+        lambda: [kgrad.GradientProbe(every_n_steps=1, on_probe=RecordCollector())],
+        lambda: [kgrad.NonFiniteGuard()],
+        lambda: [kgrad.GradientProbe(every_n_steps=2, on_probe=RecordCollector()), kgrad.NonFiniteGuard()],
+    ],
+    ids=["probe", "guard", "probe_and_guard"],
+)
+def test_first_fit_traces_the_probing_step_once(traces, callbacks):
+    # Keras builds the optimizer inside the first trace; a tf.function that
+    # creates variables traces twice and keeps both graphs.
+    model = _model()
+    assert not model.optimizer.built
+    _fit(model, callbacks())
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_a_sequential_model_traces_the_probing_step_once(traces, jit_compile):
+    keras.utils.set_random_seed(3)
+    model = compile_classifier(sequential_classifier(), jit_compile=jit_compile)
+    _fit(model, [kgrad.GradientProbe(every_n_steps=1, on_probe=RecordCollector())])
+    assert len(traces) == 1
+
+
+def test_probing_model_traces_its_step_once(traces):
+    keras.utils.set_random_seed(3)
+    model = compile_classifier(functional_classifier(kgrad.ProbingModel))
+    _fit(model, [])
+    assert len(traces) == 1
+    assert model.probe_results is not None
+
+
+def test_optimizer_built_before_tracing_trains_like_keras_building_it():
+    # Same variables, same initial values, same order: same training.
+    probed, plain = _model(), _model()
+    _fit(probed, [kgrad.NonFiniteGuard()], epochs=2)
+    _fit(plain, [], epochs=2)
+    names = [_unprefixed(v) for v in probed.optimizer.variables]
+    assert names == [_unprefixed(v) for v in plain.optimizer.variables]
+    for got, expected in zip(probed.optimizer.variables, plain.optimizer.variables):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7, err_msg=got.path)
+    assert weights_max_abs_difference(probed, plain) < 1e-6
+
+
+def test_a_model_built_by_its_first_step_still_trains_and_probes():
+    # Its weights, hence its optimizer's variables, are made in the trace.
+    keras.utils.set_random_seed(3)
+    model = compile_classifier(SubclassedClassifier())
+    assert not model.built
+    records = RecordCollector()
+    _fit(model, [kgrad.GradientProbe(every_n_steps=1, on_probe=records)])
+    assert records.steps == [0, 1, 2, 3]
+    assert model.optimizer.built
+
+
+def _unprefixed(variable):
+    return variable.path.partition("/")[2]  # without the optimizer's own name
