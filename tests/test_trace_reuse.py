@@ -191,3 +191,18 @@ def test_a_model_built_by_its_first_step_still_trains_and_probes():
 
 def _unprefixed(variable):
     return variable.path.partition("/")[2]  # without the optimizer's own name
+
+
+def test_a_model_keras_cannot_build_symbolically_still_trains_and_probes(monkeypatch, traces):
+    # Its variables are then built in the first trace, as without kgrad.
+    def fails(self, **kwargs):
+        raise RuntimeError("no symbolic build for this model")
+
+    monkeypatch.setattr(keras.Model, "_symbolic_build", fails)
+    probed, plain = _model(), _model()
+    records = RecordCollector()
+    _fit(probed, [kgrad.GradientProbe(every_n_steps=1, on_probe=records)])
+    _fit(plain, [])
+    assert records.steps == [0, 1, 2, 3]
+    assert len(traces) == 2
+    assert weights_max_abs_difference(probed, plain) < 1e-6
