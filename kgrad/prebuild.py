@@ -11,11 +11,12 @@ larger, and building first took the benchmark MobileNet's peak memory from
 0.99x with the non-finite guard (`benchmarks/RESULTS.md`).
 
 Keras itself builds all of them before tracing when a distribution strategy
-is set (``Model._symbolic_build``, from a spec of the data); this does the same
-for models whose call is a graph of layers already run on symbolic inputs
-(``keras.Model(inputs, outputs)``, ``keras.Sequential`` with an input shape),
-so no user code runs that did not already. Other models are left to Keras:
-their ``call`` may create weights or do things a symbolic call cannot.
+is set (``Model._symbolic_build``: the model, loss and metrics run once on
+symbolic inputs shaped like the data). This does the same for models whose
+call is a graph of layers that has already run on symbolic inputs
+(``keras.Model(inputs, outputs)``, ``keras.Sequential`` with an input shape).
+Other models are left to Keras: their ``call`` may create weights, or do
+things a symbolic call cannot.
 """
 
 import keras

@@ -189,10 +189,6 @@ def test_a_model_built_by_its_first_step_still_trains_and_probes():
     assert model.optimizer.built
 
 
-def _unprefixed(variable):
-    return variable.path.partition("/")[2]  # without the optimizer's own name
-
-
 def test_a_model_keras_cannot_build_symbolically_still_trains_and_probes(monkeypatch, traces):
     # Its variables are then built in the first trace, as without kgrad.
     def fails(self, **kwargs):
@@ -206,3 +202,7 @@ def test_a_model_keras_cannot_build_symbolically_still_trains_and_probes(monkeyp
     assert records.steps == [0, 1, 2, 3]
     assert len(traces) == 2
     assert weights_max_abs_difference(probed, plain) < 1e-6
+
+
+def _unprefixed(variable):
+    return variable.path.partition("/")[2]  # without the optimizer's own name
