@@ -203,3 +203,50 @@ def test_kernels_rejects_bad_sizes(capsys):
     with pytest.raises(SystemExit):
         kernels.main(["--sizes", "0,12"])
     assert "received '0,12'" in capsys.readouterr().err
+
+
+def test_probe_floor_replaces_the_statistics_in_floor_threads_only():
+    import threading
+
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks import probe_floor
+    from kgrad import stats
+
+    tensors = [tf.constant([1.0, 5.0, 2.0]), tf.constant([[3.0, -1.0]])]
+    results = {}
+
+    def summarize():
+        moments, histograms = probe_floor._summarize_many(tensors, 4)
+        results[threading.current_thread().name] = (moments.numpy(), histograms.numpy())
+
+    names = ("bench-floor_one_pass_norms", "bench-floor_capture", "bench-probe_n1")
+    for name in names:
+        thread = threading.Thread(target=summarize, name=name)
+        thread.start()
+        thread.join()
+    one_pass, capture, kgrad_own = (results[name] for name in names)
+    assert one_pass[0].tolist() == [[5.0] * 7, [3.0] * 7]  # the max: every element read
+    assert capture[0].tolist() == [[1.0] * 7, [3.0] * 7]  # the first element only
+    assert not one_pass[1].any() and one_pass[1].shape == (2, 4, 3)
+    expected = stats.summarize_many(tensors, 4)
+    np.testing.assert_array_equal(kgrad_own[0], expected[0].numpy())
+    np.testing.assert_array_equal(kgrad_own[1], expected[1].numpy())
+
+
+def test_probe_floor_times_every_floor_against_plain_fit():
+    import dataclasses
+
+    from benchmarks import probe_floor
+    from kgrad import stats
+
+    settings = dataclasses.replace(run.PRESETS["quick"], pairs=1, min_pairs=1, steps_per_epoch=3)
+    results = probe_floor.measure(["mlp"], settings)["mlp"]
+    assert stats.summarize_many is probe_floor._REAL_SUMMARIZE_MANY  # restored
+    timed = [config.name for config in probe_floor.floor_configs()][1:]
+    assert {"floor_one_pass", "floor_capture_norms", "probe_n1"} <= set(timed)
+    for name in timed:
+        assert results[name]["status"] == "ok", results[name]["note"]
+        assert results[name]["cpu_ratio"]["n"] == 1
+    assert "| `floor_one_pass` | 1 |" in probe_floor.table("mlp", results)
