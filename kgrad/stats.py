@@ -91,7 +91,9 @@ def summarize_many(tensors, bucket_count=None):
     variance to round-off, it gets a centered pass; when it holds NaN or
     Inf, or squares that overflow float32, it is masked, rescaled and
     centered. The other tensors of the call keep their five reductions and
-    only get their histogram in that branch.
+    only get their histogram in that branch. Under XLA, which compiles the
+    branch whether it runs or not, that branch summarizes every tensor again
+    exactly, all of them in one program of fixed size.
 
     Args:
         tensors: A list of tensors of any float dtype and shape.
@@ -140,18 +142,15 @@ def summarize_many(tensors, bucket_count=None):
         # again. A function, not a branch per tensor in the step's graph:
         # that cost the MobileNet's first probed step ~20 CPU-s of graph
         # optimization and ~350 MB of peak memory.
-        xla = _in_xla()
-        summary_of = _careful_summary_function(bucket_count, xla)
-        if xla:
-            # XLA compiles this branch whether it runs or not, and taking the
-            # straight-line moments in made it compile a MobileNet step in
-            # 1.5x the CPU time and 1.4x the peak memory (256 against 167
-            # CPU-s, 5.3 against 3.7 GB): under XLA each tensor is summarized
-            # again on its own, as a whole.
-            summaries = [summary_of(values) for values in flat]
-        else:
-            rows = tf.unstack(tf.stack(plain, axis=1))
-            summaries = [summary_of(*arguments) for arguments in zip(flat, rows, tf.unstack(simple))]
+        if _in_xla():
+            # XLA compiles this branch whether it runs or not: one program
+            # for all tensors, whose size does not grow with their number
+            # (a function per tensor made XLA compile the CNN's statistics
+            # in 17 CPU-s and 1.4 GB, against 6 CPU-s and 1.0 GB).
+            return _exact_summaries_in_blocks(flat, bucket_count)
+        summary_of = _careful_summary_function(bucket_count)
+        rows = tf.unstack(tf.stack(plain, axis=1))
+        summaries = [summary_of(*arguments) for arguments in zip(flat, rows, tf.unstack(simple))]
         histograms = tf.stack([summary[1] for summary in summaries])
         return tf.stack([summary[0] for summary in summaries]), histograms
 
@@ -217,31 +216,28 @@ def _in_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-def _careful_summary_function(bucket_count, xla):
-    """``fn(...) -> (moments, histogram or [0, 3] zeros)`` of one flat tensor.
+def _careful_summary_function(bucket_count):
+    """``fn(flat values, plain row, simple) -> (moments, histogram or [0, 3] zeros)``.
 
-    Under XLA ``fn(flat values)`` (`_careful_summary_alone`), otherwise
-    ``fn(flat values, plain row, simple)`` (`_careful_summary`).
+    `_careful_summary` of one flat tensor, outside XLA.
     """
     if tf.executing_eagerly():
         return functools.partial(_careful_summary, bucket_count=bucket_count)
-    return _shared_careful_summary_function(bucket_count, xla)
+    return _shared_careful_summary_function(bucket_count)
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_careful_summary_function(bucket_count, xla):
-    # One shared function per bucket count, in and out of XLA (`_bucket_counts`
-    # picks its ops by the context it is traced in, which a function's cache
-    # ignores): a step has hundreds of tensors, and this path's ops, repeated
-    # for each, would take most of a large model's tracing time and memory.
-    values = tf.TensorSpec([None], tf.float32)
-    if xla:
-        summary, signature = _careful_summary_alone, [values]
-    else:
-        plain_row = tf.TensorSpec([len(_PlainMoments._fields)], tf.float32)
-        summary, signature = _careful_summary, [values, plain_row, tf.TensorSpec([], tf.bool)]
+def _shared_careful_summary_function(bucket_count):
+    # One shared function per bucket count: a step has hundreds of tensors,
+    # and this path's ops, repeated for each, would take most of a large
+    # model's tracing time and memory.
+    signature = [
+        tf.TensorSpec([None], tf.float32),
+        tf.TensorSpec([len(_PlainMoments._fields)], tf.float32),
+        tf.TensorSpec([], tf.bool),
+    ]
     return tf.function(
-        functools.partial(summary, bucket_count=bucket_count),
+        functools.partial(_careful_summary, bucket_count=bucket_count),
         input_signature=signature,
         autograph=False,
         experimental_attributes={"_noinline": True},
@@ -255,8 +251,7 @@ def _careful_summary(values, plain_row, simple, bucket_count):
         values: The flat float32 tensor.
         plain_row: Its `_PlainMoments` as one vector, in field order.
         simple: Whether those are its moments as they are (finite squares, a
-            mean that does not dominate the variance), or ``None`` to
-            center the variance of finite squares anyway.
+            mean that does not dominate the variance).
         bucket_count: As for `summarize_many`.
 
     Simple: the moments as they are. Finite squares: a centered variance
@@ -269,10 +264,7 @@ def _careful_summary(values, plain_row, simple, bucket_count):
         def centered():
             return 2.0 * tf.nn.l2_loss(values - plain.mean[0])[tf.newaxis] / plain.count
 
-        if simple is None:
-            variance = centered()
-        else:
-            variance = tf.cond(simple, lambda: plain.variance, centered)
+        variance = tf.cond(simple, lambda: plain.variance, centered)
         histograms = _finite_histograms([values], plain, bucket_count)
         return _moment_rows(plain, variance)[0], histograms[0]
 
@@ -281,10 +273,98 @@ def _careful_summary(values, plain_row, simple, bucket_count):
     )
 
 
-def _careful_summary_alone(values, bucket_count):
-    """`_careful_summary` of a flat tensor whose straight-line moments are not at hand."""
-    plain_row = tf.stack(_plain_moments([values]), axis=1)[0]
-    return _careful_summary(values, plain_row, None, bucket_count)
+#: Elements per block of `_exact_summaries_in_blocks`.
+_BLOCK = 1024
+
+
+def _exact_summaries_in_blocks(flat, bucket_count):
+    """`_exact_summary` of every flat tensor at once, for XLA.
+
+    Each tensor is zero-padded to whole blocks of `_BLOCK` elements and the
+    blocks of all tensors are stacked into one ``[blocks, _BLOCK]`` matrix:
+    every statistic is a reduction of its rows, then a segment reduction of
+    the rows of each tensor, and the histograms are one segment sum into
+    ``n * bucket_count`` bins. The program is the same whatever the number
+    of tensors (their sizes are constants to XLA).
+
+    The norm comes from the centered sum of squares plus ``count * mean²``,
+    two non-negative terms: exact without a separate pass.
+
+    Returns:
+        ``(moments, histograms)``: ``[n, 7]``, and ``[n, bucket_count, 3]``
+        (``[n, 0, 3]`` without ``bucket_count``).
+    """
+    n, block = len(flat), _BLOCK
+    sizes = tf.stack([tf.size(values) for values in flat])
+    blocks_of = (sizes + (block - 1)) // block
+    padded = [
+        tf.pad(values, [[0, count * block - tf.size(values)]])
+        for values, count in zip(flat, tf.unstack(blocks_of))
+    ]
+    rows = tf.reshape(tf.concat(padded, axis=0), [-1, block])
+    # The tensor each row belongs to, and how many of its elements are real.
+    first_row = tf.cumsum(blocks_of, exclusive=True)
+    row = tf.range(tf.shape(rows)[0])
+    owner = tf.reduce_sum(tf.cast(row[:, tf.newaxis] >= first_row[tf.newaxis, 1:], tf.int32), axis=1)
+    real = tf.clip_by_value(
+        tf.gather(sizes, owner) - (row - tf.gather(first_row, owner)) * block, 0, block
+    )
+    finite = tf.logical_and(
+        tf.range(block)[tf.newaxis, :] < real[:, tf.newaxis], tf.math.is_finite(rows)
+    )
+    kept = tf.where(finite, rows, tf.zeros_like(rows))
+
+    def per_tensor(row_values, segment_reduction):
+        return segment_reduction(row_values, owner, n)
+
+    def count_per_tensor(mask):
+        return per_tensor(tf.reduce_sum(tf.cast(mask, tf.int32), axis=1), tf.math.unsorted_segment_sum)
+
+    finite_count = count_per_tensor(finite)
+    nonzero_count = count_per_tensor(tf.logical_and(finite, tf.not_equal(rows, 0.0)))
+    big = tf.float32.max
+    has_finite = finite_count > 0
+    minimum = per_tensor(tf.reduce_min(tf.where(finite, rows, big), axis=1), tf.math.unsorted_segment_min)
+    maximum = per_tensor(tf.reduce_max(tf.where(finite, rows, -big), axis=1), tf.math.unsorted_segment_max)
+    minimum = tf.where(has_finite, minimum, 0.0)
+    maximum = tf.where(has_finite, maximum, 0.0)
+    count = tf.cast(finite_count, tf.float32)
+    safe_count = tf.maximum(count, 1.0)
+    # Squares that could overflow float32 are taken of values divided by the
+    # largest magnitude; other tensors are not scaled (nor rounded by it).
+    magnitude = tf.maximum(tf.abs(minimum), tf.abs(maximum))
+    overflows = magnitude >= tf.sqrt(big) / tf.sqrt(safe_count)
+    scale = tf.where(tf.logical_and(overflows, magnitude > 0), magnitude, 1.0)
+    scaled = kept / tf.gather(scale, owner)[:, tf.newaxis]
+    scaled_mean = per_tensor(tf.reduce_sum(scaled, axis=1), tf.math.unsorted_segment_sum) / safe_count
+    centered = tf.where(finite, scaled - tf.gather(scaled_mean, owner)[:, tf.newaxis], tf.zeros_like(rows))
+    centered_squares = per_tensor(tf.reduce_sum(tf.square(centered), axis=1), tf.math.unsorted_segment_sum)
+    size = tf.cast(sizes, tf.float32)
+    moments = tf.stack(
+        [
+            scale * tf.sqrt(centered_squares + count * tf.square(scaled_mean)),
+            scale * scaled_mean,
+            scale * tf.sqrt(centered_squares / safe_count),
+            minimum,
+            maximum,
+            (count - tf.cast(nonzero_count, tf.float32)) / tf.maximum(size, 1.0),
+            tf.cast(sizes - finite_count, tf.float32),
+        ],
+        axis=1,
+    )
+    if bucket_count is None:
+        return moments, tf.zeros([n, 0, 3])
+    edges = _edges(minimum, maximum, bucket_count)
+    low = edges[:, 0]
+    width = (edges[:, -1] - low) / bucket_count
+    # As `_bucket_counts` computes it under XLA, each row with its tensor's range.
+    index = tf.cast(
+        tf.floor((rows - tf.gather(low, owner)[:, tf.newaxis]) / tf.gather(width, owner)[:, tf.newaxis]),
+        tf.int32,
+    )
+    bins = tf.clip_by_value(index, 0, bucket_count - 1) + (owner * bucket_count)[:, tf.newaxis]
+    counts = tf.math.unsorted_segment_sum(tf.cast(finite, tf.int32), bins, n * bucket_count)
+    return moments, _histograms(edges, tf.reshape(counts, [n, bucket_count]))
 
 
 def _exact_summary(values, bucket_count):

@@ -166,6 +166,53 @@ def test_summarize_many_matches_numpy_for_each_tensor(mode, case):
         np.testing.assert_allclose(histograms[row, :, 0], edges[:-1], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_under_xla_the_careful_branch_summarizes_tensors_of_several_blocks_exactly():
+    # Under XLA the careful branch stacks every tensor in blocks of
+    # `stats._BLOCK` elements: tensors of one element, of exactly two blocks,
+    # of a block and a bit with NaN/Inf in its last block, and an empty one,
+    # traced with unknown shapes as a Keras step is.
+    rng = np.random.default_rng(6)
+    block = stats._BLOCK
+    straddling = rng.normal(size=(block + 37,)).astype(np.float32)
+    straddling[[3, block + 5, block + 36]] = [NAN, INF, -INF]
+    tensors = [
+        np.array([4.0], np.float32),
+        (1e3 + rng.normal(size=(2, block))).astype(np.float32),  # a dominating mean
+        straddling.reshape(-1, 1),
+        np.zeros((0, 2), np.float32),
+        np.maximum(rng.normal(size=(3, 5)), 0.0).astype(np.float32),
+    ]
+    signature = [[tf.TensorSpec([None] * t.ndim, tf.float32) for t in tensors]]
+    summarize = tf.function(
+        lambda ts: stats.summarize_many(ts, 7), jit_compile=True, input_signature=signature
+    )
+    moments, histograms = summarize([tf.constant(t) for t in tensors])
+    for row, values in enumerate(tensors):
+        if values.size:
+            expected = _numpy_moments(values)
+            for index, stat in enumerate(stats.MOMENT_NAMES):
+                np.testing.assert_allclose(
+                    moments[row, index], expected[stat], rtol=2e-5, atol=1e-6, err_msg=f"{row}: {stat}"
+                )
+        else:
+            np.testing.assert_array_equal(moments[row], np.zeros(7))
+        counts, edges = _numpy_histogram_counts(values, 7)
+        np.testing.assert_array_equal(histograms[row, :, 2], counts, err_msg=str(row))
+        np.testing.assert_allclose(histograms[row, :, 0], edges[:-1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_xla_careful_program_does_not_grow_with_the_number_of_tensors():
+    # XLA compiles the careful branch whether it runs or not: a program per
+    # tensor (~200 HLO lines each) took most of a probed step's compile time
+    # and memory. In blocks, a tensor adds its padding and little else.
+    def hlo_lines(count):
+        tensors = [tf.ones([50 + i]) for i in range(count)]
+        summarize = tf.function(lambda ts: stats._exact_summaries_in_blocks(ts, 5), jit_compile=True)
+        return len(summarize.experimental_get_compiler_ir(tensors)(stage="hlo").splitlines())
+
+    assert hlo_lines(30) - hlo_lines(3) < 10 * 27
+
+
 @pytest.mark.parametrize("needing_care", ["dominating mean", "non-finite"])
 def test_a_tensor_needing_care_leaves_the_summaries_of_the_others_as_they_were(needing_care):
     # One tensor that needs care sends the call down the careful branch; the
