@@ -285,8 +285,8 @@ def _exact_summaries_in_blocks(flat, bucket_count):
     blocks of all tensors are stacked into one ``[blocks, _BLOCK]`` matrix:
     every statistic is a reduction of its rows, then a segment reduction of
     the rows of each tensor, and the histograms are one segment sum into
-    ``n * bucket_count`` bins. The program is the same whatever the number
-    of tensors (their sizes are constants to XLA).
+    ``n * bucket_count`` bins. A tensor adds its padding to the program and
+    little else (their sizes are constants to XLA).
 
     The norm comes from the centered sum of squares plus ``count * mean²``,
     two non-negative terms: exact without a separate pass.
