@@ -152,6 +152,12 @@ def test_summarize_many_matches_numpy_for_each_tensor(mode, case):
         [tf.constant(t) for t in tensors.values()]
     )
     assert moments.shape == (len(tensors), 7) and histograms.shape == (len(tensors), 5, 3)
+    _check_against_numpy(moments, histograms, tensors)
+
+
+def _check_against_numpy(moments, histograms, tensors):
+    """Each row of ``summarize_many``'s results against NumPy; ``tensors`` by name."""
+    bucket_count = histograms.shape[1]
     for row, (name, values) in enumerate(tensors.items()):
         if values.size:
             expected = _numpy_moments(values)
@@ -161,7 +167,7 @@ def test_summarize_many_matches_numpy_for_each_tensor(mode, case):
                 )
         else:
             np.testing.assert_array_equal(moments[row], np.zeros(7), err_msg=name)
-        counts, edges = _numpy_histogram_counts(values, 5)
+        counts, edges = _numpy_histogram_counts(values, bucket_count)
         np.testing.assert_array_equal(histograms[row, :, 2], counts, err_msg=name)
         np.testing.assert_allclose(histograms[row, :, 0], edges[:-1], rtol=1e-5, atol=1e-6, err_msg=name)
 
@@ -175,30 +181,19 @@ def test_under_xla_the_careful_branch_summarizes_tensors_of_several_blocks_exact
     block = stats._BLOCK
     straddling = rng.normal(size=(block + 37,)).astype(np.float32)
     straddling[[3, block + 5, block + 36]] = [NAN, INF, -INF]
-    tensors = [
-        np.array([4.0], np.float32),
-        (1e3 + rng.normal(size=(2, block))).astype(np.float32),  # a dominating mean
-        straddling.reshape(-1, 1),
-        np.zeros((0, 2), np.float32),
-        np.maximum(rng.normal(size=(3, 5)), 0.0).astype(np.float32),
-    ]
-    signature = [[tf.TensorSpec([None] * t.ndim, tf.float32) for t in tensors]]
+    tensors = {
+        "one element": np.array([4.0], np.float32),
+        "two blocks, dominating mean": (1e3 + rng.normal(size=(2, block))).astype(np.float32),
+        "straddling, non-finite": straddling.reshape(-1, 1),
+        "empty": np.zeros((0, 2), np.float32),
+        "relu": np.maximum(rng.normal(size=(3, 5)), 0.0).astype(np.float32),
+    }
+    signature = [[tf.TensorSpec([None] * t.ndim, tf.float32) for t in tensors.values()]]
     summarize = tf.function(
         lambda ts: stats.summarize_many(ts, 7), jit_compile=True, input_signature=signature
     )
-    moments, histograms = summarize([tf.constant(t) for t in tensors])
-    for row, values in enumerate(tensors):
-        if values.size:
-            expected = _numpy_moments(values)
-            for index, stat in enumerate(stats.MOMENT_NAMES):
-                np.testing.assert_allclose(
-                    moments[row, index], expected[stat], rtol=2e-5, atol=1e-6, err_msg=f"{row}: {stat}"
-                )
-        else:
-            np.testing.assert_array_equal(moments[row], np.zeros(7))
-        counts, edges = _numpy_histogram_counts(values, 7)
-        np.testing.assert_array_equal(histograms[row, :, 2], counts, err_msg=str(row))
-        np.testing.assert_allclose(histograms[row, :, 0], edges[:-1], rtol=1e-5, atol=1e-6)
+    moments, histograms = summarize([tf.constant(t) for t in tensors.values()])
+    _check_against_numpy(moments, histograms, tensors)
 
 
 def test_the_xla_careful_program_does_not_grow_with_the_number_of_tensors():
