@@ -23,7 +23,7 @@ target), the others write histograms (the 1.25 target). ``probe_n1`` and
 ``probe_norms_n1`` are kgrad as it is. The numbers these floors report are
 wrong by design: they are for timing only.
 
-Run (about 5 minutes for the MLP, 25 for the three models)::
+Run (11 minutes for the three models, measured)::
 
     python -m benchmarks.probe_floor --models mlp,cnn,mobilenet
 """

@@ -305,10 +305,15 @@ def _exact_summaries_in_blocks(flat, bucket_count):
         for values, count in zip(flat, tf.unstack(blocks_of))
     ]
     rows = tf.reshape(tf.concat(padded, axis=0), [-1, block])
-    # The tensor each row belongs to.
+    # The tensor each row belongs to: a 1 where each tensor after the first
+    # starts (an empty tensor starts where the next one does), summed up.
+    # One row more, for empty tensors at the end.
     first_row = tf.cumsum(blocks_of, exclusive=True)
-    row = tf.range(tf.shape(rows)[0])
-    owner = tf.reduce_sum(tf.cast(row[:, tf.newaxis] >= first_row[tf.newaxis, 1:], tf.int32), axis=1)
+    row_count = tf.shape(rows)[0]
+    starts = tf.tensor_scatter_nd_add(
+        tf.zeros([row_count + 1], tf.int32), first_row[1:, tf.newaxis], tf.ones([n - 1], tf.int32)
+    )
+    owner = tf.cumsum(starts)[:row_count]
     finite = tf.math.is_finite(rows)
     kept = tf.where(finite, rows, tf.zeros_like(rows))
 

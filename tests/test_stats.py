@@ -175,8 +175,8 @@ def _check_against_numpy(moments, histograms, tensors):
 def test_under_xla_the_careful_branch_summarizes_tensors_of_several_blocks_exactly():
     # Under XLA the careful branch stacks every tensor in blocks of
     # `stats._BLOCK` elements: tensors of one element, of exactly two blocks,
-    # of a block and a bit with NaN/Inf in its last block, and an empty one,
-    # traced with unknown shapes as a Keras step is.
+    # of a block and a bit with NaN/Inf in its last block, and empty ones
+    # (one at the end), traced with unknown shapes as a Keras step is.
     rng = np.random.default_rng(6)
     block = stats._BLOCK
     straddling = rng.normal(size=(block + 37,)).astype(np.float32)
@@ -187,6 +187,7 @@ def test_under_xla_the_careful_branch_summarizes_tensors_of_several_blocks_exact
         "straddling, non-finite": straddling.reshape(-1, 1),
         "empty": np.zeros((0, 2), np.float32),
         "relu": np.maximum(rng.normal(size=(3, 5)), 0.0).astype(np.float32),
+        "empty, last": np.zeros((4, 0), np.float32),
     }
     signature = [[tf.TensorSpec([None] * t.ndim, tf.float32) for t in tensors.values()]]
     summarize = tf.function(
