@@ -73,7 +73,10 @@ def _summarize_many(tensors, bucket_count=None):
         return _REAL_SUMMARIZE_MANY(tensors, bucket_count)
     flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
     values = tf.stack(floor(flat))
-    moments = tf.tile(values[:, tf.newaxis], [1, len(stats.MOMENT_NAMES)])
+    # The value in every column but the non-finite count, which stays 0: a
+    # count above 0 sends `global/grad_norm` down its slower exact branch.
+    finite_columns = tf.constant([name != "nonfinite" for name in stats.MOMENT_NAMES], tf.float32)
+    moments = values[:, tf.newaxis] * finite_columns
     histograms = None if bucket_count is None else tf.zeros([len(tensors), bucket_count, 3])
     return moments, histograms
 
