@@ -21,7 +21,7 @@ from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.model import ProbingModel
 from kgrad.prebuild import build_before_tracing
 from kgrad.state import RECORD_OUTPUT
-from kgrad.step import ProbingStep
+from kgrad.step import SUMMARY_INPUTS_OUTPUT, ProbingStep
 
 #: The attribute of `ProbingStep` each role sets.
 _ROLE_ATTRIBUTES = {"probe": "config", "guard": "guard"}
@@ -215,6 +215,10 @@ class _TrainFunction:
                 and self._model.steps_per_execution == 1
             )
             self._step.records_in_outputs = True
+            # XLA compiles the step; its statistics run after it, uncompiled.
+            self._step.summaries_after_step = self._step.only_probed_steps and bool(
+                self._model.jit_compile and not self._model.run_eagerly
+            )
             # Before any trace, so that the step (and Keras' own function
             # for unprobed steps) traces once.
             build_before_tracing(self._model, iterator)
@@ -226,7 +230,11 @@ class _TrainFunction:
         # Keras' logs must not show kgrad's outputs; the step keeps them.
         if TRIPPED_OUTPUT in outputs:
             self._step.guard_tripped = outputs.pop(TRIPPED_OUTPUT)
-        self._step.latest_record = outputs.pop(RECORD_OUTPUT, None)
+        summary_inputs = outputs.pop(SUMMARY_INPUTS_OUTPUT, None)
+        if summary_inputs is not None:
+            self._step.latest_record = self._step.summarize_after_step(summary_inputs)
+        else:
+            self._step.latest_record = outputs.pop(RECORD_OUTPUT, None)
         return outputs
 
     def _make_function(self):

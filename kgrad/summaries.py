@@ -48,7 +48,7 @@ class SummaryBuilder:
         self._bucket_count = bucket_count
         self.scalar_names = []
         # In name order, what `scalars()` concatenates: the index of a tensor
-        # (its row of moments), a [1] tensor, or fn(moments) -> scalar.
+        # (its row of moments), a [k] tensor, or fn(moments, tensors) -> scalar.
         self._scalar_blocks = []
         self.histogram_names = []
         self._tensors = []
@@ -57,8 +57,8 @@ class SummaryBuilder:
     def add_tensor(self, kind, name, tensor):
         """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram.
 
-        Returns the tensor's index: its row in the ``[n, 7]`` moments that a
-        callable given to `add_scalar` receives.
+        Returns the tensor's index: its row in the ``[n, 7]`` moments, and its
+        place in the tensors, that a callable given to `add_scalar` receives.
         """
         self._check_open()
         index = len(self._tensors)
@@ -70,7 +70,13 @@ class SummaryBuilder:
         return index
 
     def add_scalar(self, tag, value):
-        """A scalar tensor, or ``fn(moments) -> scalar`` of the ``[n, 7]`` moments."""
+        """A scalar tensor, or ``fn(moments, tensors) -> scalar``.
+
+        ``moments`` are the ``[n, 7]`` moments of the added tensors, and
+        ``tensors`` the tensors themselves, in `add_tensor` order: a callable
+        reads them from its arguments, not from its closure, so that it also
+        works on the tensors of `with_inputs`.
+        """
         self._check_open()
         self.scalar_names.append(tag)
         if callable(value):
@@ -83,6 +89,52 @@ class SummaryBuilder:
         self._check_open()
         self.scalar_names += list(tags)
         self._scalar_blocks.append(tf.reshape(tf.cast(values, tf.float32), [len(tags)]))
+
+    def inputs(self):
+        """Every tensor the summaries are computed from, as one flat list.
+
+        The added tensors, then the scalar tensors, in the order they were
+        added. A function can return them and another, traced apart (outside
+        XLA, after the step), summarize them with `with_inputs`.
+        """
+        return list(self._tensors) + [
+            block for block in self._scalar_blocks if tf.is_tensor(block)
+        ]
+
+    def with_inputs(self, inputs):
+        """A builder with the same names and scalars, summarizing ``inputs``.
+
+        Args:
+            inputs: What `inputs` returned, or tensors of the same structure
+                (in another graph).
+
+        Example:
+
+        >>> import tensorflow as tf
+        >>> from kgrad.summaries import SummaryBuilder
+        >>> builder = SummaryBuilder(histograms=False, bucket_count=1)
+        >>> _ = builder.add_tensor("activation", "dense", tf.constant([3.0, 4.0]))
+        >>> builder.add_scalar("global/norm", lambda moments, tensors: moments[0, 0])
+        >>> later = builder.with_inputs([tf.constant([6.0, 8.0])])
+        >>> float(later.scalars()[0]), float(later.scalars()[-1])
+        (10.0, 10.0)
+        """
+        inputs = list(inputs)
+        expected = len(self.inputs())
+        if len(inputs) != expected:
+            raise ValueError(
+                f"SummaryBuilder.with_inputs: expected the {expected} tensors that "
+                f"inputs() returns, received {len(inputs)}."
+            )
+        other = SummaryBuilder(self._histograms, self._bucket_count)
+        other.scalar_names = list(self.scalar_names)
+        other.histogram_names = list(self.histogram_names)
+        other._tensors = inputs[: len(self._tensors)]
+        scalar_tensors = iter(inputs[len(self._tensors) :])
+        other._scalar_blocks = [
+            next(scalar_tensors) if tf.is_tensor(block) else block for block in self._scalar_blocks
+        ]
+        return other
 
     def _check_open(self):
         if self._summaries is not None:
@@ -114,7 +166,7 @@ class SummaryBuilder:
             if isinstance(block, int):
                 run.append(block)
             elif callable(block):
-                parts.append(tf.reshape(tf.cast(block(moments), tf.float32), [1]))
+                parts.append(tf.reshape(tf.cast(block(moments, self._tensors), tf.float32), [1]))
             else:
                 parts.append(block)
         close_run()

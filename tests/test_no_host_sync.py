@@ -86,9 +86,11 @@ def _read_points(log):
     return points
 
 
-def _fit(steps_per_execution, log):
+def _fit(steps_per_execution, log, jit_compile=False):
     x, y = classification_data(samples=STEPS_PER_EPOCH * 2)
-    model = compile_classifier(sequential_classifier(), steps_per_execution=steps_per_execution)
+    model = compile_classifier(
+        sequential_classifier(), jit_compile=jit_compile, steps_per_execution=steps_per_execution
+    )
     collector = RecordCollector()
     probe = kgrad.GradientProbe(
         None, layers=["hidden"], every_n_steps=EVERY_N_STEPS, histograms=False, on_probe=collector
@@ -119,9 +121,12 @@ def test_the_guard_catches_a_read(device_reads):
             read()
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 3])
-def test_reads_only_after_executions_with_a_probed_step(device_reads, steps_per_execution):
-    model, collector = _fit(steps_per_execution, device_reads)
+@pytest.mark.parametrize(
+    "steps_per_execution, jit_compile", [(1, False), (3, False), (1, True)],
+    ids=["spe1", "spe3", "spe1-xla"],  # XLA: statistics run after the step
+)
+def test_reads_only_after_executions_with_a_probed_step(device_reads, steps_per_execution, jit_compile):
+    model, collector = _fit(steps_per_execution, device_reads, jit_compile)
     assert _read_points(device_reads) == _expected_read_points(steps_per_execution)
     total_steps = EPOCHS * STEPS_PER_EPOCH
     assert collector.steps == list(range(0, total_steps, EVERY_N_STEPS))
