@@ -41,9 +41,9 @@ def _model():
     return keras.Model(inputs, outputs)
 
 
-def _compile(model, initial_scale):
+def _compile(model, initial_scale, jit_compile=False):
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=initial_scale)
-    model.compile(optimizer, "mse", jit_compile=False)
+    model.compile(optimizer, "mse", jit_compile=jit_compile)
     return model
 
 
@@ -91,9 +91,12 @@ class _policy:
         keras.mixed_precision.set_global_policy(self._saved)
 
 
-def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16):
+# Under XLA the statistics run after the compiled step, on the float16
+# tensors it returns (`ProbingStep.summarize_after_step`).
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16, jit_compile):
     x, y = _data(samples=BATCH)
-    model = _compile(_model(), initial_scale=2.0**12)
+    model = _compile(_model(), initial_scale=2.0**12, jit_compile=jit_compile)
     assert model.get_layer("hidden").compute_dtype == "float16"
     expected = _float32_reference(model, x, y)
     records = []
@@ -131,11 +134,12 @@ def test_an_optimizers_loss_scale_factor_is_divided_back_out():
         assert record.scalars[tag] == pytest.approx(value, rel=1e-5), tag
 
 
-def test_steps_skipped_by_the_loss_scaler_are_marked_not_exploding(mixed_float16, tmp_path):
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_steps_skipped_by_the_loss_scaler_are_marked_not_exploding(mixed_float16, tmp_path, jit_compile):
     x, y = _data(samples=16 * BATCH)
     # 2**24 overflows float16 gradients: the loss scaler skips steps and
     # halves its scale until the gradients fit.
-    model = _compile(_model(), initial_scale=2.0**24)
+    model = _compile(_model(), initial_scale=2.0**24, jit_compile=jit_compile)
     records = []
     probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, on_probe=records.append)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
