@@ -12,8 +12,9 @@ has no branch at all.
 Under XLA, a function that runs only probed steps returns the tensors to
 summarize instead of summarizing them (`SUMMARY_INPUTS_OUTPUT`), and
 `ProbingStep.summarize_after_step` computes the statistics with TensorFlow's
-own kernels in a function of its own: compiling them into the step made XLA's
-compilation ~2.5x slower and its peak memory up to ~1.9x the plain step's.
+own kernels in a function of its own: compiled into the step, they made the
+MobileNet's first XLA step ~3x slower (81 against 26 CPU-s) and its peak
+memory 1.9x the plain step's (1.06x after the step).
 """
 
 import contextlib
@@ -356,9 +357,11 @@ class ProbingStep:
 
         Runs right after the step's function, in a ``tf.function`` of its own
         that XLA does not compile: the same statistics, with TensorFlow's
-        kernels (outside XLA they are the faster ones on a CPU, and the
-        step's compilation stays close to the plain step's). No host sync:
-        the call is enqueued like the step's.
+        kernels, so that the step's compilation stays close to the plain
+        step's in time and memory. (XLA fuses statistics with the kernels
+        that produce the tensors: a probed step of some models costs more
+        this way, see ``benchmarks/RESULTS.md``.) No host sync: the call is
+        enqueued like the step's.
 
         Args:
             summary_inputs: ``(step, tensors)`` from the step's outputs.
