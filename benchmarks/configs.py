@@ -75,6 +75,10 @@ def _guard(log_dir, x_batch, y_batch):
     return [kgrad.NonFiniteGuard()]
 
 
+def _guard_weight_gradients(log_dir, x_batch, y_batch):
+    return [kgrad.NonFiniteGuard(watch=["weight_gradients"])]
+
+
 def _tensorboard(log_dir, x_batch, y_batch):
     return [peers.tensorboard_peer(log_dir)]
 
@@ -147,6 +151,19 @@ def all_configs():
             make_callbacks=_guard,
             time_target=_GUARD_TARGET,
             memory_target=MEMORY_TARGET,
+        ),
+        # No target of its own: the is for the guard as it comes. This
+        # is the cheaper check a user can choose (the loss and what reaches
+        # the weights), measured so RESULTS.md can say what it costs.
+        Config(
+            name="guard_weight_gradients",
+            label="NonFiniteGuard(watch=['weight_gradients']) alone: the loss and weight gradients",
+            family="guard",
+            jit_compile=False,
+            every_n_steps=1,
+            make_callbacks=_guard_weight_gradients,
+            memory_target=MEMORY_TARGET,
+            quick=False,
         ),
         Config(
             name="tensorboard_peer",

@@ -3,6 +3,7 @@
 import json
 import os
 
+from benchmarks import timing
 from benchmarks import targets as targets_module
 from benchmarks.models import MODELS
 
@@ -185,7 +186,10 @@ def _budget_text(settings):
         return ""
     return (
         f"; a configuration whose pairs would take more than {settings['config_budget']:.0f}"
-        f" CPU-s gets fewer (at least {settings['min_pairs']}): its ratio is far above the noise"
+        f" CPU-s gets fewer (at least {settings['min_pairs']}): its ratio is far above the noise."
+        " The A/A control, and a configuration whose calibration ratio is at most"
+        f" {timing.NEAR_TARGET:.2f} above its time target, get all pairs whatever they cost:"
+        " the noise decides their verdicts"
     )
 
 

@@ -67,6 +67,24 @@ def pairs_within_budget(pairs, min_pairs, sample_cpu, baseline_cpu, budget):
     return max(min(pairs, affordable), min(min_pairs, pairs))
 
 
+#: A calibration ratio at most this far above a time target counts as near it.
+NEAR_TARGET = 0.10
+
+
+def near_target(time_target, sample_cpu, baseline_cpu):
+    """Whether a configuration's verdict is decided by a few percent.
+
+    Its calibration ratio (``sample_cpu / baseline_cpu``) is at most
+    `NEAR_TARGET` above its time target, or under it.
+
+    >>> near_target(1.03, 1.05, 1.0), near_target(1.25, 2.2, 1.0), near_target(None, 1.0, 1.0)
+    (True, False, False)
+    """
+    if time_target is None or baseline_cpu <= 0:
+        return False
+    return sample_cpu / baseline_cpu <= time_target + NEAR_TARGET
+
+
 def ratio_summary(ratios):
     """Median, quartiles and range of per-pair ratios (``None`` when empty).
 

@@ -93,6 +93,23 @@ def test_every_config_alternates_sides_of_its_baseline():
         )
 
 
+def test_pair_budget_cuts_only_ratios_far_from_their_target():
+    from benchmarks import bench
+    from benchmarks.models import MODELS
+
+    chosen = configs.select_configs(["baseline_aa", "probe_n1", "probe_n100", "extra_pass_n1"])
+    model_bench = bench.ModelBench(MODELS["mlp"], chosen, run.PRESETS["full"], log_root=None)
+    calibration = {"baseline": 5.0, "baseline_aa": 5.0, "probe_n1": 11.0, "probe_n100": 5.2,
+                   "extra_pass_n1": 45.0}
+    for name, result in model_bench.results.items():
+        result.update(status="ok", calibration_epoch_cpu=calibration[name])
+    model_bench._plan_pairs()
+    planned = {name: model_bench.results[name]["pairs_planned"] for name in calibration if name != "baseline"}
+    # A 30 CPU-s budget affords 3 pairs of 10 CPU-s: the minimum of 5 where the
+    # ratio is far from its target (or has none), all 11 near it and for A/A.
+    assert planned == {"baseline_aa": 11, "probe_n1": 5, "probe_n100": 11, "extra_pass_n1": 5}
+
+
 def test_unknown_config_names_the_choices():
     with pytest.raises(ValueError, match=r"Unknown configuration\(s\) \['nope'\].*probe_n1"):
         configs.select_configs(["nope"])

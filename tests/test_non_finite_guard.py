@@ -156,6 +156,96 @@ def test_bad_batch_is_reported_as_input_and_update_skipped(jit_compile):
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
+def _masked_log_model():
+    """`log` makes NaN for negative inputs; `mask` zeroes them before they reach anything."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"),
+            keras.layers.Lambda(
+                lambda t: keras.ops.where(keras.ops.isnan(t), keras.ops.zeros_like(t), t),
+                name="mask",
+            ),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    model.build((None, 3))
+    # Units 0-1 see x - 1 (negative for some samples), units 2-3 see x + 1.
+    kernel = np.concatenate([np.eye(3, 2), np.eye(3, 2)], axis=1).astype("float32")
+    model.get_layer("first").set_weights([kernel, np.array([-1, -1, 1, 1], "float32")])
+    return model
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_watch_weight_gradients_ignores_nan_that_cannot_reach_the_weights(jit_compile):
+    x, y = _data()
+    masked = _masked_log_model()
+    initial = masked.get_weights()
+    every_kind = kgrad.NonFiniteGuard(layers="all")
+    _fit(masked, x, y, every_kind, jit_compile=jit_compile)
+    # The default watch trips on the NaN activation of `log` (forward order).
+    assert (every_kind.report.step, every_kind.report.kind, every_kind.report.layer) == (
+        0, "activation", "log",
+    )
+    model = _masked_log_model()
+    guard = kgrad.NonFiniteGuard(watch=["weight_gradients"], layers="all")
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    assert guard.report is None
+    # It trained like plain fit: the NaN never reached a weight.
+    plain = _masked_log_model()
+    plain.set_weights(initial)
+    _fit(plain, x, y, keras.callbacks.Callback(), jit_compile=jit_compile)
+    for got, want in zip(model.get_weights(), plain.get_weights()):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_watch_weight_gradients_skips_an_update_that_would_be_non_finite(jit_compile):
+    x, y = _data()
+    x[13, 1] = np.nan  # batch 3: the loss and every weight gradient are NaN
+    model = _model(lambda t: keras.ops.tanh(t))
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(watch=["weight_gradients"])
+    _fit(model, x, y, guard, jit_compile=jit_compile)
+    report = guard.report
+    # The input is not watched: the loss, always checked, is the first
+    # non-finite tensor in forward order; the weight gradients follow.
+    assert (report.step, report.kind, report.pass_) == (3, "loss", "forward")
+    assert "input/input" not in report.non_finite
+    assert {"weight_grad/out/kernel", "weight_grad/first/kernel"} <= set(report.non_finite)
+    assert report.last_finite_step == 2
+    reference = _model(lambda t: keras.ops.tanh(t))
+    reference.set_weights(initial)
+    reference.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
+    reference.fit(x[:12], y[:12], batch_size=BATCH, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_watch_weight_gradients_finds_nan_born_in_the_backward_pass():
+    x, y = _data()
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Lambda(lambda t: keras.ops.relu(t) * 0.0, name="zeros"),
+            keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    guard = kgrad.NonFiniteGuard(watch=["weight_gradients"], layers="all")
+    _fit(model, x, y, guard)
+    report = guard.report
+    # The loss is finite; d sqrt/dt at 0 is infinite and reaches `first`'s weights.
+    assert (report.step, report.pass_, report.kind) == (0, "backward", "weight_grad")
+    assert report.layer.startswith("first/")
+    assert not any(name.startswith(("grad/", "activation/")) for name in report.non_finite)
+
+
 def test_steps_per_execution_stops_updates_after_the_bad_step():
     x, y = _data()
     x[21, 0] = np.inf  # batch 5, inside the second execution of 4 steps

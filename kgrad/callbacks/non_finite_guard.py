@@ -35,7 +35,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
             (raise `kgrad.NonFiniteError`, whose ``.report`` says where).
         watch: ``"all"`` or a subset of ``("inputs", "activations",
             "prediction_gradient", "activation_gradients",
-            "weight_gradients")``.
+            "weight_gradients")``; the loss is always checked.
+            ``["weight_gradients"]`` is the cheapest guard that still keeps
+            every non-finite update out of the weights (one reduction per
+            weight): it lets through a NaN masked out before the loss or an
+            Inf that saturates (``sigmoid(inf) == 1``), and reports the loss
+            or a weight gradient rather than the layer where the bad value
+            was born.
         layers: Layers whose activations and gradients are checked:
             ``None`` (every leaf layer with weights), ``"all"``, names, layer
             objects or a predicate.
