@@ -268,3 +268,30 @@ def test_probe_floor_times_every_floor_against_plain_fit():
         assert results[name]["status"] == "ok", results[name]["note"]
         assert results[name]["cpu_ratio"]["n"] == 1
     assert "| `floor_one_pass` | 1 |" in probe_floor.table("mlp", results)
+
+
+def test_step_cost_times_each_kind_of_step(capsys):
+    import numpy as np
+
+    from benchmarks import step_cost
+
+    result = step_cost.measure("mlp", every_n_steps=3, rounds=2, steps=6)
+    # Steps 0 and 3 of each fit are probed, the others run Keras' own function.
+    assert (len(result["probed"]), len(result["plain"]), len(result["baseline"])) == (4, 8, 12)
+    assert len(result["round_ratios"]) == len(result["fit_ratios"]) == 2
+    assert all(np.all(result[name] > 0) for name in ("plain", "probed", "baseline"))
+    expected = step_cost.estimate(result["plain"], result["probed"], result["baseline"], 3)
+    assert result["ratio"] == expected
+    assert "estimated ratio to plain fit" in step_cost.describe("mlp", 3, result)
+    with pytest.raises(SystemExit):
+        step_cost.main(["--every", "4", "--steps", "6"])
+    assert "`steps` must be a multiple of `every_n_steps`" in capsys.readouterr().err
+
+
+def test_step_cost_estimate_weighs_one_probed_step_in_n():
+    from benchmarks import step_cost
+
+    assert step_cost.estimate([2.0], [6.0], [2.0], every_n_steps=1) == 3.0
+    assert step_cost.estimate([2.0] * 3, [6.0], [2.0] * 5, every_n_steps=4) == 1.5
+    failures, _ = doctest.testmod(step_cost)
+    assert failures == 0
