@@ -71,12 +71,25 @@ def _probe(every_n_steps, histograms):
     return make
 
 
-def _guard(log_dir, x_batch, y_batch):
-    return [kgrad.NonFiniteGuard()]
+def _guard(**options):
+    def make(log_dir, x_batch, y_batch):
+        return [kgrad.NonFiniteGuard(**options)]
+
+    return make
 
 
-def _guard_weight_gradients(log_dir, x_batch, y_batch):
-    return [kgrad.NonFiniteGuard(watch=["weight_gradients"])]
+def _guard_config(name, label, options, time_target, quick):
+    return Config(
+        name=name,
+        label=label,
+        family="guard",
+        jit_compile=False,
+        every_n_steps=1,
+        make_callbacks=_guard(**options),
+        time_target=time_target,
+        memory_target=MEMORY_TARGET,
+        quick=quick,
+    )
 
 
 def _tensorboard(log_dir, x_batch, y_batch):
@@ -142,27 +155,15 @@ def all_configs():
             time_target=_NORMS_ONLY_TARGET,
             memory_target=MEMORY_TARGET,
         ),
-        Config(
-            name="guard",
-            label="NonFiniteGuard() alone",
-            family="guard",
-            jit_compile=False,
-            every_n_steps=1,
-            make_callbacks=_guard,
-            time_target=_GUARD_TARGET,
-            memory_target=MEMORY_TARGET,
-        ),
+        _guard_config("guard", "NonFiniteGuard() alone", {}, _GUARD_TARGET, quick=True),
         # No target of its own: the is for the guard as it comes. This
         # is the cheaper check a user can choose (the loss and what reaches
         # the weights), measured so RESULTS.md can say what it costs.
-        Config(
-            name="guard_weight_gradients",
-            label="NonFiniteGuard(watch=['weight_gradients']) alone: the loss and weight gradients",
-            family="guard",
-            jit_compile=False,
-            every_n_steps=1,
-            make_callbacks=_guard_weight_gradients,
-            memory_target=MEMORY_TARGET,
+        _guard_config(
+            "guard_weight_gradients",
+            "NonFiniteGuard(watch=['weight_gradients']) alone: the loss and weight gradients",
+            {"watch": ["weight_gradients"]},
+            time_target=None,
             quick=False,
         ),
         Config(

@@ -45,6 +45,20 @@ def _fit(model, x, y, guard, jit_compile=False, steps_per_execution=1, epochs=1)
     )
 
 
+def _tanh_model():
+    return _model(lambda t: keras.ops.tanh(t))
+
+
+def _assert_weights_of_plain_fit(model, make_model, initial, x, y, jit_compile=False):
+    """``model`` holds the weights that plain ``fit`` from ``initial`` on ``x, y`` gives."""
+    plain = make_model()
+    plain.set_weights(initial)
+    _fit(plain, x, y, keras.callbacks.Callback(), jit_compile=jit_compile)
+    for got, want in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    return plain
+
+
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_nan_from_log_of_negative_names_middle_layer(jit_compile):
     x, y = _data()
@@ -76,11 +90,10 @@ def test_inf_from_overflowing_exp(jit_compile):
     assert np.isfinite(report.last_finite_norm)
 
 
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_nan_born_in_backward_pass_of_sqrt_at_zero(jit_compile):
-    x, y = _data()
+def _sqrt_at_zero_model():
+    """`root` is sqrt of zeros: finite forward, an infinite derivative in the backward pass."""
     keras.utils.set_random_seed(1)
-    model = keras.Sequential(
+    return keras.Sequential(
         [
             keras.Input((3,)),
             keras.layers.Dense(4, name="first"),
@@ -89,6 +102,12 @@ def test_nan_born_in_backward_pass_of_sqrt_at_zero(jit_compile):
             keras.layers.Dense(1, name="out"),
         ]
     )
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_nan_born_in_backward_pass_of_sqrt_at_zero(jit_compile):
+    x, y = _data()
+    model = _sqrt_at_zero_model()
     guard = kgrad.NonFiniteGuard(layers="all")
     _fit(model, x, y, guard, jit_compile=jit_compile)
     report = guard.report
@@ -147,12 +166,7 @@ def test_bad_batch_is_reported_as_input_and_update_skipped(jit_compile):
     assert (report.step, report.kind, report.nan_count) == (3, "input", 1)
     assert report.last_finite_step == 2
     # The weights are those after the three clean steps: the bad one was not applied.
-    reference = _model(lambda t: keras.ops.tanh(t))
-    reference.set_weights(initial)
-    reference.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
-    reference.fit(x[:12], y[:12], batch_size=BATCH, shuffle=False, verbose=0)
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x[:12], y[:12], jit_compile)
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
@@ -194,12 +208,8 @@ def test_watch_weight_gradients_ignores_nan_that_cannot_reach_the_weights(jit_co
     _fit(model, x, y, guard, jit_compile=jit_compile)
     assert guard.report is None
     # It trained like plain fit: the NaN never reached a weight.
-    plain = _masked_log_model()
-    plain.set_weights(initial)
-    _fit(plain, x, y, keras.callbacks.Callback(), jit_compile=jit_compile)
-    for got, want in zip(model.get_weights(), plain.get_weights()):
-        assert np.isfinite(got).all()
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    _assert_weights_of_plain_fit(model, _masked_log_model, initial, x, y, jit_compile)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -217,26 +227,12 @@ def test_watch_weight_gradients_skips_an_update_that_would_be_non_finite(jit_com
     assert "input/input" not in report.non_finite
     assert {"weight_grad/out/kernel", "weight_grad/first/kernel"} <= set(report.non_finite)
     assert report.last_finite_step == 2
-    reference = _model(lambda t: keras.ops.tanh(t))
-    reference.set_weights(initial)
-    reference.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
-    reference.fit(x[:12], y[:12], batch_size=BATCH, shuffle=False, verbose=0)
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x[:12], y[:12], jit_compile)
 
 
 def test_watch_weight_gradients_finds_nan_born_in_the_backward_pass():
     x, y = _data()
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential(
-        [
-            keras.Input((3,)),
-            keras.layers.Dense(4, name="first"),
-            keras.layers.Lambda(lambda t: keras.ops.relu(t) * 0.0, name="zeros"),
-            keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root"),
-            keras.layers.Dense(1, name="out"),
-        ]
-    )
+    model = _sqrt_at_zero_model()
     guard = kgrad.NonFiniteGuard(watch=["weight_gradients"], layers="all")
     _fit(model, x, y, guard)
     report = guard.report
@@ -257,12 +253,7 @@ def test_steps_per_execution_stops_updates_after_the_bad_step():
     # The steps after the trip in the same execution update nothing and do
     # not count as finite steps.
     assert guard.report.last_finite_step == 4
-    reference = _model(lambda t: keras.ops.tanh(t))
-    reference.set_weights(initial)
-    reference.compile(keras.optimizers.SGD(0.01), "mse")
-    reference.fit(x[:20], y[:20], batch_size=BATCH, shuffle=False, verbose=0)
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x[:20], y[:20])
 
 
 def _huge_middle_model():
@@ -287,12 +278,8 @@ def test_finite_values_whose_squares_overflow_are_no_alarm_and_train(jit_compile
     guard = kgrad.NonFiniteGuard(layers="all")
     _fit(model, x, y, guard, jit_compile=jit_compile)
     assert guard.report is None
-    plain = _huge_middle_model()
-    plain.set_weights(initial)
-    _fit(plain, x, y, keras.callbacks.Callback(), jit_compile=jit_compile)
+    plain = _assert_weights_of_plain_fit(model, _huge_middle_model, initial, x, y, jit_compile)
     assert int(model.optimizer.iterations) == int(plain.optimizer.iterations) == len(x) // BATCH
-    for got, want in zip(model.get_weights(), plain.get_weights()):
-        np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
