@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from kgrad import stats, taps
+from kgrad import replicas, stats, taps
 from kgrad.replicas import state_variable, sum_over_replicas
 from kgrad.summaries import io_names
 
@@ -274,6 +274,13 @@ class GuardState:
             self.last_finite_half_squares.assign(tf.zeros_like(self.last_finite_half_squares))
 
 
+def ensure_guard_state(model, state, names, on_trip_only):
+    """``state`` if it checks ``names``, else a new `GuardState` for them."""
+    if state is None or state.names != tuple(names) or state.on_trip_only != set(on_trip_only):
+        state = replicas.create_variables(model, lambda: GuardState(names, on_trip_only))
+    return state
+
+
 def _uses_loss_scaling(model):
     import keras
 
@@ -331,7 +338,9 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
             watched += list(zip(names, leaves()))
     if captures("activation_gradients"):
         watched += [
-            (f"grad/{name}", probe.gradients[name]) for name, _ in reversed(activations)
+            (f"grad/{name}", probe.gradients[name])
+            for name, _ in reversed(activations)
+            if probe.gradients[name] is not None  # unknown: see ProbeResult.gradients
         ]
     if captures("weight_gradients"):
         for weight, gradient in reversed(list(zip(weights, gradients))):

@@ -14,17 +14,13 @@ the same options and the same compiled Keras function runs them again.
 
 import dataclasses
 
-import keras
 
 from kgrad import replicas
-from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.model import ProbingModel
+from kgrad.plan import StepPlan
 from kgrad.prebuild import build_before_tracing
-from kgrad.state import RECORD_OUTPUT
-from kgrad.step import SUMMARY_INPUTS_OUTPUT, ProbingStep
+from kgrad.step import ProbingStep, has_own_train_step
 
-#: The attribute of `ProbingStep` each role sets.
-_ROLE_ATTRIBUTES = {"probe": "config", "guard": "guard"}
 _ROLE_CALLBACKS = {"probe": "GradientProbe", "guard": "NonFiniteGuard"}
 
 
@@ -38,16 +34,18 @@ class _Installation:
     # not the current one was left by a fit that raised (Keras has no
     # on_train_end then) and is undone before installing again.
     history: object
+    # role -> its ProbeConfig / GuardConfig: what the plan is made of.
+    parts: dict
 
 
 def _check_model(model, role):
     callback = _ROLE_CALLBACKS[role]
-    if not isinstance(model, ProbingModel) and type(model).train_step is not keras.Model.train_step:
+    if role == "guard" and has_own_train_step(model):
         raise ValueError(
-            f"{callback} cannot probe model '{model.name}': its class "
-            f"{type(model).__name__} defines its own train_step, which the probe "
-            "would replace. Use kgrad.ProbeTape inside that train_step instead "
-            "(replace `tf.GradientTape()` with `kgrad.ProbeTape(self)`)."
+            f"{callback} cannot guard model '{model.name}': its class "
+            f"{type(model).__name__} defines its own train_step, and the guard does not "
+            "support those yet. Use kgrad.ProbeTape inside that train_step and check "
+            "`kgrad.first_non_finite(tape.probe)`, or keras.callbacks.TerminateOnNaN."
         )
     if "train_step" in model.__dict__:
         raise ValueError(
@@ -64,11 +62,13 @@ def _check_model(model, role):
 
 def _install(model, role):
     _check_model(model, role)
+    parts = {}
     if isinstance(model, ProbingModel):
         previous = model._probing_step()
-        step = ProbingStep(model, config=previous.config)
+        step = ProbingStep(model)
         step.train_step = _restoring_on_error(model, step)
         model._set_probing_step(step)
+        parts["probe"] = model.probe_config  # unless a GradientProbe brings its own
     else:
         previous = None
         step = _kept_step(model)
@@ -77,7 +77,7 @@ def _install(model, role):
             step.train_step = _restoring_on_error(model, step)
         object.__setattr__(model, "train_step", step.train_step)
     installation = _Installation(
-        step, previous, model.train_function, set(), getattr(model, "history", None)
+        step, previous, model.train_function, set(), getattr(model, "history", None), parts
     )
     object.__setattr__(model, "_kgrad_installation", installation)
     return installation
@@ -109,10 +109,10 @@ def attach(model, role, part):
             "per model (it can cover any set of layers)."
         )
     installation.roles.add(role)
-    setattr(installation.step, _ROLE_ATTRIBUTES[role], part)
+    installation.parts[role] = part
     installation.step.prepare()
     # Chosen (or traced) on the first batch, once every callback has attached.
-    model.train_function = _TrainFunction(model, installation.step)
+    model.train_function = _TrainFunction(model, installation)
     return installation.step
 
 
@@ -188,54 +188,48 @@ def _kept_step(model):
     kept = model.__dict__.pop("_kgrad_kept", None)
     if kept is None or kept[1] is not model.train_function:
         return None
-    step = kept[0]
-    step.config = step.guard = None  # each callback attaches its part again
-    return step
+    return kept[0]
 
 
 class _TrainFunction:
     """``model.train_function`` while kgrad is attached.
 
-    On its first call every callback has attached its part, so the step knows
-    what it will compute: the traced function for that is reused if the step
-    has one, and traced otherwise.
+    On its first call every callback has attached its part, so the plan of
+    the step is known: the function traced for that plan is reused if the
+    step has one, and traced otherwise.
     """
 
-    def __init__(self, model, step):
+    def __init__(self, model, installation):
         self._model = model
-        self._step = step
+        self._installation = installation
         self._function = None
 
-    def __call__(self, iterator):
-        if self._function is None:
-            # With one step per execution, a GradientProbe alone runs this
-            # function for probed steps only (Keras' own for the others).
-            self._step.only_probed_steps = (
-                plain_train_function(self._model) is not None
-                and self._model.steps_per_execution == 1
-            )
-            self._step.records_in_outputs = True
+    def plan(self):
+        """The `StepPlan` for the parts attached now."""
+        model, parts = self._model, self._installation.parts
+        # With one step per execution, a GradientProbe alone runs this
+        # function for probed steps only (Keras' own for the others).
+        probed_steps_only = plain_train_function(model) is not None and model.steps_per_execution == 1
+        return StepPlan(
+            probe=parts.get("probe"),
+            guard=parts.get("guard"),
+            steps_per_execution=model.steps_per_execution,
+            probed_steps_only=probed_steps_only,
+            records_in_outputs=True,
             # XLA compiles the step; its statistics run after it, uncompiled.
-            self._step.summaries_after_step = self._step.only_probed_steps and bool(
-                self._model.jit_compile and not self._model.run_eagerly
-            )
+            statistics_after_step=probed_steps_only and bool(model.jit_compile and not model.run_eagerly),
+            replicas=model.distribute_strategy.num_replicas_in_sync,
+        )
+
+    def __call__(self, iterator):
+        step = self._installation.step
+        if self._function is None:
+            plan = self.plan()
             # Before any trace, so that the step (and Keras' own function
             # for unprobed steps) traces once.
             build_before_tracing(self._model, iterator)
-            self._function = self._step.traced_function(self._make_function)
-        outputs = self._function(iterator)
-        if not isinstance(outputs, dict):
-            return outputs
-        outputs = dict(outputs)
-        # Keras' logs must not show kgrad's outputs; the step keeps them.
-        if TRIPPED_OUTPUT in outputs:
-            self._step.guard_tripped = outputs.pop(TRIPPED_OUTPUT)
-        summary_inputs = outputs.pop(SUMMARY_INPUTS_OUTPUT, None)
-        if summary_inputs is not None:
-            self._step.latest_record = self._step.summarize_after_step(summary_inputs)
-        else:
-            self._step.latest_record = outputs.pop(RECORD_OUTPUT, None)
-        return outputs
+            self._function = step.function_for(plan, self._make_function)
+        return step.take_outputs(self._function(iterator))
 
     def _make_function(self):
         self._model.make_train_function(force=True)

@@ -1,5 +1,8 @@
 """dJ/d(prediction) that survives Keras' logits shortcut."""
 
+import contextlib
+
+import keras
 import tensorflow as tf
 
 
@@ -41,9 +44,11 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
     get zero gradient, as in the training loss.
 
     Args:
-        loss_fn: A ``keras.losses.Loss``, or a callable
-            ``loss_fn(y_true, y_pred)`` (or with ``sample_weight``) returning
-            a scalar or per-example losses.
+        loss_fn: Any loss ``model.compile`` accepts: a name
+            (``"sparse_categorical_crossentropy"``), a ``keras.losses.Loss``,
+            a function ``loss_fn(y_true, y_pred)`` (or with ``sample_weight``)
+            returning a scalar or per-example losses, or a compiled model
+            (its compiled loss, with every output's loss and weight).
         y_true: Targets.
         y_pred: The model's prediction (a tensor or nested structure).
         sample_weight: Optional per-example weights, passed to ``loss_fn``.
@@ -66,13 +71,9 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
     >>> grad.shape
     TensorShape([1, 3])
     """
-    if not callable(loss_fn):
-        raise TypeError(
-            "`loss_fn` must be a keras.losses.Loss or a callable "
-            f"loss_fn(y_true, y_pred). Received: loss_fn={loss_fn!r} of type "
-            f"{type(loss_fn).__name__}. "
-            "Example: kgrad.prediction_gradient(keras.losses.MeanSquaredError(), y, y_pred)."
-        )
+    if isinstance(loss_fn, keras.Model):
+        return compiled_prediction_gradient(loss_fn, y_true, y_pred, sample_weight, argument=True)
+    loss_fn = _as_loss(loss_fn)
     y_copy = _plain_copy(y_pred)
     with tf.GradientTape() as tape:
         tape.watch(tf.nest.flatten(y_copy))
@@ -85,3 +86,63 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
         loss, y_copy, unconnected_gradients=tf.UnconnectedGradients.ZERO
     )
     return gradients
+
+
+def _as_loss(loss_fn):
+    """``loss_fn`` as a callable; a name is looked up as ``model.compile`` does."""
+    if isinstance(loss_fn, str):
+        try:
+            return keras.losses.get(loss_fn)
+        except ValueError:
+            raise ValueError(
+                f"`loss_fn` names no Keras loss. Received: loss_fn={loss_fn!r}. Pass a name "
+                "that model.compile accepts (e.g. 'sparse_categorical_crossentropy', 'mse'), "
+                "a keras.losses.Loss, a function loss_fn(y_true, y_pred) or a compiled model."
+            ) from None
+    if not callable(loss_fn):
+        raise TypeError(
+            "`loss_fn` must be a loss name, a keras.losses.Loss, a callable "
+            f"loss_fn(y_true, y_pred) or a compiled model. Received: loss_fn={loss_fn!r} of "
+            f"type {type(loss_fn).__name__}. "
+            "Example: kgrad.prediction_gradient('mse', y, y_pred)."
+        )
+    return loss_fn
+
+
+@contextlib.contextmanager
+def _loss_metrics_paused(compile_loss):
+    # Keras' CompileLoss updates per-output loss metrics when called; the
+    # shadow evaluation for dJ/dŷ must not count twice in the logged metrics.
+    # One `None` per metric, not an empty list: CompileLoss zips its losses
+    # with its metrics, and an empty list stands for a single output, which
+    # would drop every loss but the first.
+    saved = compile_loss.__dict__.get("_metrics")
+    if saved is not None:
+        object.__setattr__(compile_loss, "_metrics", [None] * len(saved))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            object.__setattr__(compile_loss, "_metrics", saved)
+
+
+def compiled_prediction_gradient(model, y_true, y_pred, sample_weight=None, argument=False):
+    """dJ/dŷ of ``model``'s compiled loss; ``None`` if it has none.
+
+    With ``argument`` (the model was passed as `prediction_gradient`'s
+    ``loss_fn``), a model without a compiled loss raises instead.
+    """
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None:
+        if not argument:
+            return None
+        raise ValueError(
+            f"`loss_fn` is model '{model.name}', which has no compiled loss. Call "
+            "model.compile(loss=...) first, or pass the loss itself as `loss_fn`."
+        )
+
+    def compiled_loss(y, y_copy, sample_weight=None):
+        return compile_loss(y, y_copy, sample_weight)
+
+    with _loss_metrics_paused(compile_loss):
+        return prediction_gradient(compiled_loss, y_true, y_pred, sample_weight)

@@ -5,6 +5,7 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 
 from kgrad.config import ProbeConfig
+from kgrad.plan import StepPlan
 from kgrad.prebuild import BuiltBeforeTracing
 from kgrad.step import ProbingStep
 
@@ -59,8 +60,14 @@ class ProbingModel(keras.Model):
             **options: ``layers``, ``every_n_steps``, ``capture``,
                 ``histograms``, ``bucket_count``.
         """
-        self._set_probing_step(ProbingStep(self, ProbeConfig(**options)))
+        object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
+        self._set_probing_step(ProbingStep(self))
         self.train_function = None
+
+    @property
+    def probe_config(self):
+        """The `kgrad.config.ProbeConfig` set by `configure_probe` (or the default)."""
+        return self.__dict__.get("_kgrad_config") or ProbeConfig()
 
     def _set_probing_step(self, step):
         # object.__setattr__: the probe's variables must stay out of the
@@ -69,17 +76,31 @@ class ProbingModel(keras.Model):
 
     def _probing_step(self):
         if self.__dict__.get("_kgrad_step") is None:
-            self._set_probing_step(ProbingStep(self, ProbeConfig()))
+            self._set_probing_step(ProbingStep(self))
         return self.__dict__["_kgrad_step"]
 
     def make_train_function(self, force=False):
-        self._probing_step().prepare()
+        step = self._probing_step()
+        step.prepare()
         if self.train_function is not None and not force:
             return self.train_function
-        super().make_train_function(force=True)
-        # Keras builds the optimizer and metrics in the first trace, which
-        # makes the probing step trace twice: built first, it traces once.
-        self.train_function = BuiltBeforeTracing(self, self.train_function)
+        if "_kgrad_installation" in self.__dict__:
+            # A kgrad callback is attached: its train function chose the plan.
+            super().make_train_function(force=True)
+            return self.train_function
+
+        def make_function():
+            super(ProbingModel, self).make_train_function(force=True)
+            # Keras builds the optimizer and metrics in the first trace, which
+            # makes the probing step trace twice: built first, it traces once.
+            return BuiltBeforeTracing(self, self.train_function)
+
+        plan = StepPlan(
+            probe=self.probe_config,
+            steps_per_execution=self.steps_per_execution,
+            replicas=self.distribute_strategy.num_replicas_in_sync,
+        )
+        self.train_function = step.function_for(plan, make_function)
         return self.train_function
 
     def train_step(self, data):

@@ -32,6 +32,8 @@ class ProbeRecord:
         scalars: ``dict`` tag -> ``float``.
         histograms: ``dict`` tag -> ``numpy`` array ``[buckets, 3]`` of
             (left edge, right edge, count).
+        tape: In a model's own ``train_step``, the name of the `kgrad.ProbeTape`
+            the record comes from; ``None`` for the model's own probe.
 
     Example:
 
@@ -49,6 +51,7 @@ class ProbeRecord:
     step: int
     scalars: dict
     histograms: dict
+    tape: object = None
 
 
 class ProbeState:

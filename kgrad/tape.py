@@ -2,10 +2,11 @@
 
 import contextlib
 import dataclasses
+import warnings
 
 import tensorflow as tf
 
-from kgrad import selection, taps
+from kgrad import custom_step, logits_shortcut, selection, taps
 from kgrad.recorder import Recorder
 
 
@@ -17,6 +18,10 @@ class ProbeResult:
         activations: ``dict`` name -> output tensor of each captured layer,
             operation or `kgrad.tap`, in forward order.
         gradients: ``dict`` name -> dJ/d(activation), same keys and shapes.
+            For a softmax/sigmoid output whose loss Keras computed from the
+            logits (cross-entropy), the true dJ/dŷ when that loss was computed
+            inside the tape's block; ``None`` (with a warning) when it was
+            not, since the tape cannot see it: use `kgrad.prediction_gradient`.
         input: The model's input (same structure as passed), or ``None``.
         input_gradient: dJ/d(input), or ``None`` when inputs were not
             watched. It has the structure of ``input`` (a tensor, a list, a
@@ -24,9 +29,8 @@ class ProbeResult:
             the gradients of the float inputs, in ``tf.nest.flatten`` order.
         prediction: The model's output.
         unconnected: Names of the activations the differentiated target does
-            not depend on; their ``gradients`` are zeros. A softmax/sigmoid
-            output under cross-entropy is one: Keras computes the loss from
-            the logits (see `kgrad.prediction_gradient`).
+            not depend on; their ``gradients`` are zeros (or ``None``, see
+            ``gradients``).
 
     Example:
 
@@ -82,6 +86,8 @@ class ProbeTape(tf.GradientTape):
         persistent: As for ``tf.GradientTape``. A non-persistent tape allows
             exactly one ``gradient`` call.
         watch_accessed_variables: As for ``tf.GradientTape``.
+        name: The name a `kgrad.GradientProbe` logs this tape under, in a
+            model's own ``train_step`` (default: the model's name).
 
     Example:
 
@@ -103,6 +109,7 @@ class ProbeTape(tf.GradientTape):
         watch_inputs=False,
         persistent=False,
         watch_accessed_variables=True,
+        name=None,
         *,
         _integer_inputs="raise",
     ):
@@ -120,13 +127,20 @@ class ProbeTape(tf.GradientTape):
                 "`watch_inputs` must be True or False (a bool). Received: "
                 f"watch_inputs={watch_inputs!r} of type {type(watch_inputs).__name__}."
             )
+        if name is not None and (not isinstance(name, str) or not name or "/" in name):
+            raise ValueError(
+                "`name` must be a non-empty string without '/' (it names a TensorBoard run). "
+                f"Received: name={name!r}. Example: kgrad.ProbeTape(self.generator, name='generator')."
+            )
         self._model = model
+        self._name = name or model.name
         self._layers = layers
         self._operations, self._keep = selection.resolve_selection(model, layers)
         self._explicit_layers = self._keep is None
         self._recorder = Recorder(self, model, watch_inputs, _integer_inputs)
         self._open_contexts = None
         self._probe = None
+        self._shortcut_calls = []
 
     def __enter__(self):
         self._recorder = Recorder(
@@ -138,6 +152,7 @@ class ProbeTape(tf.GradientTape):
             taps.intercept(self._model, self._operations, self._recorder, self._keep)
         )
         stack.enter_context(taps.recording(self._recorder))
+        self._shortcut_calls = stack.enter_context(logits_shortcut.recording(self))
         self._open_contexts = stack
         try:
             return super().__enter__()
@@ -151,6 +166,16 @@ class ProbeTape(tf.GradientTape):
         finally:
             self._open_contexts = None
             super().__exit__(exc_type, exc_value, traceback)
+
+    @property
+    def model(self):
+        """The model this tape looks inside."""
+        return self._model
+
+    @property
+    def name(self):
+        """The name a `kgrad.GradientProbe` logs this tape under."""
+        return self._name
 
     @property
     def activations(self):
@@ -170,10 +195,13 @@ class ProbeTape(tf.GradientTape):
 
     def _check_forward_pass(self):
         recorder = self._recorder
-        if not recorder.model_called:
+        # A VAE's step calls `self.encoder` and `self.decoder`, never `self`:
+        # their layers are still the model's, and are captured.
+        if not recorder.model_called and (not recorder.calls_per_name or recorder._watch_inputs):
+            needs = " (watch_inputs=True needs the model's own call)" if recorder.calls_per_name else ""
             raise ValueError(
                 "`model` was never called inside the `with` block of this "
-                f"ProbeTape. Received: model='{self._model.name}'. Call it inside "
+                f"ProbeTape{needs}. Received: model='{self._model.name}'. Call it inside "
                 "the block (e.g. `y = model(x)`), or open the ProbeTape on the "
                 "model you call."
             )
@@ -217,38 +245,83 @@ class ProbeTape(tf.GradientTape):
 
         The requested ``sources``, the captured activations and the watched
         inputs are differentiated in one single backward pass. Activations
-        and inputs the target does not depend on get zero gradients.
+        and inputs the target does not depend on get zero gradients. Inside
+        a ``train_step`` that a `kgrad.GradientProbe` probes, the probe
+        decides which steps take the full pass (the others take the plain one).
         """
         self._check_forward_pass()
+        collection = custom_step.active_collection()
+        if collection is not None:
+            return collection.gradient(self, target, sources, output_gradients, unconnected_gradients)
+        return self.probed_gradient(target, sources, output_gradients, unconnected_gradients)
+
+    def plain_gradient(self, target, sources, output_gradients=None,
+                       unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """Exactly `tf.GradientTape.gradient`: no capture, ``tape.probe`` unchanged."""
+        return super().gradient(
+            target, sources, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients,
+        )
+
+    def probed_gradient(self, target, sources, output_gradients=None,
+                        unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """The single backward pass over ``sources`` and the captured tensors."""
         flat_sources = tf.nest.flatten(sources)
         names = list(self._recorder.activations)
         captured = [self._recorder.activations[name] for name in names]
         inputs = self._recorder.watched_inputs()
+        position = {id(tensor): index for index, tensor in enumerate(captured)}
+        shortcuts = [call for call in self._shortcut_calls if id(call.output) in position]
         every_gradient = super().gradient(
             target,
-            flat_sources + captured + inputs,
+            flat_sources + captured + inputs + [call.value for call in shortcuts],
             output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients,
         )
         user_part = every_gradient[: len(flat_sources)]
-        captured_part = _zeros_for_none(every_gradient[len(flat_sources) :], captured + inputs)
-        activation_gradients = dict(zip(names, captured_part[: len(captured)]))
-        input_gradients = captured_part[len(captured) :]
+        probe_part = every_gradient[len(flat_sources) : len(flat_sources) + len(captured) + len(inputs)]
+        activation_gradients = _zeros_for_none(probe_part[: len(captured)], captured)
+        hidden = set()  # activations whose dJ/d(activation) the tape cannot see
+        for index, tensor in enumerate(captured):
+            if probe_part[index] is None and logits_shortcut.has_logits_shortcut(tensor):
+                hidden.add(index)
+        for call, value_gradient in zip(shortcuts, every_gradient[len(every_gradient) - len(shortcuts):]):
+            if value_gradient is None:
+                continue  # that loss is not part of the target
+            index = position[id(call.output)]
+            activation_gradients[index] += logits_shortcut.gradient_through_probabilities(
+                call, value_gradient
+            )
+            hidden.discard(index)
+        for index in sorted(hidden):
+            activation_gradients[index] = None
+            _warn_hidden_gradient(names[index])
+        input_gradients = _zeros_for_none(probe_part[len(captured) :], inputs)
         self._probe = ProbeResult(
             activations=dict(zip(names, captured)),
-            gradients=activation_gradients,
+            gradients=dict(zip(names, activation_gradients)),
             input=self._recorder.inputs,
             input_gradient=_like_inputs(self._recorder.inputs, input_gradients)
             if inputs
             else None,
             prediction=self._recorder.prediction,
             unconnected=frozenset(
-                name
-                for name, gradient in zip(names, every_gradient[len(flat_sources) :])
-                if gradient is None
+                name for name, gradient in zip(names, probe_part) if gradient is None
             ),
         )
         return tf.nest.pack_sequence_as(sources, user_part)
+
+
+def _warn_hidden_gradient(name):
+    warnings.warn(
+        f"kgrad.ProbeTape: dJ/d(output of {name!r}) is unknown, so tape.probe.gradients"
+        f"[{name!r}] is None. {name!r} ends in a softmax or sigmoid, and the loss did "
+        "not reach it on the tape: Keras computes cross-entropies from the logits "
+        "behind such outputs, and no such Keras loss was computed inside this "
+        "ProbeTape's `with` block. Compute the loss inside the block, or get dJ/dŷ "
+        "with kgrad.prediction_gradient(loss_fn, y_true, y_pred).",
+        stacklevel=3,
+    )
 
 
 def _zeros_for_none(gradients, tensors):

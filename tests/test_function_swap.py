@@ -45,7 +45,7 @@ def test_only_executions_with_a_probed_step_run_the_probing_function(steps_per_e
     assert model.train_function is original
     # One step per execution: the probing function runs probed steps only,
     # and is traced without the probed/plain branch.
-    assert probe._step.only_probed_steps == (steps_per_execution == 1)
+    assert probe._step.plan.probed_steps_only == (steps_per_execution == 1)
 
 
 def test_the_guard_needs_the_probing_function_on_every_step():
@@ -57,4 +57,4 @@ def test_the_guard_needs_the_probing_function_on_every_step():
         callbacks=[kgrad.GradientProbe(every_n_steps=5), kgrad.NonFiniteGuard(), log],
     )
     assert log.ran_plain == [False] * 4
-    assert not model.__dict__["_kgrad_kept"][0].only_probed_steps
+    assert not model.__dict__["_kgrad_kept"][0].plan.probed_steps_only

@@ -128,15 +128,26 @@ class _OwnTrainStep(keras.Model):
         return super().train_step(data)
 
 
-def test_model_with_its_own_train_step_is_refused_with_a_pointer_to_probe_tape():
-    model = _OwnTrainStep()
-    model.compile("sgd", "mse", jit_compile=False, run_eagerly=True)
+def test_own_train_step_without_a_probe_tape_is_refused_naming_the_fix(tmp_path):
+    model = _OwnTrainStep(name="own_train_step")
+    model.compile("sgd", "mse", jit_compile=False)
     x, y = np.ones((4, 3), "float32"), np.ones((4, 1), "float32")
-    with pytest.raises(ValueError, match=r"_OwnTrainStep defines its own train_step.*ProbeTape"):
-        model.fit(x, y, batch_size=2, verbose=0, callbacks=[kgrad.GradientProbe()])
+    initial = [w.numpy() for w in model.weights] if model.built else None
+    log_dir = tmp_path / "logs" / "run1"
+    with pytest.raises(
+        ValueError,
+        match=r"found no kgrad.ProbeTape in the train_step of model '.*' \(class _OwnTrainStep\)"
+        r".*replace `tf.GradientTape\(\)` with `kgrad.ProbeTape\(self\)`",
+    ):
+        model.fit(x, y, batch_size=2, verbose=0, callbacks=[kgrad.GradientProbe(log_dir)])
     assert "train_step" not in model.__dict__
+    assert not (tmp_path / "logs").exists()  # no folder left behind
+    assert initial is None or all(
+        np.array_equal(a, w.numpy()) for a, w in zip(initial, model.weights)
+    )
+    traced = model.own_steps  # the refused step was traced, never run
     model.fit(x, y, batch_size=2, verbose=0)
-    assert model.own_steps == 2
+    assert model.own_steps == traced + 1  # Keras' own function, traced once
 
 
 @pytest.mark.parametrize("every_n_steps", [0, -5, 2.5, "5", True, None])

@@ -82,13 +82,13 @@ def _fit(steps_per_execution, monkeypatch=None, contexts=None):
 def test_under_xla_the_statistics_are_traced_outside_the_compiled_step(monkeypatch):
     contexts = []
     _, probe, records = _fit(1, monkeypatch, contexts)
-    assert probe._step.summaries_after_step
+    assert probe._step.plan.statistics_after_step
     assert contexts and not any(contexts)
     assert [record.step for record in records] == list(range(12))
     # The control: two steps per execution keep the statistics in the step.
     contexts.clear()
     _, probe, _ = _fit(2, monkeypatch, contexts)
-    assert not probe._step.summaries_after_step
+    assert not probe._step.plan.statistics_after_step
     assert contexts and all(contexts)
 
 

@@ -13,8 +13,13 @@ from kgrad.tensorboard import ProbeWriter
 class GradientProbe(keras.callbacks.Callback):
     """Captures gradients inside ``model.fit`` and logs them to TensorBoard.
 
-    Works on any ``keras.Model`` that uses Keras' own ``train_step``
-    (Sequential, Functional or subclassed) and on `kgrad.ProbingModel`. When
+    Works on any ``keras.Model`` (Sequential, Functional or subclassed) and
+    on `kgrad.ProbingModel`. A model with its own ``train_step`` (a GAN, a
+    VAE) is probed through the `kgrad.ProbeTape`s in that step: replace
+    ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or the
+    sub-model that tape differentiates); each tape is logged as a run of its
+    own, ``<log_dir>/<tape name>/kgrad``, at the ``iterations`` of the
+    optimizer that applied its gradients. When
     ``fit`` starts, the callback installs a probing ``train_step`` on the model
     instance; when ``fit`` ends it removes it, so ``evaluate``, ``predict``,
     ``save`` and later ``fit`` calls behave exactly as before. Training itself
@@ -41,7 +46,9 @@ class GradientProbe(keras.callbacks.Callback):
         histograms: Whether to log histograms besides the scalars.
         bucket_count: Buckets per histogram.
         on_probe: Optional ``fn(record)`` called with each probed step's
-            `kgrad.ProbeRecord`, for logging elsewhere than TensorBoard.
+            `kgrad.ProbeRecord`, for logging elsewhere than TensorBoard (one
+            per tape and step in a model's own ``train_step``; its ``tape``
+            names the tape).
 
     Example:
 
@@ -86,7 +93,9 @@ class GradientProbe(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.on_probe = on_probe
         self.latest = None
-        self._writer = None
+        #: In a model's own ``train_step``: ``{tape name: latest ProbeRecord}``.
+        self.latest_by_tape = {}
+        self._writers = {}
         self._step = None
 
     # -- installing the probing step ------------------------------------------------
@@ -106,16 +115,18 @@ class GradientProbe(keras.callbacks.Callback):
         self._exact_count = self.model.steps_per_execution == 1 or bool(
             (self.params or {}).get("steps")
         )
-        self._writer = None if log_dir is None else ProbeWriter(log_dir)
-        self._delivered = 0
+        self._log_dir = log_dir
+        self._writers = {}  # tape name (None: the model's own) -> ProbeWriter
+        self._delivered = {}
+        self.latest_by_tape = {}
         self._steps_before_epoch = 0
         self._steps_seen = 0
 
     def on_train_end(self, logs=None):
         self._collect()
         install.detach(self.model, "probe")
-        if self._writer is not None:
-            self._writer.close()
+        for writer in self._writers.values():
+            writer.close()
 
     # -- choosing the train function ------------------------------------------------
 
@@ -168,20 +179,33 @@ class GradientProbe(keras.callbacks.Callback):
             # so the host count can run ahead of the steps that ran; the device
             # counter, which every step advances here, is exact.
             self._steps_seen = self._step.steps_run()
-        if self._writer is not None:
-            self._writer.flush()
+        for writer in self._writers.values():
+            writer.flush()
 
     def _collect(self):
-        state = self._step.state if self._step is not None else None
-        if state is None:
+        if self._step is None:
             return
-        records, self._delivered = state.read_since(self._delivered, latest=self._step.latest_record)
-        for record in records:
-            self.latest = record
-            if self._writer is not None:
-                self._writer.write(_for_tensorboard(record))
-            if self.on_probe is not None:
-                self.on_probe(record)
+        for name, pipeline in self._step.pipelines().items():
+            latest = self._step.latest_record if name is None else None
+            records, self._delivered[name] = pipeline.read_since(
+                self._delivered.get(name, 0), latest=latest
+            )
+            for record in records:
+                if name is not None:
+                    record = dataclasses.replace(record, tape=name)
+                    self.latest_by_tape[name] = record
+                self.latest = record
+                if self._log_dir is not None:
+                    self._writer(name).write(_for_tensorboard(record))
+                if self.on_probe is not None:
+                    self.on_probe(record)
+
+    def _writer(self, tape_name):
+        if tape_name not in self._writers:
+            # A tape of a model's own train_step is a run of its own.
+            log_dir = self._log_dir if tape_name is None else os.path.join(self._log_dir, tape_name)
+            self._writers[tape_name] = ProbeWriter(log_dir)
+        return self._writers[tape_name]
 
 
 def _contains_probed_step(first_step, last_step, every_n_steps):
@@ -207,15 +231,21 @@ def _for_tensorboard(record):
 
 
 def _writable(log_dir):
-    try:
-        os.makedirs(log_dir, exist_ok=True)
-        probe_file = os.path.join(log_dir, ".kgrad_write_test")
-        with open(probe_file, "w"):
-            pass
-        os.remove(probe_file)
-    except OSError as error:
+    """``log_dir``, checked writable without creating it (the writer creates it lazily).
+
+    A fit that fails before its first probed step then leaves no folder.
+    """
+    existing = os.path.abspath(log_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    problem = None
+    if not os.path.isdir(existing):
+        problem = f"{existing!r} is a file"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing!r} is not writable"
+    if problem is not None:
         raise ValueError(
-            f"`log_dir` cannot be written: log_dir={log_dir!r} ({error.strerror}). "
+            f"`log_dir` cannot be written: log_dir={log_dir!r} ({problem}). "
             "Pass a directory you can write to, e.g. log_dir='logs/run1'."
-        ) from error
+        )
     return log_dir
