@@ -26,14 +26,22 @@ class Recorder:
         watch_inputs: Whether the model's float inputs are watched (dJ/dx).
         integer_inputs: ``"raise"`` to reject integer inputs when
             ``watch_inputs`` is set, ``"skip"`` to watch only float inputs.
+        record_inputs: Also keep each captured layer's input (the first
+            argument of its ``call``) in ``layer_inputs``, under the same name
+            as its activation, for the per-example gradient norms of
+            `kgrad.instruments` (they need the input ``a`` beside dJ/d(output)).
+            Off by default: then nothing is kept. The inputs are not watched:
+            no gradient is asked for them.
     """
 
-    def __init__(self, tape, model, watch_inputs, integer_inputs="raise"):
+    def __init__(self, tape, model, watch_inputs, integer_inputs="raise", record_inputs=False):
         self._tape = tape
         self._model = model
         self._watch_inputs = watch_inputs
         self._integer_inputs = integer_inputs
+        self.record_inputs = record_inputs
         self.activations = {}
+        self.layer_inputs = {}
         self.non_float = {}
         self.calls_per_name = {}
         self.unreachable = set()
@@ -47,8 +55,13 @@ class Recorder:
         self.calls_per_name[name] = count
         return name if count == 1 else f"{name}#{count}"
 
-    def record(self, name, outputs, source):
-        """Watches and stores the float tensors of ``outputs`` under ``name``."""
+    def record(self, name, outputs, source, inputs=None):
+        """Watches and stores the float tensors of ``outputs`` under ``name``.
+
+        ``inputs`` (the layer's input, given only when ``record_inputs`` is
+        set) is kept in ``layer_inputs`` under the name of the call (``name``,
+        ``name#2``...), whatever its dtype (an Embedding's ids are integers).
+        """
         if in_symbolic_scope():
             # Keras traces call() in a scratch graph to infer shapes when it
             # builds a subclassed model; those tensors never reach the loss.
@@ -66,6 +79,8 @@ class Recorder:
             key = name if len(floats) == 1 else f"{name}/{index}"
             self._tape.watch(tensor)
             self.activations[key] = tensor
+        if self.record_inputs and inputs is not None:
+            self.layer_inputs[name] = inputs
 
     def watch_model_inputs(self, inputs):
         """Called with the model's inputs before its forward pass runs."""

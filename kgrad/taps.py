@@ -143,7 +143,13 @@ def _layer_wrapper(original_call, recorder, name, keep):
     def call(*args, **kwargs):
         outputs = original_call(*args, **kwargs)
         if keep is None or keep():
-            recorder.record(name, outputs, source="layer")
+            # The input is looked up only when asked for (per-example norms).
+            inputs = (
+                _first_argument(original_call, args, kwargs)
+                if getattr(recorder, "record_inputs", False)
+                else None
+            )
+            recorder.record(name, outputs, source="layer", inputs=inputs)
         return outputs
 
     return call

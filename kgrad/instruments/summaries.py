@@ -1,0 +1,183 @@
+"""Per-example gradient norms and noise-scale sums of a probed step, as summaries.
+
+`add_per_example_summaries` adds to a `kgrad.summaries.SummaryBuilder`, on
+device, inside the probed step:
+
+=============================================  ==================================================
+``example_grad_norm_<stat>/<weight path>``     statistics over the batch of ‖∇_w ℓ_i‖ (``mean``,
+                                               ``max``... and ``example_grad_norm_hist/`` with
+                                               histograms); ℓ_i as in `kgrad.instruments.per_example`
+``noise_example_sq_norm_mean/<layer>``         mean_i ‖B·∇ℓ_i‖² over the layer's weights
+``noise_batch_sq_norm/<layer>``                ‖Σ_i ∇ℓ_i‖² = ‖∇J‖² (regularization left out)
+``global/noise_example_sq_norm_mean``          the same over every trainable weight
+``global/noise_batch_sq_norm``                 (only when every trainable weight is covered)
+``global/batch_size``                          B, the (global) batch size
+=============================================  ==================================================
+
+The gradient noise scale is computed on the host from these sums
+(`kgrad.instruments.noise_scale`), so that ``kgrad report`` can compute it
+from the event files. Under ``tf.distribute``, norms are gathered over the
+global batch and batch gradients summed over replicas.
+"""
+
+import keras
+import tensorflow as tf
+
+from kgrad import replicas, taps
+from kgrad.instruments.per_example import PerExampleNorms, per_example_sq_norms
+
+
+def record_layer_inputs(tape):
+    """Makes an open `kgrad.ProbeTape` keep its layers' inputs; returns them (filled by the forward pass).
+
+    Call it inside the ``with`` block, before the model runs. (Until
+    ``ProbeTape`` takes ``record_inputs=True`` itself.)
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> with kgrad.ProbeTape(model) as tape:
+    ...     inputs = record_layer_inputs(tape)
+    ...     loss = tf.reduce_sum(model(tf.ones((3, 2))))
+    >>> list(inputs), inputs["out"].shape
+    (['out'], TensorShape([3, 2]))
+    """
+    recorder = tape._recorder
+    recorder.record_inputs = True
+    return recorder.layer_inputs
+
+
+def coupling_layers(model):
+    """Names of the layers that make examples interact (trainable BatchNormalization).
+
+    Such a layer normalizes with the batch's statistics in training mode, so
+    that dJ/d(output) of every layer before it mixes the examples' losses: no
+    per-example gradient of the model is defined.
+    """
+    return [
+        layer.name
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
+    ]
+
+
+def _base_name(name):
+    """The layer of a captured call: ``dense#2`` -> ``dense``."""
+    base, mark, count = name.rpartition("#")
+    return base if mark and count.isdigit() else name
+
+
+def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gradients=None):
+    """`PerExampleNorms` of every captured layer with trainable weights, by layer name.
+
+    Args:
+        model: The probed model.
+        probe: The step's `kgrad.ProbeResult`.
+        layer_inputs: ``dict`` call name -> layer input (`record_layer_inputs`).
+        unscale: ``fn(δ) -> δ`` undoing loss scaling, or ``None``.
+        output_gradients: Optional ``dict`` name -> dJ/dŷ for outputs cut from
+            the tape (softmax under cross-entropy), e.g. from
+            `kgrad.prediction_gradient`.
+
+    Returns:
+        ``dict`` layer name (as in ``grad_norm/<layer>``) -> `PerExampleNorms`,
+        in forward order; a layer that is not supported has its ``reason``.
+    """
+    operations = taps.tappable_operations(model)
+    calls = {}
+    for name in probe.activations:
+        layer = operations.get(_base_name(name))
+        if isinstance(layer, keras.layers.Layer) and layer.trainable_weights:
+            calls.setdefault(_base_name(name), []).append(name)
+    coupled = coupling_layers(model)
+    output_gradients = output_gradients or {}
+    results = {}
+    for base, names in calls.items():
+        if coupled:
+            reason = (
+                f"not defined: {', '.join(coupled)} (BatchNormalization in training mode) "
+                "couples the examples of the batch"
+            )
+            results[base] = PerExampleNorms(None, None, {}, reason)
+        elif any(name not in layer_inputs for name in names):
+            results[base] = PerExampleNorms(None, None, {}, "its input was not recorded")
+        else:
+            deltas = [
+                output_gradients.get(name, None if name in probe.unconnected else probe.gradients.get(name))
+                for name in names
+            ]
+            inputs = [layer_inputs[name] for name in names]
+            results[base] = per_example_sq_norms(operations[base], inputs, deltas, unscale)
+    return results
+
+
+def _relative_path(model, weight):
+    # As `kgrad.pipeline.model_relative_path`: tags shared by re-runs.
+    prefix = f"{model.name}/"
+    return weight.path[len(prefix) :] if weight.path.startswith(prefix) else weight.path
+
+
+def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unscale=None,
+                              output_gradients=None):
+    """Adds the per-example norms and noise-scale sums of a probed step to ``builder``.
+
+    Args:
+        builder: A `kgrad.summaries.SummaryBuilder`.
+        model: The probed model (weight tags are paths relative to it).
+        probe: The step's `kgrad.ProbeResult`.
+        layer_inputs: ``dict`` call name -> layer input.
+        weights: The trainable weights; the ``global/`` sums are written only
+            when per-example norms cover every one of them.
+        unscale: ``fn(δ) -> float δ`` undoing loss scaling, or ``None``.
+        output_gradients: See `probe_per_example_norms`.
+
+    Returns:
+        ``dict`` layer name -> reason, for the captured layers with weights
+        that got no per-example norms.
+
+    Example:
+
+    >>> import keras, kgrad, tensorflow as tf
+    >>> from kgrad.summaries import SummaryBuilder
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> with kgrad.ProbeTape(model) as tape:
+    ...     inputs = record_layer_inputs(tape)
+    ...     loss = tf.reduce_mean(model(tf.ones((4, 2))))
+    >>> _ = tape.gradient(loss, model.trainable_weights)
+    >>> builder = SummaryBuilder(histograms=False, bucket_count=1)
+    >>> add_per_example_summaries(builder, model, tape.probe, inputs, model.trainable_weights)
+    {}
+    >>> scalars = dict(zip(builder.scalar_names, builder.scalars().numpy().tolist()))
+    >>> scalars["example_grad_norm_max/out/bias"], scalars["global/batch_size"]
+    (0.25, 4.0)
+    """
+    results = probe_per_example_norms(model, probe, layer_inputs, unscale, output_gradients)
+    covered, model_example, model_batch, rows = set(), [], [], None
+    for name, result in results.items():
+        if result.reason is not None or not result.sq_norms:
+            continue
+        layer_example, layer_batch = [], []
+        for key, sq_norms in result.sq_norms.items():
+            variable = result.variables[key]
+            sq_norms = tf.cast(replicas.gather_batch(sq_norms), tf.float32)
+            builder.add_tensor("example_grad_norm", _relative_path(model, variable), tf.sqrt(sq_norms))
+            batch_gradient = replicas.sum_over_replicas(result.batch_gradients[key])
+            layer_example.append(sq_norms)
+            layer_batch.append(tf.cast(tf.reduce_sum(tf.square(batch_gradient)), tf.float32))
+            covered.add(id(variable))
+        rows = tf.cast(tf.shape(layer_example[0])[0], tf.float32)
+        # mean_i ‖B·∇ℓ_i‖² = B·Σ_i ‖∇ℓ_i‖²: the squared norm of example i's
+        # gradient on its own, in the scale of ∇J (see noise_scale).
+        example_sum = tf.reduce_sum(tf.add_n(layer_example))
+        builder.add_scalar(f"noise_example_sq_norm_mean/{name}", rows * example_sum)
+        builder.add_scalar(f"noise_batch_sq_norm/{name}", tf.add_n(layer_batch))
+        model_example.append(example_sum)
+        model_batch.extend(layer_batch)
+    if rows is None:
+        return {name: result.reason for name, result in results.items() if result.reason}
+    if all(id(weight) in covered for weight in weights):
+        builder.add_scalar("global/noise_example_sq_norm_mean", rows * tf.add_n(model_example))
+        builder.add_scalar("global/noise_batch_sq_norm", tf.add_n(model_batch))
+    builder.add_scalar("global/batch_size", rows)
+    return {name: result.reason for name, result in results.items() if result.reason}

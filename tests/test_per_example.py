@@ -1,0 +1,246 @@
+"""Per-example gradient norms against a brute-force per-example GradientTape loop (float64)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kgrad
+from kgrad.instruments.per_example import per_example_sq_norms
+from kgrad.instruments.summaries import (
+    add_per_example_summaries,
+    probe_per_example_norms,
+    record_layer_inputs,
+)
+from kgrad.summaries import SummaryBuilder
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    keras.config.set_floatx("float64")
+    yield
+    keras.config.set_floatx("float32")
+
+
+def _per_example_losses(loss_fn, y, prediction, sample_weight):
+    """ℓ_i: example i's share of J = loss_fn(y, prediction, sample_weight) (sum_over_batch_size)."""
+    values = keras.losses.get(loss_fn)(y, prediction)  # [B] or [B, T]
+    if sample_weight is not None:
+        values = values * tf.cast(sample_weight, values.dtype)
+    size = tf.cast(tf.size(values), values.dtype)
+    return tf.reduce_sum(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1) / size
+
+
+def brute_force(model, x, y, loss_fn, sample_weight=None):
+    """``{weight path: [B] ‖∇_w ℓ_i‖²}`` from one gradient per example, and ``{path: ∇J}``."""
+    with tf.GradientTape(persistent=True) as tape:
+        losses = _per_example_losses(loss_fn, y, model(x, training=True), sample_weight)
+        total = tf.reduce_sum(losses)
+        losses = tf.unstack(losses)  # each slice recorded on the tape
+    weights = model.trainable_weights
+    norms = {w.path: [] for w in weights}
+    for loss in losses:
+        for weight, gradient in zip(weights, tape.gradient(loss, weights)):
+            gradient = tf.convert_to_tensor(gradient)  # Embedding: IndexedSlices
+            norms[weight.path].append(float(tf.reduce_sum(tf.square(gradient))))
+    batch = {w.path: tf.convert_to_tensor(g) for w, g in zip(weights, tape.gradient(total, weights))}
+    return {path: np.array(values) for path, values in norms.items()}, batch
+
+
+def probed(model, x, y, loss_fn, sample_weight=None, jit_compile=None):
+    """``{weight path: [B] squared norms}``, ``{path: Σ_i g_i}``, reasons: from a ProbeTape."""
+
+    def step(x, y, sample_weight):
+        with kgrad.ProbeTape(model, layers="all") as tape:
+            inputs = record_layer_inputs(tape)
+            prediction = model(x, training=True)
+            loss = keras.losses.get(loss_fn)(y, prediction)
+            if sample_weight is not None:
+                loss = loss * tf.cast(sample_weight, loss.dtype)
+            loss = tf.reduce_mean(loss)
+        tape.gradient(loss, model.trainable_weights)
+        results = probe_per_example_norms(model, tape.probe, inputs)
+        norms, batch = {}, {}
+        for result in results.values():
+            for key, value in (result.sq_norms or {}).items():
+                norms[result.variables[key].path] = value
+                batch[result.variables[key].path] = result.batch_gradients[key]
+        return norms, batch
+
+    if jit_compile is not None:
+        step = tf.function(step, jit_compile=jit_compile)
+    norms, batch = step(x, y, sample_weight)
+    return {k: v.numpy() for k, v in norms.items()}, {k: v.numpy() for k, v in batch.items()}
+
+
+def check(model, x, y, loss_fn, sample_weight=None, jit_compile=None, rtol=1e-4):
+    model(x)  # built
+    expected, expected_batch = brute_force(model, x, y, loss_fn, sample_weight)
+    norms, batch = probed(model, x, y, loss_fn, sample_weight, jit_compile)
+    assert sorted(norms) == sorted(expected)
+    # Zero in exact arithmetic (the key bias under softmax): rounding noise only.
+    scale = max(values.max() for values in expected.values())
+    for path, values in expected.items():
+        np.testing.assert_allclose(norms[path], values, rtol=rtol, atol=1e-20 * scale, err_msg=path)
+        # Σ_i g_i is the batch gradient (no regularizer in these models).
+        np.testing.assert_allclose(
+            np.linalg.norm(batch[path]), np.linalg.norm(expected_batch[path]), rtol=rtol,
+            atol=1e-10 * np.sqrt(scale), err_msg=path,
+        )
+    assert sum(values.max() > 0 for values in expected.values()) > len(expected) // 2  # not trivial
+    return norms
+
+
+def _images(batch=5):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(batch, 7, 7, 2)), rng.normal(size=(batch, 3))
+
+
+def sequential_cnn():
+    return keras.Sequential([
+        keras.Input((7, 7, 2)),
+        keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="tanh", name="conv_same"),
+        keras.layers.Conv2D(2, 2, dilation_rate=2, padding="valid", name="conv_dilated"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(4, activation="relu", name="hidden"),
+        keras.layers.Dense(3, name="out"),
+    ])
+
+
+WEIGHTS = [None, np.array([1.0, 0.0, 2.0, 0.5, 3.0])]
+
+
+@pytest.mark.parametrize("jit_compile", [None, True])
+@pytest.mark.parametrize("sample_weight", WEIGHTS, ids=["unweighted", "weighted"])
+def test_sequential_conv2d_dense(sample_weight, jit_compile):
+    x, y = _images()
+    norms = check(sequential_cnn(), x, y, "mse", sample_weight, jit_compile)
+    if sample_weight is not None:  # a weight-0 example contributes nothing
+        assert all(values[1] == 0 for values in norms.values())
+
+
+def functional_sequence():
+    inputs = keras.Input((9, 3))
+    h = keras.layers.Conv1D(4, 3, padding="causal", dilation_rate=2, activation="relu", name="causal")(inputs)
+    h = keras.layers.Conv1D(4, 2, strides=2, groups=2, name="grouped")(h)
+    h = keras.layers.Dense(5, activation="gelu", name="per_position")(h)
+    h = keras.layers.LayerNormalization(name="norm")(h)
+    outputs = keras.layers.Dense(2, name="out")(keras.layers.GlobalAveragePooling1D()(h))
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("jit_compile", [None, True])
+@pytest.mark.parametrize("sample_weight", WEIGHTS, ids=["unweighted", "weighted"])
+def test_functional_conv1d_dense_on_positions_layer_norm(sample_weight, jit_compile):
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(5, 9, 3)), rng.normal(size=(5, 2))
+    check(functional_sequence(), x, y, "mse", sample_weight, jit_compile)
+
+
+class SharedDense(keras.Model):
+    """A Dense layer called twice: its per-example gradient is the sum of both calls'."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = keras.layers.Dense(3, activation="tanh", name="shared")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, x):
+        return self.head(self.shared(x[:, :4]) * self.shared(x[:, 4:]))
+
+
+@pytest.mark.parametrize("jit_compile", [None, True])
+@pytest.mark.parametrize("sample_weight", WEIGHTS, ids=["unweighted", "weighted"])
+def test_subclassed_shared_layer(sample_weight, jit_compile):
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(5, 8)), rng.normal(size=(5, 2))
+    check(SharedDense(), x, y, "mse", sample_weight, jit_compile)
+
+
+def transformer_block(vocabulary=11, length=6, width=8):
+    tokens = keras.Input((length,), dtype="int32")
+    h = keras.layers.Embedding(vocabulary, width, mask_zero=True, name="embed")(tokens)
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="mha")(h, h)
+    h = keras.layers.LayerNormalization(name="norm_1")(h + attended)
+    h = keras.layers.LayerNormalization(name="norm_2")(h + keras.layers.Dense(width, activation="relu")(h))
+    return keras.Model(tokens, keras.layers.Dense(vocabulary, name="logits")(h))
+
+
+def _tokens():
+    rng = np.random.default_rng(3)
+    # Repeated ids in an example (their rows' gradients add) and padding (0).
+    ids = np.array([[3, 3, 5, 1, 0, 0], [2, 7, 7, 7, 9, 0], [4, 1, 4, 1, 4, 1], [10, 6, 0, 0, 0, 0]])
+    targets = rng.integers(1, 11, size=ids.shape)
+    return ids, targets, (ids > 0).astype("float64")  # padding positions weigh 0
+
+
+@pytest.mark.parametrize("jit_compile", [None, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_transformer_block(weighted, jit_compile):
+    ids, targets, mask = _tokens()
+    model = transformer_block()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    norms = check(model, ids, targets, loss, mask if weighted else None, jit_compile)
+    assert any("query" in path for path in norms) and any("attention_output" in path for path in norms)
+
+
+def test_masked_positions_have_no_gradient():
+    ids, targets, mask = _tokens()
+    model = transformer_block()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    with kgrad.ProbeTape(model, layers=["logits"]) as tape:
+        record_layer_inputs(tape)
+        value = tf.reduce_mean(loss(targets, model(ids)) * mask)
+    tape.gradient(value, model.trainable_weights)
+    delta = tape.probe.gradients["logits"].numpy()
+    assert np.all(delta[mask == 0] == 0) and np.all(np.abs(delta[mask == 1]).sum(-1) > 0)
+
+
+def test_float32_matches_float64_reference():
+    x, y = _images()
+    keras.config.set_floatx("float64")
+    reference_model = sequential_cnn()
+    reference_model(x)
+    keras.config.set_floatx("float32")
+    model = sequential_cnn()
+    model(x.astype("float32"))
+    model.set_weights(reference_model.get_weights())
+    expected, _ = brute_force(reference_model, x, y, "mse")
+    norms, _ = probed(model, x.astype("float32"), y.astype("float32"), "mse", jit_compile=True)
+    for reference, weight in zip(reference_model.trainable_weights, model.trainable_weights):
+        np.testing.assert_allclose(
+            norms[weight.path], expected[reference.path], rtol=1e-4, err_msg=weight.path
+        )
+
+
+def test_unsupported_and_undefined_layers_are_reported_not_guessed():
+    model = keras.Sequential([
+        keras.Input((4,)),
+        keras.layers.Dense(3, name="dense"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.Dense(1, name="out"),
+    ])
+    x = tf.ones((4, 4), tf.float64)
+    with kgrad.ProbeTape(model) as tape:
+        inputs = record_layer_inputs(tape)
+        loss = tf.reduce_mean(model(x, training=True))
+    tape.gradient(loss, model.trainable_weights)
+    results = probe_per_example_norms(model, tape.probe, inputs)
+    reasons = {name: result.reason for name, result in results.items()}
+    assert set(reasons) == {"dense", "bn", "out"}
+    assert all("not defined" in reason and "bn" in reason for reason in reasons.values())
+    builder = SummaryBuilder(histograms=False, bucket_count=1)
+    assert add_per_example_summaries(builder, model, tape.probe, inputs, model.trainable_weights) == reasons
+    assert builder.scalar_names == []  # nothing written, no zeros
+
+    conv3d = keras.layers.Conv3D(1, 1)
+    a = tf.ones((2, 2, 2, 2, 1), tf.float64)
+    result = per_example_sq_norms(conv3d, a, conv3d(a))
+    assert result.sq_norms is None and "not supported yet" in result.reason
+    lstm = keras.layers.SimpleRNN(2)
+    a = tf.ones((2, 3, 1), tf.float64)
+    result = per_example_sq_norms(lstm, a, lstm(a))
+    assert result.sq_norms is None
+    assert "SimpleRNN: per-example gradient norms are not supported yet" in result.reason
+    result = per_example_sq_norms(keras.layers.Dense(1), a, None)
+    assert result.sq_norms is None and "unknown" in result.reason
