@@ -77,7 +77,9 @@ class ProbePipeline:
                 if dJ/dŷ is captured.
         """
         capture, unscale = self.config.captures, self._unscale()
-        builder = SummaryBuilder(self.config.histograms, self.config.bucket_count)
+        builder = SummaryBuilder(
+            self.config.histograms, self.config.bucket_count, statistics=self.config.statistics
+        )
         # Under tf.distribute, statistics are of the global batch.
         batch = replicas.gather_batch
         if capture("activations"):

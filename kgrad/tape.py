@@ -147,6 +147,10 @@ class ProbeTape(tf.GradientTape):
             self, self._model, self._recorder._watch_inputs, self._recorder._integer_inputs
         )
         self._probe = None
+        if custom_step.active_collection() is not None:
+            # A probed train_step traces both backward passes in a tf.cond
+            # (the probed and the plain one): the tape must allow two.
+            self._persistent = True
         stack = contextlib.ExitStack()
         stack.enter_context(
             taps.intercept(self._model, self._operations, self._recorder, self._keep)
@@ -234,6 +238,9 @@ class ProbeTape(tf.GradientTape):
                 "model's call() uses it, or remove it from `layers`."
             )
 
+    # Not converted by AutoGraph when called in a user's tf.function: plain
+    # graph-safe Python, whose `super()` calls AutoGraph would mangle.
+    @tf.autograph.experimental.do_not_convert
     def gradient(
         self,
         target,
