@@ -232,23 +232,20 @@ def test_gan_logs_each_tape_as_a_run_at_its_optimizers_iterations(mode, tmp_path
     logs = kgrad.read_logs(tmp_path)
     assert sorted(logs) == ["discriminator/kgrad", "generator/kgrad"]
     d_scalars, g_scalars = logs["discriminator/kgrad"]["scalars"], logs["generator/kgrad"]["scalars"]
-    assert {tag for tag in d_scalars if tag.startswith("grad_norm/")} == {"grad_norm/d_hidden", "grad_norm/d_out"}
-    assert {tag for tag in g_scalars if tag.startswith("grad_norm/")} == {"grad_norm/g_hidden", "grad_norm/g_out"}
+    layers = {run: {tag for tag in scalars if tag.startswith("grad_norm/")} for run, scalars in (
+        ("d", d_scalars), ("g", g_scalars))}
+    assert layers == {
+        "d": {"grad_norm/d_hidden", "grad_norm/d_out"}, "g": {"grad_norm/g_hidden", "grad_norm/g_out"}
+    }
     assert "update_ratio/d_hidden/kernel" in d_scalars and "update_ratio/g_out/bias" in g_scalars
 
     # Reference: the same step with plain tapes on the hand-split GAN.
     reference = _gan(mode)
     expected = {"discriminator": [], "generator": []}
     for start in range(0, len(real), BATCH):
-        tapes = {}
-
-        def opened(name):
-            tapes[name] = tf.GradientTape(persistent=True)
-            return tapes[name]
-
         reference.losses_of(
             tf.constant(real[start : start + BATCH]), tf.constant(noise[start : start + BATCH]),
-            lambda: opened("discriminator"), lambda: opened("generator"),
+            tf.GradientTape, tf.GradientTape,
         )
         expected["discriminator"].append(reference.d_optimizer.iterations.numpy() - 1)
         expected["generator"].append(reference.g_optimizer.iterations.numpy() - 1)
@@ -298,7 +295,9 @@ class DeterministicVAE(keras.Model):
         z_log_var = keras.layers.Dense(2, name="z_log_var")(hidden)
         self.encoder = keras.Model(inputs, [z_mean, z_log_var], name="encoder")
         latent = keras.Input((2,))
-        self.decoder = keras.Sequential([latent, keras.layers.Dense(FEATURES, name="dec_out")], name="decoder")
+        self.decoder = keras.Sequential(
+            [latent, keras.layers.Dense(FEATURES, name="dec_out")], name="decoder"
+        )
 
     def loss_of(self, x, epsilon):
         z_mean, z_log_var = self.encoder(x)
@@ -372,7 +371,7 @@ def test_prediction_gradient_names_an_unknown_loss():
 
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_own_train_step_reads_the_device_only_after_executions_with_a_probed_step(
-    device_reads, steps_per_execution
+    device_reads, steps_per_execution  # noqa: F811 (the fixture imported above)
 ):
     x, y = _data(samples=STEPS_PER_EPOCH * 2)
     model = _classifier("graph", steps_per_execution=steps_per_execution)
