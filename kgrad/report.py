@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from kgrad.instruments import noise_scale
 from kgrad.reading import Series
 
 #: Tag prefixes that mark a run as written by kgrad.
@@ -96,6 +97,9 @@ class LayerHealth:
         update_ratio: ‖Δw‖ / ‖w‖ over the layer's weights, last probe.
         nonfinite: NaN/Inf values counted over all probes and tensors.
         flags: The raised flags, a subset of `FLAGS` in that order.
+        first_flagged: ``(flag, step)`` for each raised flag: the first probed
+            step at which that flag held on that step's values (the flags
+            themselves use the latest values; see `first_flag_steps`).
     """
 
     layer: str
@@ -106,6 +110,7 @@ class LayerHealth:
     update_ratio: float
     nonfinite: int
     flags: tuple
+    first_flagged: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +122,16 @@ class RunHealth:
         gradient: What ``grad_norm`` measures: ``"dJ/dw"`` or ``"dJ/d(output)"``.
         steps: The probed steps, an int64 array.
         layers: `LayerHealth` per layer, in the order the probe logged them.
+        critical_batch: The smoothed gradient noise scale beside the batch size
+            in use (`kgrad.instruments.noise_scale.CriticalBatch`), or ``None``
+            when the run holds no per-example (``noise_*``) tags.
     """
 
     run: str
     gradient: str
     steps: np.ndarray
     layers: tuple
+    critical_batch: object = None
 
     @property
     def flagged(self):
@@ -178,6 +187,7 @@ def run_health(run, run_logs, thresholds):
     }
     latest = {layer: _last(series) for layer, series in gradients.items()}
     largest = max((value for value in latest.values() if math.isfinite(value)), default=math.nan)
+    largest_by_step = _largest_by_step(gradients)
     rows = []
     for layer, weights in layers.items():
         row = LayerHealth(
@@ -190,9 +200,15 @@ def run_health(run, run_logs, thresholds):
             nonfinite=_nonfinite_count(scalars, layer, weights),
             flags=(),
         )
-        rows.append(dataclasses.replace(row, flags=layer_flags(row, thresholds)))
+        flags = layer_flags(row, thresholds)
+        first = first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_step)
+        first_flagged = tuple((flag, first[flag]) for flag in flags if flag in first)
+        rows.append(dataclasses.replace(row, flags=flags, first_flagged=first_flagged))
     steps = next((s.steps for s in gradients.values() if s is not None), np.zeros([0], np.int64))
-    return RunHealth(run, "dJ/dw" if use_weights else "dJ/d(output)", steps, tuple(rows))
+    return RunHealth(
+        run, "dJ/dw" if use_weights else "dJ/d(output)", steps, tuple(rows),
+        critical_batch=noise_scale.critical_batch(scalars),
+    )
 
 
 def layer_flags(row, thresholds):
@@ -204,6 +220,58 @@ def layer_flags(row, thresholds):
         "dead": row.zero_fraction >= thresholds.dead_fraction,
     }
     return tuple(flag for flag in FLAGS if raised[flag])
+
+
+def first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_step=None):
+    """The first probed step at which each flag held for ``layer``.
+
+    Each step is judged on its own values, as `layer_flags` judges the latest
+    ones: ``vanishing`` compares the layer's gradient norm with the largest
+    layer's on the same step; ``nonfinite`` holds from the first step that
+    counted a NaN/Inf.
+
+    Args:
+        scalars: The run's ``"scalars"`` from `kgrad.read_logs`.
+        layer: The layer name.
+        weights: The layer's weight paths.
+        gradients: Layer name -> gradient-norm `Series` (or ``None``), every layer.
+        thresholds: A `HealthThresholds`.
+        largest_by_step: Step -> the largest finite gradient norm on that step,
+            computed from ``gradients`` when ``None`` (pass it for many layers).
+
+    Returns:
+        ``dict`` flag -> first step (an ``int``); flags that never held are absent.
+    """
+    held = {flag: [] for flag in FLAGS}  # flag -> steps at which it held
+    own = gradients.get(layer)
+    largest = _largest_by_step(gradients) if largest_by_step is None else largest_by_step
+    for step, norm in zip(*((own.steps.tolist(), own.values.tolist()) if own is not None else ((), ()))):
+        top = largest.get(step, 0.0)
+        if top > 0 and norm / top < thresholds.vanishing_ratio:
+            held["vanishing"].append(step)
+        if norm > thresholds.exploding_norm:
+            held["exploding"].append(step)
+        if math.isinf(norm):
+            held["nonfinite"].append(step)
+    zero = _series(scalars, f"activation_zero_fraction/{layer}")
+    if zero is not None:
+        held["dead"] = zero.steps[zero.values >= thresholds.dead_fraction].tolist()
+    tags = [f"{kind}_nonfinite/{layer}" for kind in ("activation", "grad")]
+    tags += [f"weight_grad_nonfinite/{w}" for w in weights]
+    for tag in (tag for tag in tags if tag in scalars):
+        held["nonfinite"].extend(scalars[tag].steps[scalars[tag].values > 0].tolist())
+    return {flag: int(min(steps)) for flag, steps in held.items() if steps}
+
+
+def _largest_by_step(gradients):
+    """Step -> the largest finite gradient norm of any layer on that step."""
+    largest = {}
+    for series in gradients.values():
+        if series is not None:
+            for step, norm in zip(series.steps.tolist(), series.values.tolist()):
+                if math.isfinite(norm):
+                    largest[step] = max(largest.get(step, 0.0), norm)
+    return largest
 
 
 def _layer_weights(scalars):

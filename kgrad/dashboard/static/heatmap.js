@@ -1,0 +1,141 @@
+// The layer x step heatmap of one run, drawn on a <canvas>, and its legend.
+import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, formatNumber } from "./common.js";
+
+const LABEL_WIDTH = 150;
+
+function rowHeight(layers) {
+  if (layers <= 24) return 22;
+  return Math.max(3, Math.floor(540 / layers));
+}
+
+// Draws one pixel per (layer, step) cell, then scales it up without smoothing:
+// 200 x 10 000 cells cost one ImageData fill, whatever the screen width.
+function paint(canvas, heatmap, values, scale, width, height) {
+  const layers = heatmap.layers.length;
+  const steps = heatmap.steps.length;
+  const cells = document.createElement("canvas");
+  cells.width = Math.max(1, steps);
+  cells.height = Math.max(1, layers);
+  const context = cells.getContext("2d");
+  const image = context.createImageData(cells.width, cells.height);
+  for (let i = 0; i < layers * steps; i++) {
+    const t = scalePosition(scale, values[i]);
+    const rgb = Number.isNaN(t) ? MISSING_RGB : colorAt(t);
+    image.data[4 * i] = rgb[0];
+    image.data[4 * i + 1] = rgb[1];
+    image.data[4 * i + 2] = rgb[2];
+    image.data[4 * i + 3] = 255;
+  }
+  context.putImageData(image, 0, 0);
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = Math.round(width * ratio);
+  canvas.height = Math.round(height * ratio);
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  const target = canvas.getContext("2d");
+  target.imageSmoothingEnabled = false;
+  target.drawImage(cells, 0, 0, canvas.width, canvas.height);
+}
+
+function stepAxis(steps, width) {
+  const axis = el("div", { class: "step-axis" });
+  axis.style.width = `${width}px`;
+  if (!steps.length) return axis;
+  const ticks = Math.min(5, steps.length);
+  for (let k = 0; k < ticks; k++) {
+    const index = ticks === 1 ? 0 : Math.round((k * (steps.length - 1)) / (ticks - 1));
+    const tick = el("span", { class: "tick", text: String(steps[index]) });
+    tick.style.left = `${((index + 0.5) / steps.length) * 100}%`;
+    axis.append(tick);
+  }
+  axis.append(el("span", { class: "axis-title", text: "training step" }));
+  return axis;
+}
+
+// The heatmap of one run. handlers: {hover(info | null, event), click(info)}.
+export function heatmapView(heatmap, scale, width, handlers) {
+  const values = decodeFloats(heatmap.values);
+  const layers = heatmap.layers.length;
+  const steps = heatmap.steps.length;
+  const height = rowHeight(layers) * Math.max(1, layers);
+  const plotWidth = Math.max(120, width - LABEL_WIDTH);
+  const labels = el("div", { class: "row-labels" });
+  labels.style.height = `${height}px`;
+  const every = Math.max(1, Math.ceil(12 / rowHeight(layers)));
+  heatmap.layers.forEach((layer, index) => {
+    const flags = heatmap.flags[index];
+    const label = el("div", {
+      class: "row-label" + (flags.length ? " flagged" : "") + (index % every ? " hidden-text" : ""),
+      "data-layer": layer,
+      "data-row": index,
+      "data-flags": flags.join(" "),
+      title: flags.length ? `${layer}: ${flags.join(", ")}` : layer,
+    });
+    label.style.height = `${height / layers}px`;
+    label.append(el("span", { class: "name", text: layer }));
+    if (flags.length && rowHeight(layers) >= 12) label.append(el("span", { class: "badge", text: flags.join(" ") }));
+    labels.append(label);
+  });
+  const canvas = el("canvas", { class: "heatmap-canvas", "data-run": heatmap.run });
+  canvas.dataset.layers = String(layers);
+  canvas.dataset.steps = String(steps);
+  const started = performance.now();
+  paint(canvas, heatmap, values, scale, plotWidth, height);
+  canvas.dataset.renderMs = (performance.now() - started).toFixed(1);
+  const cellAt = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const row = Math.floor(((event.clientY - box.top) / box.height) * layers);
+    const column = Math.floor(((event.clientX - box.left) / box.width) * steps);
+    if (row < 0 || row >= layers || column < 0 || column >= steps) return null;
+    return {
+      run: heatmap.run,
+      row,
+      layer: heatmap.layers[row],
+      step: heatmap.steps[column],
+      value: values[row * steps + column],
+      flags: heatmap.flags[row],
+      histogramTags: heatmap.histogram_tags[row],
+    };
+  };
+  canvas.addEventListener("mousemove", (event) => handlers.hover(cellAt(event), event));
+  canvas.addEventListener("mouseleave", (event) => handlers.hover(null, event));
+  canvas.addEventListener("click", (event) => {
+    const cell = cellAt(event);
+    if (cell) handlers.click(cell);
+  });
+  const body = el("div", { class: "heatmap-body" }, [labels, canvas]);
+  const axis = stepAxis(heatmap.steps, plotWidth);
+  axis.style.marginLeft = `${LABEL_WIDTH}px`;
+  return el("div", { class: "heatmap" }, [body, axis]);
+}
+
+// The colour legend in real units, shared by every heatmap on the page.
+export function legendView(scale, label, unit) {
+  const bar = document.createElement("canvas");
+  bar.width = 256;
+  bar.height = 1;
+  const context = bar.getContext("2d");
+  for (let x = 0; x < 256; x++) {
+    const [r, g, b] = colorAt(x / 255);
+    context.fillStyle = `rgb(${r},${g},${b})`;
+    context.fillRect(x, 0, 1, 1);
+  }
+  bar.className = "legend-bar";
+  const ticks = el("div", { class: "legend-ticks" });
+  const count = scale.scale === "log" ? scale.high - scale.low : 4;
+  const step = Math.max(1, Math.ceil(count / 8));
+  for (let k = 0; k <= count; k += step) {
+    const value = scale.scale === "log" ? 10 ** (scale.low + k) : scale.low + (k * (scale.high - scale.low)) / count;
+    const text = scale.scale === "log" ? (value >= 0.01 && value <= 100 ? String(value) : `1e${scale.low + k}`) : formatNumber(value, 2);
+    const tick = el("span", { class: "tick", text });
+    tick.style.left = `${(k / count) * 100}%`;
+    ticks.append(tick);
+  }
+  const missing = el("span", { class: "missing-key", text: "not logged" });
+  const title = `${label}: ${unit}` + (scale.scale === "log" ? " (log scale)" : "");
+  return el("div", { class: "legend", "data-low": scale.low, "data-high": scale.high }, [
+    el("div", { class: "legend-title", text: title }),
+    el("div", { class: "legend-scale" }, [bar, ticks]),
+    missing,
+  ]);
+}

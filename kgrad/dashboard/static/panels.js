@@ -1,0 +1,148 @@
+// The health table, the NaN/Inf timeline and the histogram view of a run.
+import { decodeFloats, el, colorAt, formatNumber } from "./common.js";
+
+const COLUMNS = [
+  ["layer", "layer"],
+  ["grad_norm", "grad norm"],
+  ["trend", "trend"],
+  ["ratio_to_max", "/ largest"],
+  ["zero_fraction", "zero act"],
+  ["update_ratio", "update/w"],
+  ["nonfinite", "NaN/Inf"],
+  ["flags", "flags"],
+];
+
+function flagText(row) {
+  if (!row.flags.length) return "ok";
+  return row.flags
+    .map((flag) => (flag in row.first_flagged ? `${flag.toUpperCase()} since step ${row.first_flagged[flag]}` : flag.toUpperCase()))
+    .join(", ");
+}
+
+function cellText(row, key) {
+  if (key === "layer") return row.layer;
+  if (key === "flags") return flagText(row);
+  if (key === "trend") return row.trend === null ? "–" : `×${formatNumber(row.trend, 2)}`;
+  if (key === "nonfinite") return String(row.nonfinite);
+  if (key === "zero_fraction") return row.zero_fraction === null ? "–" : row.zero_fraction.toFixed(2);
+  return formatNumber(row[key], 2);
+}
+
+// The table of `kgrad report` for one run, with the step each flag first held.
+export function healthTable(summary) {
+  const head = el("tr", {}, COLUMNS.map(([, title]) => el("th", { text: title })));
+  const rows = summary.health.map((row) =>
+    el(
+      "tr",
+      { class: row.flags.length ? "flagged" : "", "data-layer": row.layer, "data-flags": row.flags.join(" ") },
+      COLUMNS.map(([key]) => el("td", { class: `col-${key}`, text: cellText(row, key) })),
+    ),
+  );
+  const caption = el("caption", {
+    text: `${summary.probes} probes, steps ${summary.first_step ?? "–"}..${summary.last_step ?? "–"}; grad norm = ${summary.gradient}`,
+  });
+  return el("table", { class: "health", "data-run": summary.run }, [caption, el("thead", {}, head), el("tbody", {}, rows)]);
+}
+
+// Which layers had NaN/Inf, when; the NonFiniteGuard's report when one tripped.
+export function timelineView(summary) {
+  const box = el("div", { class: "timeline", "data-run": summary.run });
+  const guards = summary.guard || [];
+  if (!summary.nonfinite.length && !guards.length) {
+    box.append(el("p", { class: "all-finite", text: "No NaN/Inf on any probed step." }));
+    return box;
+  }
+  const first = summary.first_step ?? 0;
+  const steps = [summary.last_step ?? 0, ...guards.map((g) => g.step ?? 0), ...summary.nonfinite.flatMap((e) => e.steps)];
+  const last = Math.max(first + 1, ...steps);
+  const position = (step) => `${(100 * (step - first)) / (last - first)}%`;
+  for (const entry of summary.nonfinite) {
+    const track = el("div", { class: "track" });
+    entry.steps.slice(0, 2000).forEach((step, index) => {
+      const mark = el("span", { class: "mark", "data-step": step, title: `step ${step}: ${entry.counts[index]} NaN/Inf` });
+      mark.style.left = position(step);
+      track.append(mark);
+    });
+    for (const guard of guards) {
+      const line = el("span", { class: "guard-line", title: `guard tripped at step ${guard.step}` });
+      line.style.left = position(guard.step ?? 0);
+      track.append(line);
+    }
+    box.append(
+      el("div", { class: "timeline-row", "data-layer": entry.layer, "data-tag": entry.tag }, [
+        el("span", { class: "timeline-label", text: `${entry.layer} · ${entry.kind}`, title: entry.tag }),
+        track,
+      ]),
+    );
+  }
+  box.append(el("div", { class: "timeline-axis", text: `steps ${first} … ${last}` }));
+  for (const guard of guards) {
+    box.append(
+      el("div", { class: "guard-report", "data-guard-step": guard.step, "data-guard-layer": guard.layer }, [
+        el("strong", { text: `NonFiniteGuard tripped at step ${guard.step}: ` }),
+        el("span", { text: guard.message || "" }),
+      ]),
+    );
+  }
+  return box;
+}
+
+// A histogram tag over steps: one row of pixels per step, x on a shared range.
+export function histogramView(histogram, range, width) {
+  const values = decodeFloats(histogram.values);
+  const steps = histogram.steps.length;
+  const buckets = histogram.buckets;
+  const columns = Math.max(50, Math.floor(width));
+  const rowPx = Math.max(1, Math.min(6, Math.floor(240 / Math.max(1, steps))));
+  const canvas = el("canvas", { class: "histogram-canvas", "data-tag": histogram.tag, "data-steps": steps });
+  canvas.width = columns;
+  canvas.height = Math.max(1, steps * rowPx);
+  const context = canvas.getContext("2d");
+  const image = context.createImageData(canvas.width, canvas.height);
+  const [low, high] = range;
+  const span = high - low || 1;
+  for (let s = 0; s < steps; s++) {
+    const density = new Float64Array(columns);
+    for (let b = 0; b < buckets; b++) {
+      const base = (s * buckets + b) * 3;
+      const left = values[base];
+      const right = values[base + 1];
+      const count = values[base + 2];
+      if (!(count > 0) || !Number.isFinite(left) || !Number.isFinite(right)) continue;
+      // Spread the bucket's count over the pixel columns it covers.
+      const from = Math.max(0, Math.floor(((left - low) / span) * columns));
+      const to = Math.min(columns - 1, Math.max(from, Math.ceil(((right - low) / span) * columns) - 1));
+      for (let c = from; c <= to; c++) density[c] += count / (to - from + 1);
+    }
+    const top = Math.max(...density) || 1;
+    for (let r = 0; r < rowPx; r++) {
+      for (let c = 0; c < columns; c++) {
+        const i = 4 * ((s * rowPx + r) * columns + c);
+        const t = density[c] / top;
+        const rgb = t > 0 ? colorAt(0.15 + 0.85 * t) : [250, 250, 250];
+        image.data.set([rgb[0], rgb[1], rgb[2], 255], i);
+      }
+    }
+  }
+  context.putImageData(image, 0, 0);
+  canvas.style.width = `${columns}px`;
+  canvas.style.height = `${canvas.height}px`;
+  const zeroAt = `${((0 - low) / span) * 100}%`;
+  const zeroTick = el("span", { class: "zero-tick", text: "0" });
+  zeroTick.style.left = zeroAt;
+  const axis = el("div", { class: "histogram-axis" }, [
+    el("span", { class: "low", text: formatNumber(low) }),
+    low < 0 && high > 0 ? zeroTick : null,
+    el("span", { class: "high", text: formatNumber(high) }),
+  ]);
+  axis.style.width = `${columns}px`;
+  const zero = el("span", { class: "zero-line" });
+  zero.style.left = zeroAt;
+  const steps_text = steps ? `steps ${histogram.steps[0]} (top) … ${histogram.steps[steps - 1]} (bottom)` : "no steps";
+  return el("figure", { class: "histogram", "data-run": histogram.run, "data-tag": histogram.tag }, [
+    el("figcaption", { text: `${histogram.run}: ${histogram.tag}` }),
+    el("div", { class: "histogram-plot" }, [canvas, zero]),
+    axis,
+    el("div", { class: "histogram-steps", text: steps_text }),
+  ]);
+}

@@ -1,0 +1,238 @@
+"""What the kgrad tab and the HTML report draw, as compact JSON-ready dicts.
+
+Pure functions of one run's data (`kgrad.dashboard.events.read_run`, which
+has the shape of a run of `kgrad.read_logs`): the layer x step matrix of a
+quantity, the health table with the step each flag first held, the NaN/Inf
+timeline and the guard's report, and one tag's histograms over steps.
+Matrices travel as base64 float32 (row-major), not one JSON object per
+point: 200 layers x 10 000 steps are 8 MB before gzip.
+"""
+
+import base64
+import math
+
+import numpy as np
+
+from kgrad import report
+from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
+
+#: Heatmap quantities: key -> (label, unit, colour scale, histogram prefix).
+QUANTITIES = {
+    "weight_grad": ("dJ/dw norm", "‖dJ/dw‖ over the layer's weights", "log", "weight_grad_hist/"),
+    "grad": ("dJ/d(activation) norm", "‖dJ/d(layer output)‖", "log", "grad_hist/"),
+    "update_ratio": ("update ratio", "‖Δw‖ / ‖w‖", "log", "weight_grad_hist/"),
+    "zero_fraction": (
+        "zero activations",
+        "fraction of exactly-zero activations",
+        "linear",
+        "activation_hist/",
+    ),
+}
+
+
+def encode_floats(values):
+    """A float array as base64 of its little-endian float32 bytes (NaN kept)."""
+    return base64.b64encode(np.ascontiguousarray(values, "<f4").tobytes()).decode("ascii")
+
+
+def clean(value):
+    """``value`` with NaN/Inf floats as ``None``, so that JSON stays standard."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(item) for item in value]
+    return value
+
+
+class RunView:
+    """The dashboard's views of one run, each computed once.
+
+    Args:
+        run: The run name.
+        data: The run's data (`kgrad.dashboard.events.read_run`).
+        thresholds: The `kgrad.HealthThresholds` of the flags.
+    """
+
+    def __init__(self, run, data, thresholds=None):
+        self.run = run
+        self.data = data
+        self.thresholds = thresholds or report.HealthThresholds()
+        self._memo = {}
+
+    def _once(self, key, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    @property
+    def health(self):
+        """The run's `kgrad.report.RunHealth`."""
+        return self._once("health", lambda: report.run_health(self.run, self.data, self.thresholds))
+
+    @property
+    def layers(self):
+        """Layer name -> its weight paths, in forward order (as ``kgrad report``)."""
+        return self._once("layers", lambda: report._layer_weights(self.data["scalars"]))
+
+    def heatmap(self, quantity):
+        """The layer x step matrix of ``quantity`` (a key of `QUANTITIES`)."""
+        return self._once(("heatmap", quantity), lambda: self._heatmap(quantity))
+
+    def _heatmap(self, quantity):
+        label, unit, scale, hist_prefix = QUANTITIES[quantity]
+        scalars = self.data["scalars"]
+        rows = [self._row(quantity, layer, weights) for layer, weights in self.layers.items()]
+        steps = np.unique(np.concatenate([s.steps for s in rows if s is not None] or [np.zeros(0, np.int64)]))
+        matrix = np.full([len(rows), len(steps)], np.nan, np.float32)
+        for index, series in enumerate(rows):
+            if series is not None and len(series.steps):
+                matrix[index, np.searchsorted(steps, series.steps)] = series.values
+        finite = matrix[np.isfinite(matrix) & ((matrix > 0) if scale == "log" else True)]
+        flags = {row.layer: row for row in self.health.layers}
+        histograms = self.data["histograms"]
+        return {
+            "run": self.run,
+            "quantity": quantity,
+            "label": label,
+            "unit": unit,
+            "scale": scale,
+            "layers": list(self.layers),
+            "flags": [list(flags[name].flags) if name in flags else [] for name in self.layers],
+            "histogram_tags": [
+                [tag for tag in self._histogram_tags(hist_prefix, layer, weights) if tag in histograms]
+                for layer, weights in self.layers.items()
+            ],
+            "steps": steps.tolist(),
+            "values": encode_floats(matrix),
+            "min": float(finite.min()) if finite.size else None,
+            "max": float(finite.max()) if finite.size else None,
+            "has_scalars": any(tag.startswith("grad_norm/") for tag in scalars),
+        }
+
+    def _row(self, quantity, layer, weights):
+        scalars = self.data["scalars"]
+        if quantity == "weight_grad":
+            return report._combined_norm(scalars, "weight_grad_norm", weights)
+        if quantity == "grad":
+            return report._series(scalars, f"grad_norm/{layer}")
+        if quantity == "zero_fraction":
+            return report._series(scalars, f"activation_zero_fraction/{layer}")
+        return update_ratio_series(scalars, weights)
+
+    @staticmethod
+    def _histogram_tags(prefix, layer, weights):
+        if prefix == "weight_grad_hist/":
+            return [prefix + weight for weight in weights]
+        return [prefix + layer]
+
+    def summary(self):
+        """Health table, NaN/Inf timeline and guard reports of the run."""
+        return self._once("summary", self._summary)
+
+    def _summary(self):
+        health = self.health
+        steps = health.steps
+        return clean(
+            {
+                "run": self.run,
+                "gradient": health.gradient,
+                "probes": int(len(steps)),
+                "first_step": int(steps[0]) if len(steps) else None,
+                "last_step": int(steps[-1]) if len(steps) else None,
+                "thresholds": self.thresholds.describe(),
+                "health": [_health_row(row) for row in health.layers],
+                "nonfinite": nonfinite_timeline(self.data["scalars"], self.layers),
+                "guard": guard_reports(self.data),
+            }
+        )
+
+    def histogram(self, tag):
+        """One histogram tag over steps, with an x-range shared by its kind's tags."""
+        return self._once(("histogram", tag), lambda: self._histogram(tag))
+
+    def _histogram(self, tag):
+        series = self.data["histograms"][tag]
+        values = series.values
+        if isinstance(values, list):  # bucket count changed between steps: pad with empty buckets
+            width = max(array.shape[0] for array in values)
+            values = np.stack([np.pad(a, [(0, width - a.shape[0]), (0, 0)], mode="edge") for a in values])
+            for index, array in enumerate(series.values):
+                values[index, array.shape[0] :, 2] = 0
+        prefix = tag.partition("/")[0] + "/"
+        return {
+            "run": self.run,
+            "tag": tag,
+            "steps": series.steps.tolist(),
+            "buckets": int(values.shape[1]) if values.ndim == 3 else 0,
+            "values": encode_floats(values),
+            "range": self._once(("range", prefix), lambda: self._shared_range(prefix)),
+        }
+
+    def _shared_range(self, prefix):
+        """[low, high] of every histogram of ``prefix`` in the run, finite edges only."""
+        low, high = math.inf, -math.inf
+        for tag, series in self.data["histograms"].items():
+            if tag.startswith(prefix):
+                for array in series.values if isinstance(series.values, list) else [series.values]:
+                    edges = np.asarray(array)[..., :2]
+                    counts = np.asarray(array)[..., 2]
+                    # Only edges of buckets that hold something.
+                    edges = edges[(counts > 0) & np.all(np.isfinite(edges), axis=-1)]
+                    if edges.size:
+                        low, high = min(low, float(edges.min())), max(high, float(edges.max()))
+        return [low, high] if low <= high else [-1.0, 1.0]
+
+
+def _health_row(row):
+    return {
+        "layer": row.layer,
+        "grad_norm": row.grad_norm,
+        "trend": row.trend,
+        "ratio_to_max": row.ratio_to_max,
+        "zero_fraction": row.zero_fraction,
+        "update_ratio": row.update_ratio,
+        "nonfinite": row.nonfinite,
+        "flags": list(row.flags),
+        "first_flagged": {flag: step for flag, step in row.first_flagged},
+    }
+
+
+def update_ratio_series(scalars, weights):
+    """‖Δw‖/‖w‖ over a layer's weights at every step (as `kgrad.health_report`'s last value)."""
+    ratios = [scalars.get(f"update_ratio/{weight}") for weight in weights]
+    norms = [scalars.get(f"weight_norm/{weight}") for weight in weights]
+    if not weights or any(series is None for series in ratios + norms):
+        return None
+    steps, values = report._aligned(ratios + norms)
+    ratio, norm = values[: len(weights)], values[len(weights) :]
+    update = np.sqrt(np.sum(np.square(ratio * np.maximum(norm, 1e-12)), axis=0))
+    total = np.sqrt(np.sum(np.square(norm), axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return report.Series(steps, np.where(total > 0, update / total, np.nan))
+
+
+def nonfinite_timeline(scalars, layers):
+    """Every ``*_nonfinite/*`` tag that counted NaN/Inf: its layer row, steps and counts."""
+    owner = {}
+    for layer, weights in layers.items():
+        owner[layer] = layer
+        owner.update({weight: layer for weight in weights})
+    timeline = []
+    for tag, series in scalars.items():
+        if NONFINITE_MARK not in tag:
+            continue
+        bad = series.values > 0
+        if bad.any():
+            kind, _, name = tag.partition("/")
+            timeline.append(
+                {
+                    "tag": tag,
+                    "kind": kind[: -len("_nonfinite")],
+                    "layer": owner.get(name, name),
+                    "steps": series.steps[bad].tolist(),
+                    "counts": series.values[bad].tolist(),
+                }
+            )
+    return timeline
