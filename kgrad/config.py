@@ -11,6 +11,12 @@ CAPTURE_KINDS = (
     "weight_gradients",
 )
 
+#: What ``statistics=`` takes: ``"default"`` writes what people look at
+#: (norms, update ratios, zero fractions, non-finite counts, gradient
+#: histograms; see `kgrad.summaries`), ``"all"`` every moment and histogram
+#: of every captured tensor.
+STATISTICS = ("default", "all")
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeConfig:
@@ -24,6 +30,7 @@ class ProbeConfig:
         capture: Subset of `CAPTURE_KINDS`, or ``"all"``.
         histograms: Whether to compute histograms besides the scalars.
         bucket_count: Buckets per histogram.
+        statistics: ``"default"`` or ``"all"`` (see `STATISTICS`).
     """
 
     layers: object = None
@@ -31,6 +38,7 @@ class ProbeConfig:
     capture: tuple = CAPTURE_KINDS
     histograms: bool = True
     bucket_count: int = 30
+    statistics: str = "default"
 
     def __post_init__(self):
         _check_positive_int("every_n_steps", self.every_n_steps)
@@ -40,6 +48,7 @@ class ProbeConfig:
                 f"`histograms` must be True or False. Received: histograms={self.histograms!r}."
             )
         object.__setattr__(self, "capture", _check_kinds("capture", self.capture, CAPTURE_KINDS))
+        check_statistics(self.statistics)
 
     def captures(self, kind):
         return kind in self.capture
@@ -62,6 +71,15 @@ def _check_kinds(argument, value, allowed):
             f"Received: {argument}={value!r}."
         )
     return kinds
+
+
+def check_statistics(value):
+    """Raises a ValueError unless ``value`` is one of `STATISTICS`."""
+    if not (isinstance(value, str) and value in STATISTICS):
+        raise ValueError(
+            f"`statistics` must be one of {list(STATISTICS)}. Received: statistics={value!r}. "
+            "Use statistics='all' to write every moment and histogram of every tensor."
+        )
 
 
 def _check_positive_int(argument, value):

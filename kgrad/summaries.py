@@ -24,11 +24,106 @@ named ``sequential`` and ``sequential_1`` share charts.
 
 ``<stat>`` is one of `kgrad.stats.MOMENT_NAMES`: ``norm``, ``mean``, ``std``,
 ``min``, ``max``, ``zero_fraction``, ``nonfinite``.
+
+What is written depends on ``statistics=`` (`kgrad.config.STATISTICS`).
+``"all"`` writes every tag above. ``"default"`` writes what the report, the
+dashboard and people read (57 scalar and 20 histogram tags for the demo's
+9-layer MLP, against 305 and 38):
+
+- ``grad_norm/``, ``grad_nonfinite/`` and ``grad_hist/`` of every layer: the
+  gradient flow, and its NaN/Inf (a NaN born in the forward pass makes the
+  loss and so every gradient NaN: these counts see it too);
+- ``activation_zero_fraction/`` (dead units);
+- ``weight_grad_norm/``, ``weight_grad_hist/``, ``weight_norm/`` and
+  ``update_ratio/`` of every weight with two or more dimensions (kernels,
+  embeddings; not biases or normalization scales);
+- ``input_grad_norm/``, ``input_grad_hist/``, ``pred_grad_norm/``,
+  ``pred_grad_hist/`` and ``global/*``.
+
+Tags of other kinds (e.g. added by instruments) are all written. The values
+of the tags written are the same under both settings.
 """
 
 import tensorflow as tf
 
 from kgrad import stats
+from kgrad.config import check_statistics
+
+#: Under ``statistics="default"``: the moments each kind of tensor writes.
+#: Kinds not listed write all of them.
+DEFAULT_MOMENTS = {
+    "activation": ("zero_fraction",),
+    "grad": ("norm", "nonfinite"),
+    "pred_grad": ("norm",),
+    "input_grad": ("norm",),
+    "weight_grad": ("norm",),
+}
+#: Under ``statistics="default"``: the kinds whose histograms are written
+#: (the gradients'; kinds not in `DEFAULT_MOMENTS` keep theirs too).
+DEFAULT_HISTOGRAMS = ("grad", "pred_grad", "input_grad", "weight_grad")
+#: Under ``statistics="default"``: scalar tags (prefixes) left out.
+DEFAULT_DROPPED_SCALARS = ("pred_grad_example_norm_mean/", "pred_grad_example_norm_max/")
+# Per-weight tags, written for the weights whose dJ/dw norm is written.
+_WEIGHT_SCALARS = ("weight_norm/", "update_ratio/")
+_ALL_MOMENTS = tuple(range(len(stats.MOMENT_NAMES)))
+
+
+def _selected(statistics, kind, tensor):
+    """``(moment columns, histogram?)`` that ``statistics`` writes for a tensor."""
+    if statistics == "all" or kind not in DEFAULT_MOMENTS:
+        return _ALL_MOMENTS, True
+    if kind == "weight_grad" and tensor.shape.rank is not None and tensor.shape.rank < 2:
+        # Biases and normalization scales: ~half of a model's weights, and
+        # not what a gradient-flow view shows (their layer's kernel is).
+        return (), False
+    columns = tuple(stats.MOMENT_NAMES.index(stat) for stat in DEFAULT_MOMENTS[kind])
+    return columns, kind in DEFAULT_HISTOGRAMS
+
+
+def _scalar_selected(statistics, tag):
+    return statistics == "all" or not tag.startswith(DEFAULT_DROPPED_SCALARS)
+
+
+def written_scalars(statistics, scalar_names, scalars):
+    """The scalars of a record that ``statistics`` writes, before they are buffered.
+
+    The builder keeps every ``weight_norm/`` (the update ratios are computed
+    from them after the step); under ``"default"`` this drops the
+    ``weight_norm/`` and ``update_ratio/`` of weights whose
+    ``weight_grad_norm/`` is not written (biases), so that fewer numbers
+    reach the host.
+
+    Args:
+        statistics: One of `kgrad.config.STATISTICS`.
+        scalar_names: Tags of ``scalars``, in order.
+        scalars: A ``[len(scalar_names)]`` float32 tensor.
+
+    Returns:
+        ``(names, scalars)``: a list of tags and their ``[n]`` tensor (the
+        arguments themselves when nothing is dropped).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad.summaries import written_scalars
+    >>> names = ["weight_grad_norm/d/kernel", "weight_norm/d/kernel", "weight_norm/d/bias"]
+    >>> kept, values = written_scalars("default", names, tf.constant([1.0, 2.0, 3.0]))
+    >>> kept, values.numpy().tolist()
+    (['weight_grad_norm/d/kernel', 'weight_norm/d/kernel'], [1.0, 2.0])
+    """
+    check_statistics(statistics)
+    if statistics == "all":
+        return scalar_names, scalars
+    present = set(scalar_names)
+
+    def written(tag):
+        prefix = next((p for p in _WEIGHT_SCALARS if tag.startswith(p)), None)
+        return prefix is None or "weight_grad_norm/" + tag[len(prefix) :] in present
+
+    kept = [index for index, tag in enumerate(scalar_names) if written(tag)]
+    if len(kept) == len(scalar_names):
+        return scalar_names, scalars
+    return [scalar_names[index] for index in kept], tf.gather(scalars, kept)
 
 
 class SummaryBuilder:
@@ -36,21 +131,29 @@ class SummaryBuilder:
 
     Tensors are summarized together when the scalars or histograms are
     first asked for (`kgrad.stats.summarize_many`: straight-line kernels per
-    tensor, one branch for all of them).
+    tensor, one branch for all of them; with ``statistics="default"``, one
+    call for the tensors with a histogram and one for the others).
 
     Args:
         histograms: Whether tensors also get a histogram.
         bucket_count: Buckets per histogram.
+        statistics: Which tags are written (`kgrad.config.STATISTICS`, see the
+            module docstring; a probe passes its ``ProbeConfig.statistics``).
+            Rows not written never enter `scalars` or `histograms`, so they
+            are neither buffered nor read by the host.
     """
 
-    def __init__(self, histograms, bucket_count):
+    def __init__(self, histograms, bucket_count, statistics="all"):
+        check_statistics(statistics)
         self._histograms = histograms
         self._bucket_count = bucket_count
+        self._statistics = statistics
         self.scalar_names = []
-        # In name order, what `scalars()` concatenates: the index of a tensor
-        # (its row of moments), a [k] tensor, or fn(moments, tensors) -> scalar.
+        # In name order, what `scalars()` concatenates: (tensor index, moment
+        # columns), a [k] tensor, or fn(moments, tensors) -> scalar.
         self._scalar_blocks = []
         self.histogram_names = []
+        self._histogram_indices = []  # tensors with a histogram, in name order
         self._tensors = []
         self._summaries = None
 
@@ -58,15 +161,19 @@ class SummaryBuilder:
         """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram.
 
         Returns the tensor's index: its row in the ``[n, 7]`` moments, and its
-        place in the tensors, that a callable given to `add_scalar` receives.
+        place in the tensors, that a callable given to `add_scalar` receives
+        (whether or not its own rows are written).
         """
         self._check_open()
         index = len(self._tensors)
         self._tensors.append(tensor)
-        self.scalar_names += [f"{kind}_{stat}/{name}" for stat in stats.MOMENT_NAMES]
-        self._scalar_blocks.append(index)
-        if self._histograms:
+        columns, histogram = _selected(self._statistics, kind, tensor)
+        if columns:
+            self.scalar_names += [f"{kind}_{stats.MOMENT_NAMES[column]}/{name}" for column in columns]
+            self._scalar_blocks.append((index, columns))
+        if self._histograms and histogram:
             self.histogram_names.append(f"{kind}_hist/{name}")
+            self._histogram_indices.append(index)
         return index
 
     def add_scalar(self, tag, value):
@@ -78,6 +185,8 @@ class SummaryBuilder:
         works on the tensors of `with_inputs`.
         """
         self._check_open()
+        if not _scalar_selected(self._statistics, tag):
+            return
         self.scalar_names.append(tag)
         if callable(value):
             self._scalar_blocks.append(value)
@@ -87,8 +196,15 @@ class SummaryBuilder:
     def add_scalars(self, tags, values):
         """Scalars given as one ``[len(tags)]`` vector, in ``tags`` order."""
         self._check_open()
-        self.scalar_names += list(tags)
-        self._scalar_blocks.append(tf.reshape(tf.cast(values, tf.float32), [len(tags)]))
+        tags = list(tags)
+        values = tf.reshape(tf.cast(values, tf.float32), [len(tags)])
+        kept = [index for index, tag in enumerate(tags) if _scalar_selected(self._statistics, tag)]
+        if not kept:
+            return
+        if len(kept) < len(tags):
+            tags, values = [tags[index] for index in kept], tf.gather(values, kept)
+        self.scalar_names += tags
+        self._scalar_blocks.append(values)
 
     def inputs(self):
         """Every tensor the summaries are computed from, as one flat list.
@@ -112,12 +228,12 @@ class SummaryBuilder:
 
         >>> import tensorflow as tf
         >>> from kgrad.summaries import SummaryBuilder
-        >>> builder = SummaryBuilder(histograms=False, bucket_count=1)
+        >>> builder = SummaryBuilder(histograms=False, bucket_count=1, statistics="default")
         >>> _ = builder.add_tensor("activation", "dense", tf.constant([3.0, 4.0]))
         >>> builder.add_scalar("global/norm", lambda moments, tensors: moments[0, 0])
         >>> later = builder.with_inputs([tf.constant([6.0, 8.0])])
-        >>> float(later.scalars()[0]), float(later.scalars()[-1])
-        (10.0, 10.0)
+        >>> later.scalar_names, float(later.scalars()[-1])
+        (['activation_zero_fraction/dense', 'global/norm'], 10.0)
         """
         inputs = list(inputs)
         expected = len(self.inputs())
@@ -126,9 +242,10 @@ class SummaryBuilder:
                 f"SummaryBuilder.with_inputs: expected the {expected} tensors that "
                 f"inputs() returns, received {len(inputs)}."
             )
-        other = SummaryBuilder(self._histograms, self._bucket_count)
+        other = SummaryBuilder(self._histograms, self._bucket_count, self._statistics)
         other.scalar_names = list(self.scalar_names)
         other.histogram_names = list(self.histogram_names)
+        other._histogram_indices = list(self._histogram_indices)
         other._tensors = inputs[: len(self._tensors)]
         scalar_tensors = iter(inputs[len(self._tensors) :])
         other._scalar_blocks = [
@@ -142,30 +259,51 @@ class SummaryBuilder:
 
     def _summarize(self):
         if self._summaries is None:
-            bucket_count = self._bucket_count if self._histograms else None
-            self._summaries = stats.summarize_many(self._tensors, bucket_count)
+            self._summaries = self._summarize_tensors()
         return self._summaries
+
+    def _summarize_tensors(self):
+        """``(moments [n, 7], histograms [len(histogram_names), k, 3] or None)``."""
+        tensors, with_histogram = self._tensors, self._histogram_indices
+        if not with_histogram or len(with_histogram) == len(tensors):
+            # Every tensor or none: one call, as before there was a choice.
+            return stats.summarize_many(tensors, self._bucket_count if with_histogram else None)
+        # Histograms are most of a probed step's cost: only the written ones
+        # are computed. Per tensor, the moments are those of a single call.
+        chosen = set(with_histogram)
+        others = [index for index in range(len(tensors)) if index not in chosen]
+        moments_with, histograms = stats.summarize_many(
+            [tensors[index] for index in with_histogram], self._bucket_count
+        )
+        moments_without, _ = stats.summarize_many([tensors[index] for index in others])
+        position = {index: place for place, index in enumerate(with_histogram + others)}
+        order = [position[index] for index in range(len(tensors))]
+        return tf.gather(tf.concat([moments_with, moments_without], axis=0), order), histograms
 
     def scalars(self):
         """All scalars as one ``[n]`` float32 vector, in ``scalar_names`` order."""
         if not self._scalar_blocks:
             return tf.zeros([0])
         moments = self._summarize()[0]
-        parts, run = [], []  # a run of consecutive tensors is one slice of the moments
+        parts, run = [], []  # consecutive tensors with the same columns: one slice
 
         def close_run():
             if run:
-                parts.append(tf.reshape(moments[run[0] : run[-1] + 1], [-1]))
+                rows = moments[run[0][0] : run[-1][0] + 1]
+                columns = run[0][1]
+                if columns != _ALL_MOMENTS:
+                    rows = tf.gather(rows, columns, axis=1)
+                parts.append(tf.reshape(rows, [-1]))
                 run.clear()
 
         for block in self._scalar_blocks:
-            if isinstance(block, int) and (not run or block == run[-1] + 1):
+            if isinstance(block, tuple):
+                if run and (block[0] != run[-1][0] + 1 or block[1] != run[-1][1]):
+                    close_run()
                 run.append(block)
                 continue
             close_run()
-            if isinstance(block, int):
-                run.append(block)
-            elif callable(block):
+            if callable(block):
                 parts.append(tf.reshape(tf.cast(block(moments, self._tensors), tf.float32), [1]))
             else:
                 parts.append(block)

@@ -49,6 +49,16 @@ class GradientProbe(keras.callbacks.Callback):
             `kgrad.ProbeRecord`, for logging elsewhere than TensorBoard (one
             per tape and step in a model's own ``train_step``; its ``tape``
             names the tape).
+        statistics: Which tags are written. ``"default"``: what people look
+            at (dJ/d(activation) and dJ/dw norms, update ratios, weight
+            norms, zero fractions of activations, non-finite counts of
+            dJ/d(activation), ``global/*``, histograms of the gradients; per
+            weight only for kernels and other weights of two or more
+            dimensions): 57 scalar tags for a 9-layer MLP. ``"all"``: every
+            moment (norm, mean, std, min, max, zero fraction, non-finite
+            count) and histogram of every captured tensor, and the per-weight
+            tags of biases too (305 scalar tags for the same MLP). See
+            `kgrad.summaries` for the tags.
 
     Example:
 
@@ -73,6 +83,7 @@ class GradientProbe(keras.callbacks.Callback):
         histograms=True,
         bucket_count=30,
         on_probe=None,
+        statistics="default",
     ):
         super().__init__()
         self.config = ProbeConfig(
@@ -81,6 +92,7 @@ class GradientProbe(keras.callbacks.Callback):
             capture=capture,
             histograms=histograms,
             bucket_count=bucket_count,
+            statistics=statistics,
         )
         if on_probe is not None and not callable(on_probe):
             raise TypeError(

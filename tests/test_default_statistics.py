@@ -1,0 +1,237 @@
+"""What a probe writes by default, and ``statistics="all"``: tags read back from event files."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kgrad
+from kgrad import demo, tensorboard
+from kgrad.config import ProbeConfig
+from kgrad.summaries import SummaryBuilder, written_scalars
+
+STATS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
+# The demo's MLP: 8 hidden Dense layers and an output, a kernel and a bias each.
+LAYERS = [f"hidden_{index}" for index in range(1, 9)] + ["output"]
+KERNELS = [f"{layer}/kernel" for layer in LAYERS]
+WEIGHTS = KERNELS + [f"{layer}/bias" for layer in LAYERS]
+# Spelled out on purpose: the default is the users' TensorBoard layout.
+DEFAULT_SCALARS = (
+    {f"grad_norm/{layer}" for layer in LAYERS}
+    | {f"grad_nonfinite/{layer}" for layer in LAYERS}
+    | {f"activation_zero_fraction/{layer}" for layer in LAYERS}
+    | {
+        f"{kind}/{kernel}"
+        for kind in ("weight_grad_norm", "weight_norm", "update_ratio")
+        for kernel in KERNELS
+    }
+    | {"input_grad_norm/input", "pred_grad_norm/output", "global/grad_norm"}
+)
+DEFAULT_HISTOGRAMS = (
+    {f"grad_hist/{layer}" for layer in LAYERS}
+    | {f"weight_grad_hist/{kernel}" for kernel in KERNELS}
+    | {"input_grad_hist/input", "pred_grad_hist/output"}
+)
+TENSORS = (
+    [("activation", layer) for layer in LAYERS]
+    + [("grad", layer) for layer in LAYERS]
+    + [("pred_grad", "output"), ("input_grad", "input")]
+    + [("weight_grad", weight) for weight in WEIGHTS]
+)
+ALL_SCALARS = (
+    {f"{kind}_{stat}/{name}" for kind, name in TENSORS for stat in STATS}
+    | {"pred_grad_example_norm_mean/output", "pred_grad_example_norm_max/output"}
+    | {f"{kind}/{weight}" for kind in ("weight_norm", "update_ratio") for weight in WEIGHTS}
+    | {"global/grad_norm"}
+)
+ALL_HISTOGRAMS = {f"{kind}_hist/{name}" for kind, name in TENSORS}
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    """The demo's sigmoid MLP, one epoch of 8 steps probed every 4, per setting."""
+    x, y = demo.make_circle_data(256)
+    runs = {}
+    for statistics in ("default", "all"):
+        keras.utils.set_random_seed(1)
+        log_dir = tmp_path_factory.mktemp(statistics)
+        probe = kgrad.GradientProbe(log_dir, every_n_steps=4, statistics=statistics)
+        model = demo.build_mlp("sigmoid", "glorot_uniform")
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
+        runs[statistics] = {"logs": kgrad.read_logs(log_dir), "probe": probe}
+    return runs
+
+
+def test_default_writes_what_people_look_at_on_the_demo_mlp(demo_runs):
+    logs = demo_runs["default"]["logs"]
+    assert set(logs) == {"kgrad"}
+    assert set(logs["kgrad"]["scalars"]) == DEFAULT_SCALARS
+    assert len(DEFAULT_SCALARS) == 57 <= 60
+    assert set(logs["kgrad"]["histograms"]) == DEFAULT_HISTOGRAMS
+    assert logs["kgrad"]["scalars"]["grad_norm/hidden_1"].steps.tolist() == [0, 4]
+
+
+def test_all_writes_every_moment_of_every_tensor(demo_runs):
+    logs = demo_runs["all"]["logs"]["kgrad"]
+    assert set(logs["scalars"]) == ALL_SCALARS
+    assert (len(ALL_SCALARS), len(ALL_HISTOGRAMS)) == (305, 38)
+    assert set(logs["histograms"]) == ALL_HISTOGRAMS
+
+
+def test_the_tags_written_by_default_have_the_same_values(demo_runs):
+    default, every = (demo_runs[key]["logs"]["kgrad"] for key in ("default", "all"))
+    for kind in ("scalars", "histograms"):
+        for tag, series in default[kind].items():
+            np.testing.assert_array_equal(series.steps, every[kind][tag].steps, err_msg=tag)
+            np.testing.assert_array_equal(series.values, every[kind][tag].values, err_msg=tag)
+    # The record handed to on_probe / probe.latest holds what was written.
+    assert set(demo_runs["default"]["probe"].latest.scalars) == DEFAULT_SCALARS
+
+
+def test_report_reads_the_default_set(demo_runs):
+    (health,) = kgrad.health_report(demo_runs["default"]["logs"])
+    assert health.gradient == "dJ/dw"
+    assert [layer.layer for layer in health.layers] == LAYERS
+    for layer in health.layers:
+        assert np.isfinite([layer.grad_norm, layer.zero_fraction, layer.update_ratio]).all(), layer
+        assert layer.nonfinite == 0
+
+
+@pytest.mark.parametrize("value", ["full", None, "ALL", ["all"]])
+def test_statistics_must_be_default_or_all(value):
+    message = re.escape(
+        f"`statistics` must be one of ['default', 'all']. Received: statistics={value!r}."
+    )
+    with pytest.raises(ValueError, match=message):
+        kgrad.GradientProbe(statistics=value)
+    with pytest.raises(ValueError, match=message):
+        ProbeConfig(statistics=value)
+    inputs = keras.Input((2,))
+    model = kgrad.ProbingModel(inputs, keras.layers.Dense(1)(inputs))
+    with pytest.raises(ValueError, match=message):
+        model.configure_probe(statistics=value)
+
+
+def test_probing_model_takes_the_option():
+    inputs = keras.Input((2,))
+    model = kgrad.ProbingModel(inputs, keras.layers.Dense(1, name="out")(inputs))
+    model.configure_probe(every_n_steps=1, statistics="all")
+    assert model.probe_config.statistics == "all"
+
+
+def _builder(statistics, histograms=True):
+    builder = SummaryBuilder(histograms, 5, statistics=statistics)
+    rng = np.random.default_rng(0)
+    tensors = [
+        ("activation", "a", (4, 3)),
+        ("weight_grad", "d/kernel", (3, 3)),
+        ("weight_grad", "d/bias", (3,)),
+        ("grad", "a", (4, 3)),
+        ("example_grad_norm", "d/kernel", (4,)),  # another kind: written whole
+    ]
+    indices = [
+        builder.add_tensor(kind, name, tf.constant(rng.normal(size=shape), tf.float32))
+        for kind, name, shape in tensors
+    ]
+    builder.add_scalars(["weight_norm/d/kernel", "weight_norm/d/bias"], tf.constant([1.0, 2.0]))
+    builder.add_scalar("pred_grad_example_norm_max/output", tf.constant(3.0))
+    builder.add_scalar(
+        "global/grad_norm", lambda moments, _: moments[indices[1], 0] + moments[indices[2], 0]
+    )
+    return builder
+
+
+def test_builder_drops_rows_before_the_buffer_and_keeps_values():
+    default, every = _builder("default"), _builder("all")
+    assert default.scalar_names == [
+        "activation_zero_fraction/a",
+        "weight_grad_norm/d/kernel",
+        "grad_norm/a",
+        "grad_nonfinite/a",
+        *[f"example_grad_norm_{stat}/d/kernel" for stat in STATS],
+        "weight_norm/d/kernel",
+        "weight_norm/d/bias",
+        "global/grad_norm",
+    ]
+    assert default.histogram_names == [
+        "weight_grad_hist/d/kernel",
+        "grad_hist/a",
+        "example_grad_norm_hist/d/kernel",
+    ]
+    assert len(every.scalar_names) == 5 * 7 + 4 and len(every.histogram_names) == 5
+    all_scalars = dict(zip(every.scalar_names, every.scalars().numpy()))
+    all_histograms = dict(zip(every.histogram_names, every.histograms().numpy()))
+    assert dict(zip(default.scalar_names, default.scalars().numpy())) == {
+        tag: all_scalars[tag] for tag in default.scalar_names
+    }
+    for tag, histogram in zip(default.histogram_names, default.histograms().numpy()):
+        np.testing.assert_array_equal(histogram, all_histograms[tag], err_msg=tag)
+    later = default.with_inputs(default.inputs())
+    assert (
+        later.scalar_names == default.scalar_names
+        and later.histogram_names == default.histogram_names
+    )
+    np.testing.assert_array_equal(later.scalars(), default.scalars())
+
+
+def test_builder_without_histograms_and_the_keyword_default():
+    builder = _builder("default", histograms=False)
+    assert builder.histogram_names == [] and builder.histograms().shape == (0, 5, 3)
+    assert len(builder.scalars()) == len(builder.scalar_names)
+    # What a builder made without the keyword writes: everything.
+    assert SummaryBuilder(True, 5)._statistics == "all"
+
+
+def test_written_scalars_drop_the_weight_tags_of_unwritten_weight_gradients():
+    names = [
+        "weight_grad_norm/d/kernel",
+        "weight_norm/d/kernel",
+        "weight_norm/d/bias",
+        "update_ratio/d/kernel",
+        "update_ratio/d/bias",
+        "global/grad_norm",
+    ]
+    values = tf.range(6, dtype=tf.float32)
+    kept, kept_values = written_scalars("default", names, values)
+    assert kept == [
+        "weight_grad_norm/d/kernel",
+        "weight_norm/d/kernel",
+        "update_ratio/d/kernel",
+        "global/grad_norm",
+    ]
+    assert kept_values.numpy().tolist() == [0.0, 1.0, 3.0, 5.0]
+    assert written_scalars("all", names, values) == (names, values)
+    with pytest.raises(ValueError, match="statistics='most'"):
+        written_scalars("most", names, values)
+
+
+def test_layout_has_at_most_eight_exact_tags_per_chart(demo_runs):
+    tags = list(demo_runs["all"]["probe"].latest.scalars)
+    layout = tensorboard.custom_scalar_layout(tags)
+    assert "the kgrad tab" in layout.category[0].title
+    shown = {}
+    for category in layout.category:
+        for chart in category.chart:
+            (regex,) = chart.multiline.tag
+            matching = [tag for tag in tags if re.match(regex, tag)]
+            shown[chart.title] = matching
+            assert matching and (
+                len(matching) <= tensorboard.LAYERS_PER_CHART or "all weights" in chart.title
+            )
+    assert shown["dJ/d(activation) norm: hidden_1 … hidden_5"] == [
+        f"grad_norm/{layer}" for layer in LAYERS[:5]
+    ]
+    assert shown["dJ/d(activation) norm: hidden_6 … output"] == [
+        f"grad_norm/{layer}" for layer in LAYERS[5:]
+    ]
+    assert shown["‖dJ/dw‖ of all weights, dJ/dŷ and dJ/dx norms"] == [
+        "pred_grad_norm/output",
+        "input_grad_norm/input",
+        "global/grad_norm",
+    ]
+    nonfinite = [tag for tag in tags if "_nonfinite/" in tag]
+    assert sorted(
+        tag for title, found in shown.items() if title.startswith("NaN/Inf") for tag in found
+    ) == sorted(nonfinite)
