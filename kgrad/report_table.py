@@ -6,6 +6,8 @@ computes nothing itself.
 
 import math
 
+from kgrad.instruments import noise_scale
+
 _COLUMNS = ("layer", "grad norm", "trend", "/ largest", "zero act", "update/w", "NaN/Inf", "flags")
 
 
@@ -44,6 +46,8 @@ def format_run(run):
     ]
     widths = [max(len(row[column]) for row in cells) for column in range(len(_COLUMNS))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    if getattr(run, "critical_batch", None) is not None:  # per-example instruments were on
+        lines.append(noise_scale.describe(run.critical_batch))
     return "\n".join([header] + lines)
 
 

@@ -157,3 +157,40 @@ def test_suggestion_names_the_direction():
     assert "well above" in noise_scale.suggestion(10.0, 512)
     assert "near" in noise_scale.suggestion(100.0, 128)
     assert "no estimate" in noise_scale.suggestion(None, 128)
+
+
+def test_kgrad_report_prints_the_critical_batch_size_from_event_files(tmp_path, capsys):
+    model, x, y = model_and_data(batch=32)
+    writer = tf.summary.create_file_writer(str(tmp_path / "kgrad"))
+    with writer.as_default():
+        for step in range(3):
+            scalars, _ = probe_scalars(model, x, y)
+            scalars["grad_norm/out"] = 1.0  # what marks a run as kgrad's
+            for tag, value in scalars.items():
+                tf.summary.scalar(tag, value, step=step)
+    writer.close()
+    logs = kgrad.read_logs(str(tmp_path))
+    critical = kgrad.health_report(logs)[0].critical_batch
+    expected = noise_scale.smoothed_from_scalars(logs["kgrad"]["scalars"])
+    assert critical.probes == 3 and critical.batch_size == 32
+    assert critical.b_simple == pytest.approx(expected.b_simple) and set(critical.layers) == {"hidden", "out"}
+    from kgrad import cli
+
+    cli.main(["report", str(tmp_path)])
+    line = [text for text in capsys.readouterr().out.splitlines() if text.startswith("critical batch")]
+    assert line == [noise_scale.describe(critical)]
+    assert "vs batch size 32 in use" in line[0] and "smoothed over 3 probes" in line[0]
+
+
+def test_report_without_whole_model_sums_says_so():
+    steps = np.array([0, 1])
+    scalars = {
+        "noise_example_sq_norm_mean/dense": Series(steps, np.array([11.0, 11.0])),
+        "noise_batch_sq_norm/dense": Series(steps, np.array([2.0, 2.0])),
+        "global/batch_size": Series(steps, np.array([10.0, 10.0])),
+    }
+    critical = noise_scale.critical_batch(scalars)
+    assert critical.b_simple is None
+    assert critical.layers == {"dense": (pytest.approx(10.0), pytest.approx(1.0))}
+    assert "no whole-model estimate" in noise_scale.describe(critical)
+    assert noise_scale.critical_batch({"grad_norm/dense": Series(steps, steps * 1.0)}) is None

@@ -213,3 +213,69 @@ def suggestion(b_simple, batch_size):
             "would use fewer examples for the same progress"
         )
     return "batch near B_simple: a good trade-off between steps and examples"
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalBatch:
+    """What a run's ``noise_*`` tags say about its batch size (`critical_batch`).
+
+    Attributes:
+        b_simple: Smoothed whole-model B_simple, or ``None`` (not every weight
+            had per-example norms, or |G|² was not positive).
+        batch_size: The batch size of the latest probe.
+        probes: Probes smoothed over.
+        snr: Smoothed whole-model SNR at ``batch_size``, or ``None``.
+        layers: ``{layer: (b_simple, snr)}``, smoothed, in logged order.
+    """
+
+    b_simple: object
+    batch_size: float
+    probes: int
+    snr: object
+    layers: dict
+
+
+def critical_batch(scalars, decay=0.9):
+    """The `CriticalBatch` of one run's scalars, or ``None`` without ``noise_*`` tags."""
+    layers = {}
+    for layer in layers_in_scalars(scalars):
+        smoother = smoothed_from_scalars(scalars, layer, decay)
+        if smoother is not None and smoother.count:
+            layers[layer] = (smoother.b_simple, smoother.snr)
+    whole = smoothed_from_scalars(scalars, None, decay)
+    if not layers and (whole is None or not whole.count):
+        return None
+    if whole is None or not whole.count:
+        batch = scalars["global/batch_size"].values[-1]
+        return CriticalBatch(None, float(batch), 0, None, layers)
+    return CriticalBatch(whole.b_simple, whole.batch_size, whole.count, whole.snr, layers)
+
+
+def describe(critical):
+    """One line for ``kgrad report``: B_simple beside the batch size in use, and what it suggests.
+
+    Example:
+
+    >>> print(describe(CriticalBatch(812.0, 32.0, 10, 0.04, {"dense": (812.0, 0.04)})))
+    critical batch size (B_simple, whole model, smoothed over 10 probes) ~812 vs batch size 32 in use: \
+batch well below B_simple: a larger batch (up to ~812) would need proportionally fewer steps; \
+gradient SNR at this batch 0.04 (per layer 0.04 dense .. 0.04 dense)
+    """
+    batch = f"{critical.batch_size:.0f}"
+    snrs = [(snr, name) for name, (_, snr) in critical.layers.items() if snr is not None]
+    per_layer = ""
+    if snrs:
+        (low, low_name), (high, high_name) = min(snrs), max(snrs)
+        per_layer = f" (per layer {low:.2g} {low_name} .. {high:.2g} {high_name})"
+    if critical.probes == 0:
+        return (
+            f"critical batch size: no whole-model estimate (not every trainable weight has "
+            f"per-example norms); batch size {batch} in use{'; gradient SNR' + per_layer if snrs else ''}"
+        )
+    value = "-" if critical.b_simple is None else f"~{critical.b_simple:.3g}"
+    snr = "-" if critical.snr is None else f"{critical.snr:.2g}"
+    return (
+        f"critical batch size (B_simple, whole model, smoothed over {critical.probes} probes) {value} "
+        f"vs batch size {batch} in use: {suggestion(critical.b_simple, critical.batch_size)}; "
+        f"gradient SNR at this batch {snr}{per_layer}"
+    )
