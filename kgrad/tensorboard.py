@@ -7,6 +7,7 @@ documented in `kgrad.summaries`; the file itself is `kgrad.event_file`'s.
 """
 
 import os
+import re
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
@@ -17,21 +18,29 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from kgrad.event_file import EventFile
 
+#: Tag of a tripped `kgrad.NonFiniteGuard`'s report (a text summary of JSON).
+GUARD_REPORT_TAG = "guard/report"
+
 #: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
 RUN_NAME = "kgrad"
 
-#: Charts of the custom-scalars dashboard: (category, chart title, tag regex).
-#: TensorBoard matches each regex at the start of the tag.
-LAYOUT_CHARTS = (
-    ("kgrad: gradients", "dJ/d(activation) norm, every layer", r"grad_norm/"),
-    ("kgrad: gradients", "dJ/dw norm, every weight", r"weight_grad_norm/"),
-    ("kgrad: gradients", "dJ/dŷ and dJ/dx norm", r"(pred_grad|input_grad)_norm/"),
-    ("kgrad: gradients", "global gradient norm", r"global/grad_norm$"),
-    ("kgrad: updates", "update / weight ratio, every weight", r"update_ratio/"),
-    ("kgrad: activations", "activation norm, every layer", r"activation_norm/"),
-    ("kgrad: activations", "fraction of zero activations", r"activation_zero_fraction/"),
-    ("kgrad: health", "non-finite values", r"[a-z_]*_nonfinite/"),
+#: Categories of the custom-scalars dashboard: (tag prefix, what it shows),
+#: each with one chart per group of at most `LAYERS_PER_CHART` layers or
+#: weights, in the order the probe logged them (forward order).
+LAYOUT_KINDS = (
+    ("grad_norm/", "dJ/d(activation) norm"),
+    ("weight_grad_norm/", "dJ/dw norm"),
+    ("update_ratio/", "update ratio ‖Δw‖/‖w‖"),
+    ("activation_zero_fraction/", "fraction of zero activations"),
+    ("activation_norm/", "activation norm"),
 )
+#: Most lines on one chart, per run: more cannot be told apart.
+LAYERS_PER_CHART = 8
+# Whole-model tags, on one chart of their own.
+_MODEL_REGEX = r"(global/grad_norm|pred_grad_norm/.*|input_grad_norm/.*)$"
+# TensorBoard 2.21's layout has no y-axis scale (MultilineChartContent holds
+# only `tag`): each chart's "Toggle y-axis log scale" button turns it on.
+_NOTE = "every layer on one log scale: the kgrad tab; log y here: each chart's line-weight button"
 
 # What each tag prefix measures; shown by TensorBoard as the chart's description.
 _KIND_DESCRIPTIONS = {
@@ -87,15 +96,103 @@ def describe_tag(tag):
     return "kgrad"
 
 
-def custom_scalar_layout():
-    """The custom-scalars dashboard layout: one chart per quantity, all layers."""
-    categories = {}
-    for category, title, regex in LAYOUT_CHARTS:
-        chart = layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
-        categories.setdefault(category, []).append(chart)
-    return layout_pb2.Layout(
-        category=[layout_pb2.Category(title=title, chart=charts) for title, charts in categories.items()]
+def custom_scalar_layout(scalar_tags):
+    """The custom-scalars dashboard layout for a run with these scalar tags.
+
+    One category per quantity of `LAYOUT_KINDS`, with charts of at most
+    `LAYERS_PER_CHART` layers each (in the tags' order), then one chart of
+    the whole-model norms and one of the non-finite counts. Each chart lists
+    its tags exactly, so that it shows only them.
+
+    Example:
+
+    >>> from kgrad.tensorboard import custom_scalar_layout
+    >>> tags = [f"grad_norm/dense_{i}" for i in range(10)]
+    >>> layout = custom_scalar_layout(tags)
+    >>> [chart.title for chart in layout.category[0].chart]
+    ['dJ/d(activation) norm: dense_0 … dense_4', 'dJ/d(activation) norm: dense_5 … dense_9']
+    """
+    scalar_tags = list(scalar_tags)
+    categories = []
+    for prefix, title in LAYOUT_KINDS:
+        names = [tag[len(prefix) :] for tag in scalar_tags if tag.startswith(prefix)]
+        charts = [_chart(title, prefix, group) for group in _groups(names)]
+        if charts:
+            categories.append(layout_pb2.Category(title=f"kgrad: {title}", chart=charts))
+    model_chart = layout_pb2.Chart(
+        title="‖dJ/dw‖ of all weights, dJ/dŷ and dJ/dx norms",
+        multiline=layout_pb2.MultilineChartContent(tag=[_MODEL_REGEX]),
     )
+    health = [tag for tag in scalar_tags if tag.partition("/")[0].endswith("_nonfinite")]
+    health_charts = [_chart("NaN/Inf count", "", group) for group in _groups(health)]
+    categories.append(
+        layout_pb2.Category(title="kgrad: whole model, NaN/Inf counts", chart=[model_chart] + health_charts)
+    )
+    if categories:
+        # The note goes where the eye lands first, in the first category's title.
+        categories[0].title += f" ({_NOTE})"
+    return layout_pb2.Layout(category=categories)
+
+
+def _groups(names):
+    """``names`` cut into about equal groups of at most `LAYERS_PER_CHART`."""
+    if not names:
+        return []
+    count = -(-len(names) // LAYERS_PER_CHART)
+    size = -(-len(names) // count)
+    return [names[start : start + size] for start in range(0, len(names), size)]
+
+
+def _chart(title, prefix, names):
+    shown = f"{names[0]} … {names[-1]}" if len(names) > 1 else names[0]
+    return layout_pb2.Chart(
+        title=f"{title}: {shown}",
+        multiline=layout_pb2.MultilineChartContent(tag=[_exact([prefix + name for name in names])]),
+    )
+
+
+def _exact(tags):
+    """A regex that matches exactly ``tags`` (TensorBoard matches at the start)."""
+    return "(" + "|".join(re.escape(tag) for tag in tags) + ")$"
+
+
+def write_guard_report(log_dir, report):
+    """Writes a tripped guard's `kgrad.NonFiniteReport` to ``<log_dir>/kgrad``.
+
+    One text summary at the bad step, tag `GUARD_REPORT_TAG`, holding JSON:
+    the report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
+    ``[[tensor, nan, inf], ...]``, no ``last_summaries``) and ``"message"``,
+    the text the guard prints. The kgrad tab shows it on its NaN/Inf timeline;
+    TensorBoard's Text tab shows it too.
+    """
+    import json
+
+    from tensorboard.plugins.text import metadata as text_metadata
+
+    fields = {
+        "message": str(report),
+        "step": report.step,
+        "tensor": report.tensor,
+        "layer": report.layer,
+        "kind": report.kind,
+        "pass": report.pass_,
+        "nan_count": report.nan_count,
+        "inf_count": report.inf_count,
+        "last_finite_step": report.last_finite_step,
+        "last_finite_norm": report.last_finite_norm,
+        "non_finite": [[name, nan, inf] for name, (nan, inf) in report.non_finite.items()],
+    }
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[json.dumps(fields).encode("utf-8")]
+    )
+    summary = summary_pb2.Summary()
+    value = summary.value.add(tag=GUARD_REPORT_TAG)
+    metadata = text_metadata.create_summary_metadata(display_name=GUARD_REPORT_TAG, description="")
+    value.metadata.CopyFrom(metadata)
+    value.tensor.CopyFrom(tensor)
+    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
+    events.write_summary(summary.SerializeToString(), report.step)
+    events.close()
 
 
 class ProbeWriter:
@@ -116,6 +213,7 @@ class ProbeWriter:
         self._events = None
         self._described = set()  # tags whose metadata this event file holds
         self._layouts = {}  # (scalar tags, histogram tags, shapes) -> _SummaryLayout
+        self._wrote_layout = False  # the custom-scalars layout, once per event file
 
     def _event_file(self):
         if self._events is None:
@@ -124,14 +222,18 @@ class ProbeWriter:
             # Per file: a layout is made once its tags are described in it.
             self._described = set()
             self._layouts = {}
-            self._events.write_summary(
-                custom_scalar_summary.pb(custom_scalar_layout()).SerializeToString(), step=0
-            )
+            self._wrote_layout = False
         return self._events
 
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
         events = self._event_file()
+        if not self._wrote_layout and any(not tag.startswith("global/") for tag in record.scalars):
+            # From the first record with layers: a step the loss scaler
+            # skipped holds only global/ tags. TensorBoard reads one layout.
+            layout = custom_scalar_layout(record.scalars)
+            events.write_summary(custom_scalar_summary.pb(layout).SerializeToString(), step=0)
+            self._wrote_layout = True
         events.write_summary(self._serialized_summary(record), record.step)
 
     def _serialized_summary(self, record):

@@ -45,7 +45,9 @@ def logged(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("logs")
     model = tiny_model()
     records = []
-    probe = kgrad.GradientProbe(log_dir, every_n_steps=2, bucket_count=5, on_probe=records.append)
+    probe = kgrad.GradientProbe(
+        log_dir, every_n_steps=2, bucket_count=5, on_probe=records.append, statistics="all"
+    )
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(16, 3)), rng.normal(size=(16, 1))
     model.fit(
@@ -164,7 +166,7 @@ def test_histogram_counts_add_up_to_the_elements_of_the_tensor(server, logged):
 def test_custom_scalars_chart_shows_every_layer_gradient_norm(server, logged):
     layout = _get_json(server, "/data/plugin/custom_scalars/layout")
     charts = {chart["title"]: chart for category in layout["category"] for chart in category["chart"]}
-    (regex,) = charts["dJ/d(activation) norm, every layer"]["multiline"]["tag"]
+    (regex,) = charts["dJ/d(activation) norm: hidden … out"]["multiline"]["tag"]
     data = _get_json(server, "/data/plugin/custom_scalars/scalars", run="kgrad", tag=regex)
     assert data["regex_valid"]
     assert sorted(data["tag_to_events"]) == ["grad_norm/hidden", "grad_norm/out"]

@@ -7,6 +7,9 @@ import keras
 import numpy as np
 import pytest
 
+import tensorflow as tf
+from tensorboard.plugins.custom_scalar import layout_pb2
+
 import kgrad
 from kgrad import tensorboard
 
@@ -28,6 +31,19 @@ EXPECTED_SCALARS = (
     | {"global/grad_norm"}
 )
 EXPECTED_HISTOGRAMS = {f"{kind}_hist/{name}" for kind, name in TENSORS}
+# What a default probe writes (statistics="default"): norms, update ratios
+# and gradient histograms of kernels, dJ/d(activation) non-finite counts.
+KERNELS = ("hidden/kernel", "out/kernel")
+EXPECTED_DEFAULT_SCALARS = (
+    {f"{kind}/{layer}" for kind in ("grad_norm", "grad_nonfinite", "activation_zero_fraction")
+     for layer in ("hidden", "out")}
+    | {f"{kind}/{path}" for kind in ("weight_grad_norm", "weight_norm", "update_ratio") for path in KERNELS}
+    | {"pred_grad_norm/output", "input_grad_norm/input", "global/grad_norm"}
+)
+EXPECTED_DEFAULT_HISTOGRAMS = (
+    {"grad_hist/hidden", "grad_hist/out", "pred_grad_hist/output", "input_grad_hist/input"}
+    | {f"weight_grad_hist/{kernel}" for kernel in KERNELS}
+)
 # Elements of each histogrammed tensor for one batch of 4: hidden is 3 -> 2.
 ELEMENTS = {
     "activation_hist/hidden": 4 * 2,
@@ -69,7 +85,9 @@ def logged(tmp_path_factory):
     model = tiny_model()
     initial_kernel = model.get_layer("hidden").kernel.numpy()
     records = []
-    probe = kgrad.GradientProbe(log_dir, every_n_steps=1, bucket_count=4, on_probe=records.append)
+    probe = kgrad.GradientProbe(
+        log_dir, every_n_steps=1, bucket_count=4, on_probe=records.append, statistics="all"
+    )
     x, y = tiny_data()
     model.fit(
         x,
@@ -100,6 +118,20 @@ def test_runs_and_tags_are_exactly_the_documented_scheme(logged):
     assert ("train", "epoch_loss") in pairs and ("validation", "epoch_loss") in pairs
     histogram_pairs = {(run, tag) for run, data in logs.items() for tag in data["histograms"]}
     assert histogram_pairs == {("kgrad", tag) for tag in EXPECTED_HISTOGRAMS}
+
+
+def test_default_probe_writes_the_default_tags_with_the_same_values(logged, tmp_path):
+    keras.utils.set_random_seed(0)
+    x, y = tiny_data()
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, bucket_count=4)
+    tiny_model().fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[probe])
+    run = kgrad.read_logs(tmp_path)["kgrad"]
+    assert set(run["scalars"]) == EXPECTED_DEFAULT_SCALARS
+    assert set(run["histograms"]) == EXPECTED_DEFAULT_HISTOGRAMS
+    every = logged["logs"]["kgrad"]
+    for kind in ("scalars", "histograms"):
+        for tag, series in run[kind].items():
+            np.testing.assert_allclose(series.values, every[kind][tag].values, rtol=1e-6, err_msg=tag)
 
 
 def test_event_file_is_in_its_own_run_folder_beside_keras(logged):
@@ -190,16 +222,35 @@ def test_keras_tensorboard_update_freq_does_not_drop_probed_steps(tmp_path):
     assert logs["kgrad"]["histograms"] == {}
 
 
-@pytest.mark.parametrize("layers", [["hidden", "out"], ["hidden_1", "hidden_12", "output"]])
-def test_layout_puts_every_layer_gradient_norm_on_one_chart(layers):
-    tags = [f"grad_norm/{layer}" for layer in layers] + ["weight_grad_norm/m/hidden/kernel"]
-    charts = [chart for category in tensorboard.custom_scalar_layout().category for chart in category.chart]
-    matching = [
-        chart.title for chart in charts if all(re.match(chart.multiline.tag[0], tag) for tag in tags[:-1])
+@pytest.mark.parametrize("count, charts", [(2, [2]), (8, [8]), (9, [5, 4]), (17, [6, 6, 5])])
+def test_layout_charts_hold_at_most_eight_layers_in_logged_order(count, charts):
+    layers = [f"hidden_{index}" for index in range(1, count + 1)]
+    tags = [f"grad_norm/{layer}" for layer in layers] + ["weight_grad_norm/hidden_1/kernel", "grad_norm/x.y"]
+    layout = tensorboard.custom_scalar_layout(tags[:-1])
+    category = layout.category[0]
+    assert category.title.startswith("kgrad: dJ/d(activation) norm (") and "kgrad tab" in category.title
+    matched = [[tag for tag in tags if re.match(chart.multiline.tag[0], tag)] for chart in category.chart]
+    assert [len(found) for found in matched] == charts
+    assert [tag for found in matched for tag in found] == [f"grad_norm/{layer}" for layer in layers]
+    assert category.chart[0].title == f"dJ/d(activation) norm: hidden_1 … hidden_{charts[0]}"
+
+
+def test_layout_is_written_once_from_the_first_record_with_layers(tmp_path):
+    writer = tensorboard.ProbeWriter(tmp_path)
+    writer.write(kgrad.ProbeRecord(0, {"global/loss_scale": 8.0}, {}))  # a skipped step
+    writer.write(kgrad.ProbeRecord(1, {"grad_norm/a": 1.0, "global/loss_scale": 4.0}, {}))
+    writer.write(kgrad.ProbeRecord(2, {"grad_norm/a": 2.0, "global/loss_scale": 4.0}, {}))
+    writer.close()
+    (name,) = os.listdir(tmp_path / "kgrad")
+    layouts = [
+        value.tensor.string_val[0]
+        for event in tf.compat.v1.train.summary_iterator(str(tmp_path / "kgrad" / name))
+        for value in event.summary.value
+        if value.tag == "custom_scalars__config__"
     ]
-    assert matching == ["dJ/d(activation) norm, every layer"]
-    grad_chart = next(chart for chart in charts if chart.title == matching[0])
-    assert not re.match(grad_chart.multiline.tag[0], tags[-1])
+    assert len(layouts) == 1
+    layout = layout_pb2.Layout.FromString(layouts[0])
+    assert [chart.title for chart in layout.category[0].chart] == ["dJ/d(activation) norm: a"]
 
 
 @pytest.mark.parametrize(
