@@ -244,3 +244,37 @@ def test_unsupported_and_undefined_layers_are_reported_not_guessed():
     assert "SimpleRNN: per-example gradient norms are not supported yet" in result.reason
     result = per_example_sq_norms(keras.layers.Dense(1), a, None)
     assert result.sq_norms is None and "unknown" in result.reason
+
+
+def test_mixed_precision_unscaled_in_float32():
+    x, y = _images()
+    reference_model = sequential_cnn()
+    reference_model(x)
+    expected, _ = brute_force(reference_model, x, y, "mse")
+    keras.config.set_floatx("float32")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = sequential_cnn()
+        model(x.astype("float32"))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.set_weights(reference_model.get_weights())
+    scale = 1024.0
+    with kgrad.ProbeTape(model, layers="all") as tape:
+        inputs = record_layer_inputs(tape)
+        prediction = tf.cast(model(x.astype("float32")), tf.float32)
+        loss = scale * tf.reduce_mean(keras.losses.mean_squared_error(y.astype("float32"), prediction))
+    tape.gradient(loss, model.trainable_weights)
+    assert tape.probe.gradients["hidden"].dtype == tf.float16  # of the scaled loss
+    results = probe_per_example_norms(
+        model, tape.probe, inputs, unscale=lambda delta: tf.cast(delta, tf.float32) / scale
+    )
+    for reference, weight in zip(reference_model.trainable_weights, model.trainable_weights):
+        result = next(r for r in results.values() if any(v is weight for v in r.variables.values()))
+        key = next(k for k, v in result.variables.items() if v is weight)
+        assert result.sq_norms[key].dtype == tf.float32
+        # float16 forward and backward: a few 1e-3 of the largest example's.
+        values = expected[reference.path]
+        np.testing.assert_allclose(
+            result.sq_norms[key], values, rtol=2e-2, atol=2e-3 * values.max(), err_msg=weight.path
+        )
