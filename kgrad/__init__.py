@@ -7,6 +7,7 @@ from kgrad.config import GUARD_KINDS
 from kgrad.guard import NonFiniteError
 from kgrad.guard import NonFiniteReport
 from kgrad.guard import first_non_finite
+from kgrad.html_report import write_html_report
 from kgrad.losses import prediction_gradient
 from kgrad.model import ProbingModel
 from kgrad.reading import read_logs
@@ -36,4 +37,5 @@ __all__ = [
     "prediction_gradient",
     "read_logs",
     "tap",
+    "write_html_report",
 ]

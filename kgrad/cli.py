@@ -86,6 +86,11 @@ def build_parser():
     report_parser.set_defaults(run=_report, parser=report_parser)
     report_parser.add_argument("log_dir", metavar="LOG_DIR", help="a TensorBoard log directory")
     report_parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report (heatmaps, health tables) to FILE",
+    )
+    report_parser.add_argument(
         "--vanishing-ratio",
         type=_ratio,
         default=defaults.vanishing_ratio,
@@ -137,6 +142,14 @@ def _report(args):
             "or run `kgrad demo` first."
         )
     print(report_table.format_report(runs, thresholds))
+    if args.html:
+        from kgrad import html_report  # only `--html` pays for it
+
+        try:
+            html_report.write_html_report(args.log_dir, args.html, thresholds)
+        except OSError as error:
+            parser.error(f"cannot write --html {args.html!r}: {error.strerror or error}")
+        print(f"HTML report: {args.html}")
     return EXIT_FLAGGED if any(run.flagged for run in runs) else 0
 
 

@@ -1,5 +1,6 @@
 """`NonFiniteGuard`: stop at the first NaN/Inf and say where it was born."""
 
+import os
 import sys
 import warnings
 
@@ -8,6 +9,7 @@ import keras
 from kgrad import install
 from kgrad.config import GuardConfig
 from kgrad.guard import NonFiniteError
+from kgrad.tensorboard import write_guard_report
 
 _ACTIONS = ("stop", "warn", "raise")
 
@@ -49,6 +51,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
             ``LossScaleOptimizer`` makes gradients overflow on purpose and
             skips those steps itself; by default only the forward pass is
             checked then, so expected skips do not stop training.
+        log_dir: If given, each report is also written to ``<log_dir>/kgrad``
+            (tag ``guard/report``, see `kgrad.tensorboard.write_guard_report`),
+            where the kgrad tab of TensorBoard shows it.
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
@@ -68,7 +73,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
     ('log', 'activation')
     """
 
-    def __init__(self, action="stop", watch="all", layers=None, ignore_loss_scale_skips=True):
+    def __init__(self, action="stop", watch="all", layers=None, ignore_loss_scale_skips=True, log_dir=None):
         super().__init__()
         if action not in _ACTIONS:
             raise ValueError(
@@ -88,6 +93,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         )
         self.report = None
         self.reports = []
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self._step = None
 
     def on_train_begin(self, logs=None):
@@ -109,6 +115,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             return
         self.reports.append(report)
         self.report = self.report or report
+        if self.log_dir is not None:
+            write_guard_report(self.log_dir, report)
         if self.action == "warn":
             state.reset()
             warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=2)

@@ -46,12 +46,13 @@ function showTip(tip, cell, event, label) {
   tip.dataset.layer = cell.layer;
   tip.dataset.step = String(cell.step);
   tip.dataset.value = Number.isNaN(cell.value) ? "" : String(cell.value);
-  tip.replaceChildren(
+  const lines = [
     el("div", { class: "tip-layer", text: cell.layer }),
-    el("div", { text: `step ${cell.step}` }),
+    el("div", { class: "tip-step", text: `step ${cell.step}` }),
     el("div", { class: "tip-value", text: `${label} = ${Number.isNaN(cell.value) ? "not logged" : formatNumber(cell.value, 4)}` }),
-    cell.flags.length ? el("div", { class: "tip-flags", text: cell.flags.join(", ") }) : null,
-  );
+  ];
+  if (cell.flags.length) lines.push(el("div", { class: "tip-flags", text: cell.flags.join(", ") }));
+  tip.replaceChildren(...lines);
   tip.style.left = `${event.clientX + 14}px`;
   tip.style.top = `${event.clientY + 14}px`;
 }

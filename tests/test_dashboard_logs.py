@@ -1,0 +1,179 @@
+"""The logs the dashboard tests look at, and what the dashboard reads from them.
+
+`dashboard_logs` builds, once per test session (in pytest's base temp
+folder, shared by the dashboard test modules), a log directory holding:
+
+- ``sigmoid_deep/`` and ``relu_deep/``: `kgrad demo` with 2 epochs;
+- ``xss/kgrad``: a synthetic run whose layer names hold HTML;
+- ``guard/kgrad``: a real fit whose `NonFiniteGuard` tripped on a NaN input.
+
+The tests here check the dashboard's reader against `kgrad.read_logs` and
+its views against `kgrad.health_report`, without a server.
+"""
+
+import base64
+import io
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+from kgrad import demo
+from kgrad.dashboard import events, views
+from kgrad.reading import Series
+from kgrad.state import ProbeRecord
+from kgrad.tensorboard import ProbeWriter
+
+XSS_LAYERS = ("dense_in", "<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>")
+DEMO_LAYERS = [f"hidden_{i}" for i in range(1, 9)] + ["output"]
+GUARD_TRIP_STEP = 5  # the batch holding the NaN (batch size 4, sample 21)
+
+
+def _xss_run(log_dir):
+    writer = ProbeWriter(os.path.join(log_dir, "xss"))
+    buckets = np.stack([np.linspace(-1, 1, 6)[:-1], np.linspace(-1, 1, 6)[1:], np.arange(1.0, 6.0)], axis=1)
+    for step in range(0, 50, 10):
+        scalars, histograms = {}, {}
+        for index, layer in enumerate(XSS_LAYERS):
+            scalars[f"grad_norm/{layer}"] = 10.0**-index
+            scalars[f"weight_grad_norm/m/{layer}/kernel"] = 10.0**-index * (step + 1)
+            histograms[f"grad_hist/{layer}"] = buckets * 10.0**-index
+        writer.write(ProbeRecord(step, scalars, histograms))
+    writer.close()
+
+
+def _guard_run(log_dir):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, activation="tanh", name="hidden"),
+            keras.layers.Dense(1, name="out"),
+        ],
+        name="m",
+    )
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    x[GUARD_TRIP_STEP * 4 + 1, 0] = np.nan
+    run_dir = os.path.join(log_dir, "guard")
+    probe = kgrad.GradientProbe(run_dir, every_n_steps=1)
+    guard = kgrad.NonFiniteGuard(log_dir=run_dir)
+    model.fit(x, np.ones((32, 1)), batch_size=4, shuffle=False, verbose=0, callbacks=[probe, guard])
+    assert guard.report is not None and guard.report.step == GUARD_TRIP_STEP
+
+
+def build_dashboard_logs(base):
+    """The log directory described in the module docstring, built once under ``base``."""
+    log_dir = os.path.join(base, "kgrad_dashboard_logs")
+    done = os.path.join(log_dir, ".complete")
+    if not os.path.exists(done):
+        demo.run_demo(log_dir, epochs=2, overwrite=True, out=io.StringIO())
+        _xss_run(log_dir)
+        _guard_run(log_dir)
+        open(done, "w").close()
+    return log_dir
+
+
+@pytest.fixture(scope="session")
+def dashboard_logs(tmp_path_factory):
+    return build_dashboard_logs(str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="session")
+def logs(dashboard_logs):
+    return kgrad.read_logs(dashboard_logs)
+
+
+def decode(base64_text, shape):
+    return np.frombuffer(base64.b64decode(base64_text), "<f4").reshape(shape)
+
+
+def weight_gradient_tags(scalars, layer):
+    """The ``weight_grad_norm/.../<layer>/<weight>`` tags of a layer (with or without the model's name)."""
+    return [tag for tag in scalars if tag.startswith("weight_grad_norm/") and tag.rsplit("/", 2)[-2] == layer]
+
+
+def weight_gradient_norm(scalars, layer):
+    """‖dJ/dw‖ of a layer from `kgrad.read_logs`' per-weight norms, step by step."""
+    norms = [scalars[tag].values for tag in weight_gradient_tags(scalars, layer)]
+    return np.sqrt(np.sum(np.square(norms), axis=0))
+
+
+def test_reader_returns_every_step_of_read_logs(dashboard_logs, logs):
+    runs = events.LogCache(dashboard_logs).runs()
+    assert {"sigmoid_deep/kgrad", "relu_deep/kgrad", "xss/kgrad", "guard/kgrad"} <= set(runs)
+    for run in ("sigmoid_deep/kgrad", "guard/kgrad", "xss/kgrad"):
+        expected = logs[run]
+        wanted = [tag for tag in expected["scalars"] if events._wanted_scalar(tag)]
+        assert list(runs[run]["scalars"]) == wanted  # forward order kept
+        for tag in wanted:
+            np.testing.assert_array_equal(runs[run]["scalars"][tag].steps, expected["scalars"][tag].steps)
+            np.testing.assert_allclose(runs[run]["scalars"][tag].values, expected["scalars"][tag].values)
+        assert list(runs[run]["histograms"]) == list(expected["histograms"])
+        for tag, series in expected["histograms"].items():
+            np.testing.assert_allclose(runs[run]["histograms"][tag].values, series.values, rtol=1e-6)
+
+
+def test_cache_rereads_only_runs_whose_files_changed(tmp_path):
+    for run in ("a", "b"):
+        writer = ProbeWriter(tmp_path / run)
+        writer.write(ProbeRecord(0, {"grad_norm/dense": 1.0}, {}))
+        writer.close()
+    cache = events.LogCache(tmp_path, rescan_s=0)
+    first = cache.runs()
+    writer = ProbeWriter(tmp_path / "b")
+    writer.write(ProbeRecord(7, {"grad_norm/dense": 2.0}, {}))
+    writer.close()
+    second = cache.runs()
+    assert second["a/kgrad"] is first["a/kgrad"]
+    assert second["b/kgrad"]["scalars"]["grad_norm/dense"].steps.tolist() == [0, 7]
+
+
+def test_heatmap_rows_are_layers_in_forward_order_with_report_flags(dashboard_logs, logs):
+    runs = events.LogCache(dashboard_logs).runs()
+    health = {run.run: run for run in kgrad.health_report(logs)}
+    for run in ("sigmoid_deep/kgrad", "relu_deep/kgrad"):
+        heatmap = views.RunView(run, runs[run]).heatmap("weight_grad")
+        assert heatmap["layers"] == DEMO_LAYERS
+        assert heatmap["flags"] == [list(layer.flags) for layer in health[run].layers]
+        matrix = decode(heatmap["values"], [len(DEMO_LAYERS), len(heatmap["steps"])])
+        scalars = logs[run]["scalars"]
+        (first_tag, *_) = weight_gradient_tags(scalars, "hidden_1")
+        assert heatmap["steps"] == scalars[first_tag].steps.tolist()
+        for row, layer in enumerate(DEMO_LAYERS):
+            np.testing.assert_allclose(matrix[row], weight_gradient_norm(scalars, layer), rtol=1e-6)
+    sigmoid = views.RunView("sigmoid_deep/kgrad", runs["sigmoid_deep/kgrad"]).heatmap("weight_grad")
+    assert [("vanishing" in flags) for flags in sigmoid["flags"]] == [True] * 4 + [False] * 5
+
+
+def test_first_flag_step_is_the_first_step_that_meets_the_flag():
+    steps = np.array([0, 10, 20])
+    scalars = {
+        "grad_norm/early": Series(steps, np.array([0.5, 1e-4, 1e-6])),
+        "grad_norm/late": Series(steps, np.array([0.5, 0.5, 0.5])),
+        "activation_zero_fraction/late": Series(steps, np.array([0.0, 1.0, 1.0])),
+        "grad_nonfinite/late": Series(steps, np.array([0.0, 0.0, 3.0])),
+    }
+    (run,) = kgrad.health_report({"kgrad": {"scalars": scalars, "histograms": {}}})
+    early, late = run.layers
+    assert early.first_flagged == (("vanishing", 10),)
+    assert late.first_flagged == (("nonfinite", 20), ("dead", 10))
+
+
+def test_summary_has_the_guard_report_and_the_nonfinite_timeline(dashboard_logs):
+    runs = events.LogCache(dashboard_logs).runs()
+    summary = views.RunView("guard/kgrad", runs["guard/kgrad"]).summary()
+    (guard,) = summary["guard"]
+    assert guard["step"] == GUARD_TRIP_STEP and guard["kind"] == "input" and guard["nan_count"] == 1
+    assert "Non-finite values at step 5" in guard["message"]
+    json.dumps(summary, allow_nan=False)  # standard JSON: NaN became null
+
+
+def test_histogram_range_is_shared_by_every_layer_of_the_kind(dashboard_logs):
+    runs = events.LogCache(dashboard_logs).runs()
+    view = views.RunView("xss/kgrad", runs["xss/kgrad"])
+    ranges = {tuple(view.histogram(f"grad_hist/{layer}")["range"]) for layer in XSS_LAYERS}
+    assert ranges == {(-1.0, 1.0)}
