@@ -278,3 +278,19 @@ def test_mixed_precision_unscaled_in_float32():
         np.testing.assert_allclose(
             result.sq_norms[key], values, rtol=2e-2, atol=2e-3 * values.max(), err_msg=weight.path
         )
+
+
+def test_regularization_losses_are_left_out_of_the_batch_gradient():
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(0.5), name="dense"),
+    ])
+    x, y = np.random.default_rng(4).normal(size=(4, 3)), np.zeros((4, 2))
+    with kgrad.ProbeTape(model) as tape:
+        inputs = record_layer_inputs(tape)
+        data_loss = tf.reduce_mean(keras.losses.mean_squared_error(y, model(x)))
+        loss = data_loss + tf.add_n(model.losses)
+    kernel_gradient = tape.gradient(loss, model.trainable_weights)[0]
+    result = probe_per_example_norms(model, tape.probe, inputs)["dense"]
+    penalty_gradient = 2 * 0.5 * model.layers[0].kernel  # d(0.5 ‖W‖²)/dW
+    np.testing.assert_allclose(result.batch_gradients["kernel"][0], kernel_gradient - penalty_gradient)
