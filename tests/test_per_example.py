@@ -294,3 +294,16 @@ def test_regularization_losses_are_left_out_of_the_batch_gradient():
     result = probe_per_example_norms(model, tape.probe, inputs)["dense"]
     penalty_gradient = 2 * 0.5 * model.layers[0].kernel  # d(0.5 ‖W‖²)/dW
     np.testing.assert_allclose(result.batch_gradients["kernel"][0], kernel_gradient - penalty_gradient)
+
+
+@pytest.mark.parametrize("jit_compile", [None, True])
+def test_softmax_output_under_cross_entropy(jit_compile):
+    # Keras computes the loss from the logits: the tape gives the true dJ/dŷ
+    # and the per-example norms go back through the softmax.
+    model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(5, activation="relu"),
+        keras.layers.Dense(3, activation="softmax", name="probabilities"),
+    ])
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(6, 4)), rng.integers(0, 3, size=(6,))
+    check(model, x, y, "sparse_categorical_crossentropy", jit_compile=jit_compile)

@@ -76,9 +76,9 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
         probe: The step's `kgrad.ProbeResult`.
         layer_inputs: ``dict`` call name -> layer input (`record_layer_inputs`).
         unscale: ``fn(δ) -> δ`` undoing loss scaling, or ``None``.
-        output_gradients: Optional ``dict`` name -> dJ/dŷ for outputs cut from
-            the tape (softmax under cross-entropy), e.g. from
-            `kgrad.prediction_gradient`.
+        output_gradients: Optional ``dict`` name -> dJ/d(output) that replaces
+            ``probe.gradients[name]`` (e.g. dJ/dŷ from `kgrad.prediction_gradient`
+            for an output whose gradient the tape did not see).
 
     Returns:
         ``dict`` layer name (as in ``grad_norm/<layer>``) -> `PerExampleNorms`,
@@ -103,10 +103,9 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
         elif any(name not in layer_inputs for name in names):
             results[base] = PerExampleNorms(None, None, {}, "its input was not recorded")
         else:
-            deltas = [
-                output_gradients.get(name, None if name in probe.unconnected else probe.gradients.get(name))
-                for name in names
-            ]
+            # None: dJ/d(output) unknown (a softmax output whose loss the tape
+            # did not see, see `kgrad.ProbeResult.gradients`); never zeros for it.
+            deltas = [output_gradients.get(name, probe.gradients.get(name)) for name in names]
             inputs = [layer_inputs[name] for name in names]
             results[base] = per_example_sq_norms(operations[base], inputs, deltas, unscale)
     return results
