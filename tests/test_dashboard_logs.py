@@ -177,3 +177,35 @@ def test_histogram_range_is_shared_by_every_layer_of_the_kind(dashboard_logs):
     view = views.RunView("xss/kgrad", runs["xss/kgrad"])
     ranges = {tuple(view.histogram(f"grad_hist/{layer}")["range"]) for layer in XSS_LAYERS}
     assert ranges == {(-1.0, 1.0)}
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def headless_chromium():
+    """A Selenium driver of Debian's chromium; skips the test only when it is not installed."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
+    if missing:
+        pytest.skip(f"browser test needs Debian's chromium and chromium-driver; missing: {missing}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,1200"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def wait_for(driver, script, timeout_s=60):
+    """Polls a JavaScript expression until it is truthy; returns its value."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = driver.execute_script(f"return {script}")
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for: {script}")

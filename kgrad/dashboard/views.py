@@ -91,7 +91,6 @@ class RunView:
                 matrix[index, np.searchsorted(steps, series.steps)] = series.values
         finite = matrix[np.isfinite(matrix) & ((matrix > 0) if scale == "log" else True)]
         flags = {row.layer: row for row in self.health.layers}
-        histograms = self.data["histograms"]
         return {
             "run": self.run,
             "quantity": quantity,
@@ -101,7 +100,7 @@ class RunView:
             "layers": list(self.layers),
             "flags": [list(flags[name].flags) if name in flags else [] for name in self.layers],
             "histogram_tags": [
-                [tag for tag in self._histogram_tags(hist_prefix, layer, weights) if tag in histograms]
+                self._present_histograms(hist_prefix, layer, weights)
                 for layer, weights in self.layers.items()
             ],
             "steps": steps.tolist(),
@@ -121,11 +120,16 @@ class RunView:
             return report._series(scalars, f"activation_zero_fraction/{layer}")
         return update_ratio_series(scalars, weights)
 
-    @staticmethod
-    def _histogram_tags(prefix, layer, weights):
-        if prefix == "weight_grad_hist/":
-            return [prefix + weight for weight in weights]
-        return [prefix + layer]
+    def _present_histograms(self, prefix, layer, weights):
+        """The row's histogram tags for a quantity, else its dJ/d(activation) or activation ones."""
+        wanted = (
+            [prefix + weight for weight in weights] if prefix == "weight_grad_hist/" else [prefix + layer]
+        )
+        for tags in (wanted, [f"grad_hist/{layer}"], [f"activation_hist/{layer}"]):
+            present = [tag for tag in tags if tag in self.data["histograms"]]
+            if present:
+                return present
+        return []
 
     def summary(self):
         """Health table, NaN/Inf timeline and guard reports of the run."""
