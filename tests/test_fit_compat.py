@@ -44,7 +44,7 @@ def test_steps_per_execution_and_jit_compile(steps_per_execution, jit_compile):
         functional_classifier(), jit_compile=jit_compile, steps_per_execution=steps_per_execution
     )
     collector, _ = _fit_with_probe(
-        model, x, y, {"layers": ["hidden"], "every_n_steps": 2}, batch_size=2, epochs=2
+        model, x, y, {"layers": ["hidden"], "every_n_steps": 2, "statistics": "all"}, batch_size=2, epochs=2
     )
     # Every probed step of every execution arrives once, with its own step.
     assert collector.steps == expected_probed_steps(20, 2)
@@ -65,7 +65,8 @@ def test_sample_weight_reaches_the_prediction_gradient():
     sample_weight = np.tile([0.0, 1.0], 8).astype("float32")
     model = compile_classifier(functional_classifier())
     collector, _ = _fit_with_probe(
-        model, x, y, {"layers": ["hidden"], "every_n_steps": 1}, sample_weight=sample_weight,
+        model, x, y, {"layers": ["hidden"], "every_n_steps": 1, "statistics": "all"},
+        sample_weight=sample_weight,
         batch_size=8, shuffle=False,
     )
     # Half the rows of every batch weigh 0: their dJ/dŷ rows are exactly 0.
@@ -76,7 +77,7 @@ def test_class_weight_reaches_the_prediction_gradient():
     x, y = classification_data(samples=16)
     model = compile_classifier(functional_classifier())
     collector, _ = _fit_with_probe(
-        model, x, y, {"layers": ["hidden"], "every_n_steps": 1},
+        model, x, y, {"layers": ["hidden"], "every_n_steps": 1, "statistics": "all"},
         class_weight={0: 0.0, 1: 1.0, 2: 2.0}, batch_size=8, shuffle=False,
     )
     zero_rows = [np.mean(y[i : i + 8] == 0) for i in (0, 8)]
@@ -199,7 +200,8 @@ def test_dropout_and_batch_normalization():
     x, y = classification_data(samples=16)
     model = compile_classifier(regularized_classifier())
     collector, _ = _fit_with_probe(
-        model, x, y, {"layers": ["norm", "relu", "dropout"], "every_n_steps": 1}, batch_size=8
+        model, x, y, {"layers": ["norm", "relu", "dropout"], "every_n_steps": 1, "statistics": "all"},
+        batch_size=8,
     )
     scalars = collector.records[0].scalars
     # Dropout(0.3) zeroes activations on top of the ReLU's zeros: it ran in training mode.

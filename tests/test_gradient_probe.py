@@ -40,7 +40,7 @@ def test_probes_sequential_functional_and_subclassed_models(kind, tmp_path):
     # The subclassed model is not built before fit: it is built inside the step.
     model = compile_classifier(BUILDERS[kind]())
     collector = RecordCollector()
-    probe = kgrad.GradientProbe(tmp_path, every_n_steps=3, on_probe=collector)
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=3, on_probe=collector, statistics="all")
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[probe])
 
     # 4 steps per epoch, 8 in all: steps 0, 3 and 6 are probed, each once.
@@ -63,7 +63,7 @@ def test_probes_sequential_functional_and_subclassed_models(kind, tmp_path):
 def test_latest_is_plain_python_and_numpy():
     x, y = classification_data(samples=16)
     model = compile_classifier(sequential_classifier())
-    probe = kgrad.GradientProbe(layers=["hidden"], every_n_steps=1, bucket_count=4)
+    probe = kgrad.GradientProbe(layers=["hidden"], every_n_steps=1, bucket_count=4, statistics="all")
     model.fit(x, y, batch_size=8, verbose=0, callbacks=[probe])
     record = probe.latest
     assert isinstance(record, kgrad.ProbeRecord)

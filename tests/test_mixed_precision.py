@@ -100,7 +100,7 @@ def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16, jit_c
     assert model.get_layer("hidden").compute_dtype == "float16"
     expected = _float32_reference(model, x, y)
     records = []
-    probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append)
+    probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append, statistics="all")
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[probe])
 
     (record,) = records
@@ -127,7 +127,7 @@ def test_an_optimizers_loss_scale_factor_is_divided_back_out():
     model.compile(keras.optimizers.SGD(0.01, loss_scale_factor=64.0), "mse")
     expected = _float32_reference(model, x, y)
     records = []
-    probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append)
+    probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append, statistics="all")
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[probe])
     (record,) = records
     for tag, value in expected.items():
@@ -141,7 +141,7 @@ def test_steps_skipped_by_the_loss_scaler_are_marked_not_exploding(mixed_float16
     # halves its scale until the gradients fit.
     model = _compile(_model(), initial_scale=2.0**24, jit_compile=jit_compile)
     records = []
-    probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, on_probe=records.append)
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, on_probe=records.append, statistics="all")
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
 
     skipped = [record for record in records if record.scalars["global/loss_scale_skipped"] == 1.0]

@@ -332,7 +332,7 @@ def test_guard_with_probe_reports_last_probed_summaries():
     model = _model(lambda t: keras.ops.tanh(t))
     model.compile(keras.optimizers.SGD(0.01), "mse")
     guard = kgrad.NonFiniteGuard()
-    probe = kgrad.GradientProbe(every_n_steps=2)
+    probe = kgrad.GradientProbe(every_n_steps=2, statistics="all")
     model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[probe, guard], verbose=0)
     report = guard.report
     assert (report.step, report.kind, report.layer) == (4, "input", "input")
@@ -351,7 +351,7 @@ def test_guard_with_probe_last_summaries_of_layer():
     model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
     model.compile(keras.optimizers.SGD(0.0), "mse")
     guard = kgrad.NonFiniteGuard(layers="all")
-    probe = kgrad.GradientProbe(layers="all", every_n_steps=1)
+    probe = kgrad.GradientProbe(layers="all", every_n_steps=1, statistics="all")
     model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[probe, guard], verbose=0)
     assert (guard.report.step, guard.report.layer) == (2, "exp")
     assert guard.report.last_summaries["activation_norm/exp"] == pytest.approx(

@@ -25,7 +25,7 @@ def test_output_layer_gradient_is_prediction_gradient(activation, loss, labels):
         ]
     )
     model.compile("sgd", loss)
-    probe = kgrad.GradientProbe(every_n_steps=1)
+    probe = kgrad.GradientProbe(every_n_steps=1, statistics="all")
     model.fit(x, labels(rng), batch_size=8, shuffle=False, callbacks=[probe], verbose=0)
     scalars = probe.latest.scalars
     # Keras differentiates the loss through the logits, so the output tensor

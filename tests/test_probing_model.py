@@ -49,20 +49,27 @@ def test_functional_probing_model_probes_every_step_by_default():
     assert isinstance(record, kgrad.ProbeRecord)
     assert record.step == 1  # the second and last step
     assert_finite_record(record)
-    assert {"activation_norm/hidden", "grad_norm/out", "pred_grad_norm/output"} <= set(record.scalars)
+    assert {"activation_zero_fraction/hidden", "grad_norm/out", "pred_grad_norm/output"} <= set(record.scalars)
     assert set(history.history) == {"loss", "accuracy"}
 
 
 def test_configure_probe_selects_layers_captures_and_schedule():
     x, y = classification_data()
     model = compile_classifier(functional_classifier(kgrad.ProbingModel))
-    model.configure_probe(layers=["hidden"], every_n_steps=3, capture=["activations"], histograms=False)
+    model.configure_probe(
+        layers=["hidden"], every_n_steps=3, capture=["activations"], histograms=False, statistics="all"
+    )
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     record = model.probe_results
     assert record.step == 6
     stats = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
     assert sorted(record.scalars) == sorted(f"activation_{stat}/hidden" for stat in stats)
     assert record.histograms == {}
+    # By default, activations write only their zero fraction.
+    model.configure_probe(layers=["hidden"], every_n_steps=3, capture=["activations"])
+    model.fit(x, y, batch_size=8, verbose=0)
+    assert sorted(model.probe_results.scalars) == ["activation_zero_fraction/hidden"]
+    assert model.probe_results.histograms == {}
 
 
 def test_configure_probe_rejects_bad_options():
@@ -85,7 +92,7 @@ def test_subclassing_still_works_after_a_functional_probing_model_exists():
     model.configure_probe(histograms=False)
     model.fit(x, y, batch_size=8, verbose=0)
     assert model.probe_results.step == 1
-    assert "activation_norm/hidden" in model.probe_results.scalars
+    assert "activation_zero_fraction/hidden" in model.probe_results.scalars
 
 
 def _graph():
@@ -139,12 +146,12 @@ def test_gradient_probe_on_a_probing_model_then_its_own_probe_again():
     probe = kgrad.GradientProbe(layers=["hidden"], every_n_steps=2, histograms=False, on_probe=collector)
     model.fit(x, y, batch_size=8, verbose=0, callbacks=[probe])
     assert collector.steps == [0, 2]
-    assert "activation_norm/hidden" in probe.latest.scalars
-    assert "activation_norm/out" not in probe.latest.scalars
+    assert "activation_zero_fraction/hidden" in probe.latest.scalars
+    assert "activation_zero_fraction/out" not in probe.latest.scalars
 
     # After the probed fit, the model's own probe and configuration are back.
     assert model._probing_step() is own_step
     model.fit(x, y, batch_size=8, verbose=0)
     assert model.probe_results.step == 7
-    assert "activation_norm/out" in model.probe_results.scalars
-    assert "activation_norm/hidden" not in model.probe_results.scalars
+    assert "activation_zero_fraction/out" in model.probe_results.scalars
+    assert "activation_zero_fraction/hidden" not in model.probe_results.scalars

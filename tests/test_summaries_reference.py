@@ -116,7 +116,9 @@ def probed_step(request):
     )
     x, y, sample_weight = _batch()
     before = model.get_weights()
-    probe = kgrad.GradientProbe(None, layers=["hidden", "logits"], every_n_steps=1, bucket_count=BUCKETS)
+    probe = kgrad.GradientProbe(
+        None, layers=["hidden", "logits"], every_n_steps=1, bucket_count=BUCKETS, statistics="all"
+    )
     model.fit(
         x, y, sample_weight=sample_weight, batch_size=BATCH, epochs=1,
         shuffle=False, verbose=0, callbacks=[probe],
@@ -211,7 +213,7 @@ def test_multi_output_prediction_gradients_use_each_loss_and_weight():
     y_a = np.random.default_rng(1).normal(size=(BATCH, 2)).astype("float32")
     prediction = model.predict(x, verbose=0)
     probe = kgrad.GradientProbe(
-        None, capture=["prediction_gradient"], every_n_steps=1, bucket_count=BUCKETS
+        None, capture=["prediction_gradient"], every_n_steps=1, bucket_count=BUCKETS, statistics="all"
     )
     model.fit(
         x, {"a": y_a, "b": y_b}, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe]

@@ -92,7 +92,7 @@ def test_other_options_trace_again_and_read_their_own_buffers(traces):
     _fit(model, [_probe(RecordCollector(), layers=["hidden"], histograms=False)])
     first = len(traces)
     everything = RecordCollector()
-    _fit(model, [_probe(everything, layers="all")])
+    _fit(model, [_probe(everything, layers="all", statistics="all")])
     second = len(traces)
     assert second > first
     assert "activation_hist/out" in everything.records[0].histograms

@@ -118,6 +118,7 @@ def train(strategy, log_dir):
         every_n_steps=EVERY_N_STEPS,
         bucket_count=10,
         on_probe=records.append,
+        statistics="all",  # every tag of each kind is compared
     )
     x, y = data()
     model.fit(
@@ -147,7 +148,9 @@ def train_mixed_precision(strategy):
     finally:
         keras.mixed_precision.set_global_policy("float32")
     records = []
-    probe = kgrad.GradientProbe(every_n_steps=EVERY_N_STEPS, bucket_count=10, on_probe=records.append)
+    probe = kgrad.GradientProbe(
+        every_n_steps=EVERY_N_STEPS, bucket_count=10, on_probe=records.append, statistics="all"
+    )
     x, y = data()
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
     return records, model.get_weights()
