@@ -133,6 +133,33 @@ class TapeCollection:
         )
 
 
+def run_own_train_step(model, plan, data, probe_now, pipeline_for):
+    """Runs ``type(model).train_step`` in a `TapeCollection`, then writes the records.
+
+    Raises:
+        ValueError: With a guard or several replicas (not supported yet), or
+            when the step opened no `kgrad.ProbeTape`.
+    """
+    if plan.guard is not None or plan.replicas > 1:
+        raise ValueError(
+            f"kgrad cannot guard or distribute model '{model.name}': its class "
+            f"{type(model).__name__} defines its own train_step, where kgrad.GradientProbe "
+            "works on one device and kgrad.NonFiniteGuard is not supported yet. Use "
+            "kgrad.first_non_finite(tape.probe) inside that train_step instead."
+        )
+    with TapeCollection(model, plan, probe_now, pipeline_for) as collection:
+        outputs = type(model).train_step(model, data)
+    if not collection.tape_names():
+        raise ValueError(
+            f"kgrad.GradientProbe found no kgrad.ProbeTape in the train_step of model "
+            f"'{model.name}' (class {type(model).__name__}), so it has nothing to log. "
+            "In that train_step, replace `tf.GradientTape()` with `kgrad.ProbeTape(self)` "
+            "(or `kgrad.ProbeTape(self.generator)` for a sub-model)."
+        )
+    collection.write_records()  # after the step's own updates
+    return outputs
+
+
 def _candidate_optimizers(model):
     candidates = [model.optimizer] + [
         value for value in vars(model).values() if isinstance(value, keras.optimizers.Optimizer)

@@ -29,9 +29,8 @@ import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 
 from kgrad import guard as guard_module
-from kgrad import losses, replicas, selection
-from kgrad.branching import join_sparse, split_sparse
-from kgrad.custom_step import TapeCollection
+from kgrad import losses, replicas, selection, updates
+from kgrad.custom_step import run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
 from kgrad.tape import ProbeTape
@@ -233,12 +232,19 @@ class ProbingStep:
         weights = model.trainable_weights
         prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
         if plan.replicas > 1:
-            self._every_step_update(tape, loss, weights, x, prediction_gradient, probe_now, step)
+            updates.every_step_update(
+                model, plan, self._current.pipeline, tape, loss, weights, x, prediction_gradient,
+                probe_now, step,
+            )
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if plan.guard is None:
-            summaries = self._probed_update(tape, loss, weights, probe_now, x, prediction_gradient)
+            summaries = updates.probed_update(
+                model, plan, self._current.pipeline, tape, loss, weights, probe_now, x, prediction_gradient
+            )
         else:
-            summaries = self._guarded_update(tape, loss, weights, probe_now, step, x, prediction_gradient)
+            summaries = updates.guarded_update(
+                model, plan, self._current, tape, loss, weights, probe_now, step, x, prediction_gradient
+            )
         outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if plan.defers_statistics:
             # A tuple: tf.data's structures (Keras wraps the outputs in a
@@ -260,25 +266,7 @@ class ProbingStep:
 
     def _own_train_step(self, data):
         """The model's own ``train_step``, its ProbeTapes reporting to the pipelines."""
-        model, plan = self.model, self.plan
-        if plan.guard is not None or plan.replicas > 1:
-            raise ValueError(
-                f"kgrad cannot guard or distribute model '{model.name}': its class "
-                f"{type(model).__name__} defines its own train_step, where kgrad.GradientProbe "
-                "works on one device and kgrad.NonFiniteGuard is not supported yet. Use "
-                "kgrad.first_non_finite(tape.probe) inside that train_step instead."
-            )
-        with TapeCollection(model, plan, self._probe_now(), self._pipeline_for_tape) as collection:
-            outputs = type(model).train_step(model, data)
-        if not collection.tape_names():
-            raise ValueError(
-                f"kgrad.GradientProbe found no kgrad.ProbeTape in the train_step of model "
-                f"'{model.name}' (class {type(model).__name__}), so it has nothing to log. "
-                "In that train_step, replace `tf.GradientTape()` with `kgrad.ProbeTape(self)` "
-                "(or `kgrad.ProbeTape(self.generator)` for a sub-model)."
-            )
-        collection.write_records()  # after the step's own updates
-        return outputs
+        return run_own_train_step(self.model, self.plan, data, self._probe_now(), self._pipeline_for_tape)
 
     def _tape_layers(self):
         parts = [part.layers for part in (self.plan.probe, self.plan.guard) if part is not None]
@@ -304,86 +292,6 @@ class ProbingStep:
         if model.optimizer is not None:
             loss = model.optimizer.scale_loss(loss)
         return y_pred, loss
-
-    def _every_step_update(self, tape, loss, weights, x, prediction_gradient, probe_now, step):
-        """Multi-replica: summaries of the global batch computed on every step.
-
-        They are written only on probed steps; computing them on every step
-        is the price of TensorFlow not allowing collectives inside a branch.
-        """
-        if self.plan.guard is not None:
-            raise ValueError(
-                "kgrad.NonFiniteGuard does not support tf.distribute strategies with "
-                f"more than one replica yet (this model trains on {self.plan.replicas} replicas): "
-                "skipping a bad update must be decided in a branch, which "
-                "MirroredStrategy forbids. Use it on a single device, or use "
-                "keras.callbacks.TerminateOnNaN with the strategy."
-            )
-        gradients = tape.gradient(loss, weights)
-        pipeline = self._current.pipeline
-        builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient)
-        self.model.optimizer.apply_gradients(zip(gradients, weights))
-        pipeline.record(step, builder.scalars(), builder.histograms(), weights, where=probe_now)
-
-    def _probed_update(self, tape, loss, weights, probe_now, x, prediction_gradient):
-        """One backward pass: over the probed tensors too on probed steps only.
-
-        Returns the scalars and histograms, or, when the statistics run after
-        the step, the builder's inputs.
-        """
-        pipeline, plan = self._current.pipeline, self.plan
-
-        def probed():
-            gradients = tape.gradient(loss, weights)
-            builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient)
-            if plan.defers_statistics:  # no branch then: every step is probed
-                return split_sparse(gradients), pipeline.defer(builder)
-            return split_sparse(gradients), (builder.scalars(), builder.histograms())
-
-        def plain():
-            return split_sparse(tape.plain_gradient(loss, weights)), pipeline.no_summaries()
-
-        gradients, summaries = probed() if plan.probes_every_step else tf.cond(probe_now, probed, plain)
-        self.model.optimizer.apply_gradients(zip(join_sparse(gradients, weights), weights))
-        return summaries
-
-    def _guarded_update(self, tape, loss, weights, probe_now, step, x, prediction_gradient):
-        """Every step: one full backward pass, the finite check, a guarded apply."""
-        plan, current = self.plan, self._current
-        gradients = tape.gradient(loss, weights)
-        probe = tape.probe
-        watched, on_trip_only = guard_module.watched_tensors(
-            plan.guard, self.model, probe, loss,
-            prediction_gradient if self.model._compile_loss is not None else None,
-            gradients, weights, self._guard_layer_names(),
-        )
-        current.guard_state = guard_module.ensure_guard_state(
-            self.model, current.guard_state, [name for name, _ in watched], on_trip_only
-        )
-        summaries = (tf.zeros([0]), tf.zeros([0, 1, 3]))
-        if plan.probe is not None:
-            def probed():
-                builder = current.pipeline.summarize(probe, gradients, weights, x, prediction_gradient)
-                return builder.scalars(), builder.histograms()
-
-            summaries = probed() if plan.probes_every_step else tf.cond(
-                probe_now, probed, current.pipeline.no_summaries
-            )
-
-        def apply():
-            self.model.optimizer.apply_gradients(zip(gradients, weights))
-
-        # After the summaries, which read the weights before the update.
-        current.guard_state.guarded_apply(
-            [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates
-        )
-        return summaries
-
-    def _guard_layer_names(self):
-        probe, guard = self.plan.probe, self.plan.guard
-        if probe is None or probe.layers is guard.layers:
-            return None
-        return list(selection.resolve_layers(self.model, guard.layers))
 
     def _prediction_gradient(self, y, y_pred, sample_weight):
         """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
