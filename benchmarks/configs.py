@@ -57,7 +57,7 @@ def _no_callbacks(log_dir, x_batch, y_batch):
     return []
 
 
-def _probe(every_n_steps, histograms):
+def _probe(every_n_steps, histograms, statistics="default"):
     def make(log_dir, x_batch, y_batch):
         return [
             kgrad.GradientProbe(
@@ -65,6 +65,7 @@ def _probe(every_n_steps, histograms):
                 layers=PROBE_LAYERS,
                 every_n_steps=every_n_steps,
                 histograms=histograms,
+                statistics=statistics,
             )
         ]
 
@@ -119,7 +120,8 @@ def _probe_configs(jit_compile):
     return [
         Config(
             name=f"probe{suffix}_n{n}",
-            label=f"GradientProbe(layers='all', every_n_steps={n}), norms + histograms{label}",
+            label=f"GradientProbe(layers='all', every_n_steps={n}), default statistics "
+            f"(norms + gradient histograms){label}",
             family="kgrad",
             jit_compile=jit_compile,
             every_n_steps=n,
@@ -127,6 +129,27 @@ def _probe_configs(jit_compile):
             time_target=TARGET_BY_N.get(n),
             memory_target=MEMORY_TARGET,
             quick=not jit_compile,
+        )
+        for n in (1, 10, 100)
+    ]
+
+
+def _all_statistics_configs():
+    """The full tag set (``statistics="all"``, the default before issue 23) at each N.
+
+    No targets: compared with the default probe of the same N (``probe_n<N>``),
+    each against plain ``fit`` in the same run. Not in ``--quick``.
+    """
+    return [
+        Config(
+            name=f"probe_all_n{n}",
+            label=f"GradientProbe(layers='all', every_n_steps={n}, statistics='all'): "
+            "every moment and histogram of every tensor",
+            family="kgrad",
+            jit_compile=False,
+            every_n_steps=n,
+            make_callbacks=_probe(n, histograms=True, statistics="all"),
+            quick=False,
         )
         for n in (1, 10, 100)
     ]
@@ -143,7 +166,8 @@ def all_configs():
         _plain(AA_CONTROL, "plain model.fit again (A/A control)"),
         _plain(BASELINE_XLA, "plain model.fit, jit_compile=True", jit_compile=True),
     ]
-    configs += _probe_configs(jit_compile=False) + _probe_configs(jit_compile=True)
+    configs += _probe_configs(jit_compile=False) + _all_statistics_configs()
+    configs += _probe_configs(jit_compile=True)
     configs += [
         Config(
             name="probe_norms_n1",

@@ -6,8 +6,9 @@ from benchmarks import targets as targets_module
 _PERIODS = (1, 10, 100)
 #: (config name prefix, legend label, line style)
 _SERIES = (
-    ("probe_n", "kgrad, norms + histograms", "-"),
-    ("probe_xla_n", "kgrad, norms + histograms, XLA", "--"),
+    ("probe_n", "kgrad, default statistics", "-"),
+    ("probe_all_n", "kgrad, statistics='all'", "-."),
+    ("probe_xla_n", "kgrad, default statistics, XLA", "--"),
     ("extra_pass_n", "extra-pass peer", ":"),
 )
 

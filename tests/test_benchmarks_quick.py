@@ -110,6 +110,23 @@ def test_pair_budget_cuts_only_ratios_far_from_their_target():
     assert planned == {"baseline_aa": 11, "probe_n1": 5, "probe_n100": 11, "extra_pass_n1": 5}
 
 
+def test_default_and_all_statistics_are_compared_at_every_period():
+    by_name = {config.name: config for config in configs.all_configs()}
+    for n in (1, 10, 100):
+        default, every = by_name[f"probe_n{n}"], by_name[f"probe_all_n{n}"]
+        assert (default.every_n_steps, every.every_n_steps) == (n, n)
+        assert (default.baseline, every.baseline) == (configs.BASELINE, configs.BASELINE)
+        assert every.time_target is None and not every.quick and "statistics='all'" in every.label
+        (probe,) = every.make_callbacks(None, None, None)
+        assert (probe.config.statistics, probe.config.every_n_steps) == ("all", n)
+        (probe,) = default.make_callbacks(None, None, None)
+        assert probe.config.statistics == "default"
+    assert configs.peer_of("probe_all_n10") is None
+    names = {config.name for config in configs.select_configs(["probe_all_n1"])}
+    assert names == {"baseline", "probe_all_n1"}
+    assert "probe_all_n1" not in {config.name for config in configs.select_configs(quick=True)}
+
+
 def test_unknown_config_names_the_choices():
     with pytest.raises(ValueError, match=r"Unknown configuration\(s\) \['nope'\].*probe_n1"):
         configs.select_configs(["nope"])
