@@ -112,3 +112,16 @@ def test_probe_record_is_immutable_plain_data():
     record = ProbeRecord(step=3, scalars={"a": 1.0}, histograms={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.step = 4
+
+
+def test_probe_record_repr_is_short():
+    # A 9-layer MLP's record: 305 scalars and 38 histograms of 30 buckets.
+    scalars = {f"grad_norm/hidden_{index}": 0.001 * index for index in range(305)}
+    histograms = {f"grad_hist/hidden_{index}": np.ones((30, 3)) for index in range(38)}
+    text = repr(ProbeRecord(step=10, scalars=scalars, histograms=histograms, tape="generator"))
+    assert text == (
+        "ProbeRecord(step=10, tape='generator', 305 scalars, 38 histograms: "
+        "grad_norm/hidden_0=0, grad_norm/hidden_1=0.001, grad_norm/hidden_2=0.002, ...)"
+    )
+    assert repr(ProbeRecord(0, {}, {})) == "ProbeRecord(step=0, 0 scalars, 0 histograms)"
+    assert "'text'" in repr(ProbeRecord(1, {"a/b": "text"}, {}))
