@@ -54,7 +54,7 @@ def model_and_data(batch=8):
     return model, x.astype("float32"), y.astype("float32")
 
 
-def probe_scalars(model, x, y, sample_weight=None):
+def probe_scalars(model, x, y, sample_weight=None, use_gradients=False):
     """``{tag: value}`` and histograms of one probed step in a custom loop (no model.fit), under XLA."""
     names = []
 
@@ -63,9 +63,13 @@ def probe_scalars(model, x, y, sample_weight=None):
         with kgrad.ProbeTape(model) as tape:
             inputs = record_layer_inputs(tape)
             loss = keras.losses.MeanSquaredError()(y, model(x), sample_weight=sample_weight)
-        tape.gradient(loss, model.trainable_weights)
+        gradients = tape.gradient(loss, model.trainable_weights)
         builder = SummaryBuilder(histograms=True, bucket_count=4)
-        assert add_per_example_summaries(builder, model, tape.probe, inputs, model.trainable_weights) == {}
+        reasons = add_per_example_summaries(
+            builder, model, tape.probe, inputs, model.trainable_weights,
+            gradients=gradients if use_gradients else None,
+        )
+        assert reasons == {}
         names[:] = builder.scalar_names
         return builder.scalars(), builder.histograms()
 
@@ -88,10 +92,11 @@ def per_example_gradients(model, x, y, sample_weight):
     return {layer: np.stack(values) for layer, values in rows.items()}
 
 
+@pytest.mark.parametrize("use_gradients", [False, True], ids=["from_factors", "from_tape"])
 @pytest.mark.parametrize("sample_weight", [None, np.array([1, 0.5, 2, 1, 0, 1, 3, 1], "float32")])
-def test_b_simple_and_snr_equal_the_direct_computation(sample_weight):
+def test_b_simple_and_snr_equal_the_direct_computation(sample_weight, use_gradients):
     model, x, y = model_and_data()
-    scalars, histograms = probe_scalars(model, x, y, sample_weight)
+    scalars, histograms = probe_scalars(model, x, y, sample_weight, use_gradients)
     gradients = per_example_gradients(model, x, y, sample_weight)
     gradients["global"] = np.concatenate([gradients["hidden"], gradients["out"]], axis=1)
     logs = {tag: Series(np.array([0]), np.array([value], np.float64)) for tag, value in scalars.items()}

@@ -39,12 +39,32 @@ def _cast(tensor, dtype):
     return tf.cast(tf.convert_to_tensor(tensor), dtype)
 
 
-def _pre_activation_gradient(layer, z, delta):
-    """dJ/dz from dJ/d(activation(z)): the recorded output is after the activation."""
+# dJ/dz from the output y = σ(z) and dJ/dy, for activations whose derivative
+# is a function of y: no recomputation of z.
+_FROM_OUTPUT = {
+    keras.activations.relu: lambda y, d: tf.where(y > 0, d, tf.zeros_like(d)),
+    keras.activations.tanh: lambda y, d: d * (1 - y * y),
+    keras.activations.sigmoid: lambda y, d: d * y * (1 - y),
+    keras.activations.softmax: lambda y, d: y * (d - tf.reduce_sum(y * d, axis=-1, keepdims=True)),
+}
+
+
+def _pre_activation_gradient(layer, compute_z, output, delta):
+    """dJ/dz from dJ/d(activation(z)): the recorded output is after the activation.
+
+    Args:
+        layer: The layer, for its ``activation``.
+        compute_z: ``fn() -> z``, recomputing the pre-activation (one more
+            forward product), called only when ``output`` cannot serve.
+        output: The layer's recorded output, or ``None``.
+        delta: dJ/d(output), in the compute dtype.
+    """
     activation = getattr(layer, "activation", None)
     if activation is None or activation is keras.activations.linear:
         return delta
-    z = tf.cast(z, delta.dtype)
+    if output is not None and activation in _FROM_OUTPUT:
+        return _FROM_OUTPUT[activation](tf.cast(output, delta.dtype), delta)
+    z = tf.cast(compute_z(), delta.dtype)
     # A vector-Jacobian product through the activation alone: exact for any
     # activation that acts on each example separately (elementwise, softmax).
     with tf.GradientTape() as tape:
@@ -65,13 +85,15 @@ def _rows(tensor):
     return tf.shape(tensor)[0]
 
 
-def dense_factors(layer, a, delta):
+def dense_factors(layer, a, delta, output=None):
     """`Dense`: ``a @ kernel (+ bias)``; extra axes of ``a`` are positions."""
     _check_plain(layer)
-    z = tf.matmul(a, tf.cast(layer.kernel, a.dtype))
-    if layer.bias is not None:
-        z = z + tf.cast(layer.bias, a.dtype)
-    d = _pre_activation_gradient(layer, z, delta)
+
+    def compute_z():
+        z = tf.matmul(a, tf.cast(layer.kernel, a.dtype))
+        return z if layer.bias is None else z + tf.cast(layer.bias, a.dtype)
+
+    d = _pre_activation_gradient(layer, compute_z, output, delta)
     dtype = d.dtype
     rows, units = _rows(a), d.shape[-1]
     a = tf.reshape(_cast(a, dtype), [rows, -1, 1, a.shape[-1]])
@@ -116,7 +138,7 @@ def _flatten_to(tensor, rows, groups):
     return tf.reshape(tensor, shape)
 
 
-def einsum_dense_factors(layer, a, delta):
+def einsum_dense_factors(layer, a, delta, output=None):
     """`EinsumDense` (``MultiHeadAttention``'s projections), from its equation.
 
     Output indices that are also input indices but not kernel indices are
@@ -126,10 +148,12 @@ def einsum_dense_factors(layer, a, delta):
     """
     _check_plain(layer)
     x, out, batch, positions, shared, contracted, produced = _einsum_parts(layer.equation)
-    z = tf.einsum(layer.equation, a, tf.cast(layer.kernel, a.dtype))
-    if layer.bias is not None:
-        z = z + tf.cast(layer.bias, a.dtype)
-    d = _pre_activation_gradient(layer, z, delta)
+
+    def compute_z():
+        z = tf.einsum(layer.equation, a, tf.cast(layer.kernel, a.dtype))
+        return z if layer.bias is None else z + tf.cast(layer.bias, a.dtype)
+
+    d = _pre_activation_gradient(layer, compute_z, output, delta)
     dtype, rows = d.dtype, _rows(a)
     size = {c: a.shape[x.index(c)] for c in x[1:]}
     size.update({c: d.shape[out.index(c)] for c in out[1:]})
@@ -163,28 +187,28 @@ def _conv_geometry(layer, a):
 
 
 def _convolve(layer, a):
-    """The layer's convolution of ``a``, before bias and activation, as its call does it."""
+    """The layer's convolution of ``a`` plus bias, before the activation, as its call does it."""
     kernel = tf.cast(layer.kernel, a.dtype)
     if layer.padding != "causal":
-        return layer.convolution_op(a, kernel)
-    return keras.ops.conv(
-        keras.ops.pad(a, layer._compute_causal_padding()), kernel, strides=list(layer.strides),
-        padding="valid", dilation_rate=list(layer.dilation_rate), data_format=layer.data_format,
-    )
+        z = layer.convolution_op(a, kernel)
+    else:
+        z = keras.ops.conv(
+            keras.ops.pad(a, layer._compute_causal_padding()), kernel, strides=list(layer.strides),
+            padding="valid", dilation_rate=list(layer.dilation_rate), data_format=layer.data_format,
+        )
+    if not layer.use_bias:
+        return z
+    shape = [1] * (layer.rank + 2)
+    shape[-1 if layer.data_format == "channels_last" else 1] = layer.filters
+    return z + tf.reshape(tf.cast(layer.bias, a.dtype), shape)
 
 
-def conv_factors(layer, a, delta):
+def conv_factors(layer, a, delta, output=None):
     """`Conv1D` / `Conv2D`: patches of the input (`tf.image.extract_patches`)."""
     _check_plain(layer)
     if layer.rank not in (1, 2):
         raise Unsupported(f"{type(layer).__name__}: only 1-D and 2-D convolutions are supported yet.")
-    z = _convolve(layer, a)
-    if layer.use_bias:
-        channel_axis = -1 if layer.data_format == "channels_last" else 1
-        shape = [1] * (layer.rank + 2)
-        shape[channel_axis] = layer.filters
-        z = z + tf.reshape(tf.cast(layer.bias, a.dtype), shape)
-    d = _pre_activation_gradient(layer, z, delta)
+    d = _pre_activation_gradient(layer, lambda: _convolve(layer, a), output, delta)
     if layer.data_format == "channels_first":
         d = tf.transpose(d, [0] + list(range(2, layer.rank + 2)) + [1])
     image, sizes, strides, rates, padding = _conv_geometry(layer, _cast(a, d.dtype))
@@ -205,7 +229,7 @@ def conv_factors(layer, a, delta):
     return factors
 
 
-def embedding_factors(layer, ids, delta):
+def embedding_factors(layer, ids, delta, output=None):
     """`Embedding`: the rows looked up, each example's positions grouped by id."""
     _check_plain(layer)
     rows = _rows(delta)
@@ -214,7 +238,7 @@ def embedding_factors(layer, ids, delta):
     return {"embeddings": Lookup(ids, d, layer.input_dim)}
 
 
-def layer_normalization_factors(layer, a, delta):
+def layer_normalization_factors(layer, a, delta, output=None):
     """`LayerNormalization`: gamma from x̂ ⊙ δ, beta from δ, summed over positions."""
     if layer.rms_scaling:
         raise Unsupported("LayerNormalization(rms_scaling=True): not supported yet.")
@@ -238,8 +262,11 @@ def layer_normalization_factors(layer, a, delta):
     return factors
 
 
-def factors_for(layer, a, delta):
+def factors_for(layer, a, delta, output=None):
     """The factored per-example gradients of one call, by weight attribute name.
+
+    ``output`` (the call's recorded output, optional) spares recomputing the
+    pre-activation for ReLU, tanh, sigmoid and softmax.
 
     Raises:
         Unsupported: With the reason, for layers not supported or not defined.
@@ -262,7 +289,7 @@ def factors_for(layer, a, delta):
         # compute something else in their call.
         classes = kind if isinstance(kind, tuple) else (kind,)
         if type(layer) in classes:
-            return factors(layer, a, delta)
+            return factors(layer, a, delta, output)
     raise Unsupported(
         f"{type(layer).__name__}: per-example gradient norms are not supported yet "
         "(supported: Dense, EinsumDense, Conv1D, Conv2D, Embedding, LayerNormalization)."

@@ -58,7 +58,7 @@ class PerExampleNorms:
     reason: str = None
 
 
-def per_example_sq_norms(layer, inputs, output_gradients, unscale=None):
+def per_example_sq_norms(layer, inputs, output_gradients, unscale=None, outputs=None):
     """‖∇_w ℓ_i‖² for each trainable weight ``w`` of ``layer`` and each example i.
 
     Args:
@@ -68,6 +68,9 @@ def per_example_sq_norms(layer, inputs, output_gradients, unscale=None):
             axis 0; or a list of them, one per call of a shared layer.
         output_gradients: dJ/d(layer output) for each input, same structure.
         unscale: Optional ``fn(δ) -> δ`` (undoes loss scaling, casts).
+        outputs: Optional, the layer's outputs, same structure: with them, the
+            pre-activation gradient of a ReLU, tanh, sigmoid or softmax layer
+            comes from the output, without recomputing the pre-activation.
 
     Returns:
         A `PerExampleNorms`; its ``reason`` says why when the layer is not
@@ -84,6 +87,7 @@ def per_example_sq_norms(layer, inputs, output_gradients, unscale=None):
     ([5.0, 36.0], [1.0, 4.0])
     """
     calls = _calls(inputs, output_gradients)
+    outputs = [None] * len(calls) if outputs is None else [c[1] for c in _calls(inputs, outputs)]
     unscale = unscale or (lambda tensor: tf.cast(tensor, _factors.compute_dtype(tensor)))
     variables = {
         key: getattr(layer, key)
@@ -92,10 +96,10 @@ def per_example_sq_norms(layer, inputs, output_gradients, unscale=None):
     }
     try:
         per_call = []
-        for a, delta in calls:
+        for (a, delta), output in zip(calls, outputs):
             if delta is None:
                 raise Unsupported("dJ/d(output) is unknown (the output is not on the tape).")
-            per_call.append(_factors.factors_for(layer, a, _in_compute_dtype(unscale(delta))))
+            per_call.append(_factors.factors_for(layer, a, _in_compute_dtype(unscale(delta)), output))
     except Unsupported as error:
         return PerExampleNorms(None, None, variables, str(error))
     sq_norms, batch_gradients = {}, {}
@@ -164,12 +168,14 @@ def outer_sq_norms(a, d):
     [1.0]
     """
     positions, inner, outer = a.shape[1], a.shape[3], d.shape[3]
+    # Batched matrix products over (example, group): faster than tf.einsum on CPU.
+    a, d = tf.transpose(a, [0, 2, 1, 3]), tf.transpose(d, [0, 2, 1, 3])
     if positions is not None and positions * positions <= inner * outer:
-        a_gram = tf.einsum("bpmk,bqmk->bmpq", a, a)
-        d_gram = tf.einsum("bpmn,bqmn->bmpq", d, d)
+        a_gram = tf.matmul(a, a, transpose_b=True)  # [B, M, P, P]
+        d_gram = tf.matmul(d, d, transpose_b=True)
         squared = tf.reduce_sum(a_gram * d_gram, axis=[1, 2, 3])
     else:
-        squared = tf.reduce_sum(tf.square(tf.einsum("bpmk,bpmn->bmkn", a, d)), axis=[1, 2, 3])
+        squared = tf.reduce_sum(tf.square(tf.matmul(a, d, transpose_a=True)), axis=[1, 2, 3])
     # A Gram contraction is a squared norm in exact arithmetic; rounding must
     # not make it negative (its square root is taken).
     return tf.maximum(squared, 0)

@@ -107,7 +107,8 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
             # did not see, see `kgrad.ProbeResult.gradients`); never zeros for it.
             deltas = [output_gradients.get(name, probe.gradients.get(name)) for name in names]
             inputs = [layer_inputs[name] for name in names]
-            results[base] = per_example_sq_norms(operations[base], inputs, deltas, unscale)
+            outputs = [probe.activations[name] for name in names]
+            results[base] = per_example_sq_norms(operations[base], inputs, deltas, unscale, outputs)
     return results
 
 
@@ -117,8 +118,20 @@ def _relative_path(model, weight):
     return weight.path[len(prefix) :] if weight.path.startswith(prefix) else weight.path
 
 
+def _batch_gradient(result, key, given, unscale):
+    """Σ_i ∇ℓ_i of one weight: the tape's gradient when it is that (no regularizer)."""
+    variable = result.variables[key]
+    gradient = given.get(id(variable))
+    if gradient is None or getattr(variable, "regularizer", None) is not None:
+        return replicas.sum_over_replicas(result.batch_gradients[key])
+    gradient = tf.convert_to_tensor(gradient)  # an Embedding's IndexedSlices
+    gradient = unscale(gradient) if unscale is not None else gradient
+    # Each replica holds the gradient of its share of the loss.
+    return replicas.sum_over_replicas(gradient)
+
+
 def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unscale=None,
-                              output_gradients=None):
+                              output_gradients=None, gradients=None):
     """Adds the per-example norms and noise-scale sums of a probed step to ``builder``.
 
     Args:
@@ -130,6 +143,12 @@ def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unsc
             when per-example norms cover every one of them.
         unscale: ``fn(δ) -> float δ`` undoing loss scaling, or ``None``.
         output_gradients: See `probe_per_example_norms`.
+        gradients: Optional, the tape's gradients of ``weights`` (of the
+            possibly scaled loss). For a weight without a regularizer, ‖∇J‖²
+            is then taken from them (unscaled, summed over replicas) instead of
+            being computed again from the layer's input and dJ/d(output): one
+            product less per weight. Leave it out when losses other than the
+            declared regularizers depend on the weights (``add_loss``).
 
     Returns:
         ``dict`` layer name -> reason, for the captured layers with weights
@@ -152,6 +171,7 @@ def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unsc
     (0.25, 4.0)
     """
     results = probe_per_example_norms(model, probe, layer_inputs, unscale, output_gradients)
+    given = {} if gradients is None else {id(w): g for w, g in zip(weights, gradients) if g is not None}
     covered, model_example, model_batch, rows = set(), [], [], None
     for name, result in results.items():
         if result.reason is not None or not result.sq_norms:
@@ -161,7 +181,7 @@ def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unsc
             variable = result.variables[key]
             sq_norms = tf.cast(replicas.gather_batch(sq_norms), tf.float32)
             builder.add_tensor("example_grad_norm", _relative_path(model, variable), tf.sqrt(sq_norms))
-            batch_gradient = replicas.sum_over_replicas(result.batch_gradients[key])
+            batch_gradient = _batch_gradient(result, key, given, unscale)
             layer_example.append(sq_norms)
             layer_batch.append(tf.cast(tf.reduce_sum(tf.square(batch_gradient)), tf.float32))
             covered.add(id(variable))
