@@ -307,3 +307,72 @@ def test_softmax_output_under_cross_entropy(jit_compile):
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(6, 4)), rng.integers(0, 3, size=(6,))
     check(model, x, y, "sparse_categorical_crossentropy", jit_compile=jit_compile)
+
+
+_MIRRORED_SCRIPT = """
+import json, sys
+import numpy as np, tensorflow as tf
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, kgrad
+from kgrad.instruments.summaries import add_per_example_summaries, record_layer_inputs
+from kgrad.summaries import SummaryBuilder
+data = np.load(sys.argv[1])
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh", name="hidden"),
+                              keras.layers.Dense(2, name="out")])
+    model.set_weights([data[f"w{i}"] for i in range(4)])
+names = []
+@tf.function
+def step(x, y):
+    with kgrad.ProbeTape(model) as tape:
+        inputs = record_layer_inputs(tape)
+        per_example = tf.reduce_mean(tf.square(model(x) - y), axis=-1)
+        loss = tf.reduce_sum(per_example) / 8.0  # this replica's share of the global mean
+    gradients = tape.gradient(loss, model.trainable_weights)
+    builder = SummaryBuilder(histograms=False, bucket_count=1)
+    add_per_example_summaries(
+        builder, model, tape.probe, inputs, model.trainable_weights, gradients=gradients
+    )
+    names[:] = builder.scalar_names
+    return builder.scalars()
+dataset = strategy.experimental_distribute_dataset(
+    tf.data.Dataset.from_tensor_slices((data["x"], data["y"])).batch(8))
+scalars = strategy.run(step, args=next(iter(dataset)))
+print(json.dumps(dict(zip(names, strategy.experimental_local_results(scalars)[0].numpy().tolist()))))
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_reports_the_global_batch(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    keras.config.set_floatx("float32")
+    model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(3, activation="tanh", name="hidden"),
+        keras.layers.Dense(2, name="out"),
+    ])
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+    np.savez(tmp_path / "data.npz", x=x, y=y, **{f"w{i}": w for i, w in enumerate(model.get_weights())})
+    result = subprocess.run(
+        [sys.executable, "-c", _MIRRORED_SCRIPT, str(tmp_path / "data.npz")],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    distributed = json.loads(result.stdout.strip().splitlines()[-1])
+    with kgrad.ProbeTape(model) as tape:
+        inputs = record_layer_inputs(tape)
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    gradients = tape.gradient(loss, model.trainable_weights)
+    builder = SummaryBuilder(histograms=False, bucket_count=1)
+    add_per_example_summaries(
+        builder, model, tape.probe, inputs, model.trainable_weights, gradients=gradients
+    )
+    single = dict(zip(builder.scalar_names, builder.scalars().numpy().tolist()))
+    assert sorted(distributed) == sorted(single) and distributed["global/batch_size"] == 8
+    for tag, value in single.items():
+        assert distributed[tag] == pytest.approx(value, rel=1e-5, abs=1e-12), tag
