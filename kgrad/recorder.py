@@ -30,8 +30,8 @@ class Recorder:
             argument of its ``call``) in ``layer_inputs``, under the same name
             as its activation, for the per-example gradient norms of
             `kgrad.instruments` (they need the input ``a`` beside dJ/d(output)).
-            Off by default: then nothing is kept. The inputs are not watched:
-            no gradient is asked for them.
+            Off by default (unless ``tape._record_inputs`` is true): then nothing
+            is kept. The inputs are not watched: no gradient is asked for them.
     """
 
     def __init__(self, tape, model, watch_inputs, integer_inputs="raise", record_inputs=False):
@@ -39,7 +39,9 @@ class Recorder:
         self._model = model
         self._watch_inputs = watch_inputs
         self._integer_inputs = integer_inputs
-        self.record_inputs = record_inputs
+        # A ProbeTape asks for inputs with its own `_record_inputs` (so that the
+        # recorder it creates anew on each `__enter__` keeps the setting).
+        self.record_inputs = record_inputs or bool(getattr(tape, "_record_inputs", False))
         self.activations = {}
         self.layer_inputs = {}
         self.non_float = {}

@@ -376,3 +376,20 @@ def test_mirrored_strategy_reports_the_global_batch(tmp_path):
     assert sorted(distributed) == sorted(single) and distributed["global/batch_size"] == 8
     for tag, value in single.items():
         assert distributed[tag] == pytest.approx(value, rel=1e-5, abs=1e-12), tag
+
+
+def test_layer_inputs_are_recorded_only_when_asked():
+    model = SharedDense()
+    x = tf.ones((2, 8), tf.float64)
+    with kgrad.ProbeTape(model) as tape:
+        model(x)
+    assert tape._recorder.layer_inputs == {}  # off by default: nothing kept
+
+    class InputTape(kgrad.ProbeTape):
+        _record_inputs = True  # what ProbeTape(record_inputs=True) sets
+
+    with InputTape(model) as tape:
+        model(x)
+    inputs = tape._recorder.layer_inputs
+    assert list(inputs) == ["shared", "shared#2", "head"] == list(tape.activations)
+    np.testing.assert_array_equal(inputs["shared#2"], x[:, 4:])
