@@ -23,7 +23,9 @@ import threading
 
 import keras
 import tensorflow as tf
+from keras.src import backend as keras_backend
 
+from kgrad import guard as guard_module
 from kgrad.branching import join_sparse, split_sparse
 
 _LOCAL = threading.local()
@@ -44,58 +46,132 @@ class TapeCollection:
         pipeline_for: ``fn(name, tape_model) -> ProbePipeline``.
     """
 
-    def __init__(self, model, plan, probe_now, pipeline_for):
+    def __init__(self, model, plan, probe_now, pipeline_for, guard_state_for=None):
         self._model = model
         self._plan = plan
         self._probe_now = probe_now
         self._pipeline_for = pipeline_for
+        self._guard_state_for = guard_state_for
         self._optimizers = _candidate_optimizers(model)
         self._entries = []  # (pipeline, weights, scalars, histograms, iterations before)
+        self._tapes = []
         self._names = {}
+        self._checks = []  # guard: (tape name, weights, GuardState, tensors) not yet applied
+        self._guard_states = []
 
     def __enter__(self):
         if active_collection() is not None:
             raise RuntimeError("kgrad: a probed train_step ran inside another one.")
         _LOCAL.collection = self
+        if self._plan.guard is not None:
+            # The step applies its updates itself: each optimizer's `apply`
+            # is guarded by the check of the tape whose weights it updates.
+            for optimizer in self._optimizers:
+                object.__setattr__(optimizer, "apply", self._guarded(optimizer, optimizer.apply))
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type, *exc_info):
         _LOCAL.collection = None
+        for optimizer in self._optimizers:
+            optimizer.__dict__.pop("apply", None)
+        if exc_type is None and self._checks:
+            raise ValueError(
+                f"kgrad.NonFiniteGuard: the gradients of ProbeTape {self._checks[0][0]!r} in the "
+                f"train_step of model '{self._model.name}' were not applied by an optimizer of "
+                "the model, so the guard cannot keep a non-finite update out of the weights. "
+                "Apply them with an optimizer that is an attribute of the model."
+            )
+
+    def guard_states(self):
+        """The `GuardState` of each tape that differentiated, in order."""
+        return list(self._guard_states)
 
     def tape_names(self):
         """The names the tapes were logged under, in the order they differentiated."""
-        return [pipeline.name for pipeline, *_ in self._entries]
+        return list(self._tapes)
 
     def gradient(self, tape, target, sources, output_gradients, unconnected_gradients):
         """``tape.gradient``, with the full pass and summaries on probed steps."""
         name = self._unique(tape.name)
-        pipeline = self._pipeline_for(name, tape.model)
+        self._tapes.append(name)
+        plan = self._plan
+        pipeline = None if plan.probe is None else self._pipeline_for(name, tape.model)
         flat_sources = tf.nest.flatten(sources)
-        weights = [source for source in flat_sources if isinstance(source, keras.Variable)]
         where = [index for index, source in enumerate(flat_sources) if isinstance(source, keras.Variable)]
+        weights = [flat_sources[index] for index in where]
         # Read before the user's step applies the update (program order).
         iterations = {id(o): tf.identity(o.iterations) for o in self._optimizers}
         arguments = (output_gradients, unconnected_gradients)
 
-        def probed():
-            gradients = tape.probed_gradient(target, flat_sources, *arguments)
+        def summarized(gradients):
             builder = pipeline.summarize(
                 tape.probe, [gradients[index] for index in where], weights, x=tape.probe.input,
                 prediction_gradient=_prediction_gradient(tape.probe),
             )
-            return split_sparse(gradients), builder.scalars(), builder.histograms()
+            return builder.scalars(), builder.histograms()
+
+        def probed():
+            gradients = tape.probed_gradient(target, flat_sources, *arguments)
+            return split_sparse(gradients), summarized(gradients)
 
         def plain():
             gradients = tape.plain_gradient(target, flat_sources, *arguments)
-            return (split_sparse(gradients), *pipeline.no_summaries())
+            return split_sparse(gradients), pipeline.no_summaries()
 
-        if self._plan.probes_every_step:
-            gradients, scalars, histograms = probed()
+        if plan.guard is not None:
+            # The check needs every step's activations and gradients.
+            gradients = tape.probed_gradient(target, flat_sources, *arguments)
+            self._add_check(name, tape, target, [gradients[index] for index in where], weights)
+            summaries = None
+            if pipeline is not None:
+                summaries = summarized(gradients) if plan.probes_every_step else tf.cond(
+                    self._probe_now, lambda: summarized(gradients), pipeline.no_summaries
+                )
+        elif plan.probes_every_step:
+            gradients, summaries = probed()
         else:
-            gradients, scalars, histograms = tf.cond(self._probe_now, probed, plain)
-        gradients = join_sparse(gradients, flat_sources)
-        self._entries.append((pipeline, weights, scalars, histograms, iterations))
+            gradients, summaries = tf.cond(self._probe_now, probed, plain)
+        gradients = join_sparse(gradients, flat_sources) if plan.guard is None else gradients
+        if pipeline is not None:
+            self._entries.append((pipeline, weights, *summaries, iterations))
         return tf.nest.pack_sequence_as(sources, gradients)
+
+    def _add_check(self, name, tape, target, gradients, weights):
+        guard = self._plan.guard
+        if guard.layers is not None:
+            raise ValueError(
+                f"kgrad.NonFiniteGuard(layers=...) does not apply to a model with its own "
+                f"train_step (model '{self._model.name}'): there the guard checks what each "
+                f"kgrad.ProbeTape captures. Received: layers={guard.layers!r}. Pass the layers "
+                "to the ProbeTapes instead (kgrad.ProbeTape(model, layers=...))."
+            )
+        watched, on_trip_only = guard_module.watched_tensors(
+            guard, tape.model, tape.probe, target, None, gradients, weights, None
+        )
+        state = self._guard_state_for(name, [tensor_name for tensor_name, _ in watched], on_trip_only)
+        self._guard_states.append(state)
+        self._checks.append((name, weights, state, [tensor for _, tensor in watched]))
+
+    def _guarded(self, optimizer, apply):
+        def guarded_apply(grads, trainable_variables=None):
+            variables = list(
+                optimizer._trainable_variables if trainable_variables is None else trainable_variables
+            )
+            ids = {id(variable) for variable in variables}
+            check = next((c for c in self._checks if any(id(w) in ids for w in c[1])), None)
+            if check is None:
+                return apply(grads, trainable_variables)
+            self._checks.remove(check)
+            if not optimizer.built:  # as Keras' apply does, outside the branch below
+                with keras_backend.name_scope(optimizer.name, caller=optimizer):
+                    optimizer.build(variables)
+            _, _, state, tensors = check
+            state.guarded_apply(
+                tensors, tf.identity(optimizer.iterations),
+                lambda: apply(grads, variables), self._plan.guard.halt_updates,
+            )
+
+        return guarded_apply
 
     def write_records(self):
         """Writes each tape's record; call after the ``train_step`` applied its updates."""
@@ -133,30 +209,36 @@ class TapeCollection:
         )
 
 
-def run_own_train_step(model, plan, data, probe_now, pipeline_for):
+def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_for):
     """Runs ``type(model).train_step`` in a `TapeCollection`, then writes the records.
 
     Raises:
-        ValueError: With a guard or several replicas (not supported yet), or
-            when the step opened no `kgrad.ProbeTape`.
+        ValueError: With several replicas (not supported yet), or when the
+            step opened no `kgrad.ProbeTape`.
     """
-    if plan.guard is not None or plan.replicas > 1:
+    if plan.replicas > 1:
         raise ValueError(
-            f"kgrad cannot guard or distribute model '{model.name}': its class "
-            f"{type(model).__name__} defines its own train_step, where kgrad.GradientProbe "
-            "works on one device and kgrad.NonFiniteGuard is not supported yet. Use "
-            "kgrad.first_non_finite(tape.probe) inside that train_step instead."
+            f"kgrad cannot probe model '{model.name}' on {plan.replicas} replicas: its class "
+            f"{type(model).__name__} defines its own train_step, where kgrad works on one "
+            "device only yet. Train it on one device, or use kgrad.ProbeTape's results "
+            "inside that train_step."
         )
-    with TapeCollection(model, plan, probe_now, pipeline_for) as collection:
+    collection = TapeCollection(model, plan, probe_now, pipeline_for, guard_state_for)
+    with collection:
         outputs = type(model).train_step(model, data)
     if not collection.tape_names():
+        callback = "GradientProbe" if plan.probe is not None else "NonFiniteGuard"
         raise ValueError(
-            f"kgrad.GradientProbe found no kgrad.ProbeTape in the train_step of model "
-            f"'{model.name}' (class {type(model).__name__}), so it has nothing to log. "
+            f"kgrad.{callback} found no kgrad.ProbeTape in the train_step of model "
+            f"'{model.name}' (class {type(model).__name__}), so it has nothing to check or log. "
             "In that train_step, replace `tf.GradientTape()` with `kgrad.ProbeTape(self)` "
             "(or `kgrad.ProbeTape(self.generator)` for a sub-model)."
         )
     collection.write_records()  # after the step's own updates
+    if plan.guard is not None:
+        # The flag travels with the logs that Keras reads anyway.
+        tripped = [state.tripped.read_value() for state in collection.guard_states()]
+        outputs = {**outputs, guard_module.TRIPPED_OUTPUT: tf.reduce_any(tf.stack(tripped))}
     return outputs
 
 

@@ -138,7 +138,7 @@ def split_name(tensor_name):
 def _uses_loss_scaling(model):
     import keras
 
-    return isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    return isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer)
 
 
 def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, weights, layers):

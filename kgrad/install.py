@@ -19,7 +19,7 @@ from kgrad import replicas
 from kgrad.model import ProbingModel
 from kgrad.plan import StepPlan
 from kgrad.prebuild import build_before_tracing
-from kgrad.step import ProbingStep, has_own_train_step
+from kgrad.step import ProbingStep
 
 _ROLE_CALLBACKS = {"probe": "GradientProbe", "guard": "NonFiniteGuard"}
 
@@ -40,13 +40,6 @@ class _Installation:
 
 def _check_model(model, role):
     callback = _ROLE_CALLBACKS[role]
-    if role == "guard" and has_own_train_step(model):
-        raise ValueError(
-            f"{callback} cannot guard model '{model.name}': its class "
-            f"{type(model).__name__} defines its own train_step, and the guard does not "
-            "support those yet. Use kgrad.ProbeTape inside that train_step and check "
-            "`kgrad.first_non_finite(tape.probe)`, or keras.callbacks.TerminateOnNaN."
-        )
     if "train_step" in model.__dict__:
         raise ValueError(
             f"{callback} cannot probe model '{model.name}': a train_step was set "

@@ -29,7 +29,7 @@ import tensorflow as tf
 from keras.src.losses import loss as keras_loss
 
 from kgrad import guard as guard_module
-from kgrad import losses, replicas, selection, updates
+from kgrad import guard_state, losses, replicas, selection, updates
 from kgrad.custom_step import run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
@@ -49,6 +49,7 @@ class _Traced:
     pipeline: object = None
     guard_state: object = None
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
+    tape_guard_states: dict = dataclasses.field(default_factory=dict)
 
 
 def _build_if_needed(model, data):
@@ -108,6 +109,14 @@ class ProbingStep:
     def guard_state(self):
         return None if self._current is None else self._current.guard_state
 
+    def guard_states(self):
+        """``{name: GuardState}``: ``None`` for the model's own, else one per tape."""
+        if self._current is None:
+            return {}
+        if self._current.guard_state is not None:
+            return {None: self._current.guard_state}
+        return dict(self._current.tape_guard_states)
+
     def pipelines(self):
         """``{name: ProbePipeline}``: ``None`` for the model's own, else one per tape."""
         if self._current is None:
@@ -130,8 +139,9 @@ class ProbingStep:
             for pipeline in [traced.pipeline, *traced.tape_pipelines.values()]:
                 if pipeline is not None:
                     pipeline.reset()
-            if traced.guard_state is not None:
-                traced.guard_state.reset(everything=True)
+            for state in [traced.guard_state, *traced.tape_guard_states.values()]:
+                if state is not None:
+                    state.reset(everything=True)
 
     def function_for(self, plan, make_function):
         """The train function for ``plan``: one traced earlier, or ``make_function()``.
@@ -266,7 +276,15 @@ class ProbingStep:
 
     def _own_train_step(self, data):
         """The model's own ``train_step``, its ProbeTapes reporting to the pipelines."""
-        return run_own_train_step(self.model, self.plan, data, self._probe_now(), self._pipeline_for_tape)
+        return run_own_train_step(
+            self.model, self.plan, data, self._probe_now(),
+            self._pipeline_for_tape, self._guard_state_for_tape,
+        )
+
+    def _guard_state_for_tape(self, name, names, on_trip_only):
+        states = self._current.tape_guard_states
+        states[name] = guard_state.ensure_guard_state(self.model, states.get(name), names, on_trip_only)
+        return states[name]
 
     def _tape_layers(self):
         parts = [part.layers for part in (self.plan.probe, self.plan.guard) if part is not None]

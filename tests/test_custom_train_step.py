@@ -383,3 +383,39 @@ def test_own_train_step_reads_the_device_only_after_executions_with_a_probed_ste
     )
     assert _read_points(device_reads) == _expected_read_points(steps_per_execution)
     assert [record.step for record in records] == list(range(0, EPOCHS * STEPS_PER_EPOCH, EVERY_N_STEPS))
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_guard_on_a_gan_names_the_tape_and_layer_and_skips_only_the_bad_update(mode):
+    real, noise = _gan_data(steps=5)
+    real[2 * BATCH + 3, 1] = np.nan  # one value of the third batch
+    gan = _gan(mode)
+    guard = kgrad.NonFiniteGuard()
+    gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    # The discriminator's input (fakes and reals) holds the NaN: it arrived with the data.
+    assert (report.step, report.kind, report.layer, report.pass_) == (
+        2, "input", "discriminator/input", "forward"
+    )
+    assert report.nan_count > 0
+    # The discriminator's bad update was not applied: its weights are those
+    # after the first two steps; the generator's step 2 was finite and applied.
+    reference = _gan(mode)
+    reference.fit((real[: 2 * BATCH], noise[: 2 * BATCH]), batch_size=BATCH, shuffle=False, verbose=0)
+    for weight, expected in zip(gan.discriminator.weights, reference.discriminator.weights):
+        np.testing.assert_allclose(weight.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+    assert gan.d_optimizer.iterations.numpy() == 2 and gan.g_optimizer.iterations.numpy() == 3
+    assert all(np.isfinite(weight.numpy()).all() for weight in gan.weights)
+
+
+def test_guard_and_probe_together_on_a_gan_train_like_plain_fit(tmp_path):
+    real, noise = _gan_data()
+    guarded, plain = _gan("graph"), _gan("graph")
+    callbacks = [kgrad.GradientProbe(tmp_path, every_n_steps=2), kgrad.NonFiniteGuard()]
+    guarded.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
+    plain.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0)
+    assert callbacks[1].report is None
+    for weight, expected in zip(guarded.weights, plain.weights):
+        np.testing.assert_allclose(weight.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+    logs = kgrad.read_logs(tmp_path)
+    assert logs["generator/kgrad"]["scalars"]["grad_norm/g_hidden"].steps.tolist() == [0, 2]

@@ -1,5 +1,7 @@
 """`NonFiniteGuard`: stop at the first NaN/Inf and say where it was born."""
 
+import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -105,12 +107,22 @@ class NonFiniteGuard(keras.callbacks.Callback):
         install.detach(self.model, "guard")
 
     def on_train_batch_end(self, batch, logs=None):
-        state, tripped = self._step.guard_state, self._step.guard_tripped
+        tripped = self._step.guard_tripped
         # The flag came back with the step's logs, which Keras has already
         # read from the device: testing it costs no device access.
-        if state is None or tripped is None or not bool(tripped):
+        if tripped is None or not bool(tripped):
             return
-        report = state.read_report(self._latest_summaries)
+        report = state = None
+        # One state for the model, or one per ProbeTape of its own train_step.
+        for tape, candidate in self._step.guard_states().items():
+            report = candidate.read_report(functools.partial(self._latest_summaries, tape))
+            if report is not None:
+                state = candidate
+                if tape is not None:  # a ProbeTape of the model's own train_step
+                    report = dataclasses.replace(
+                        report, layer=f"{tape}/{report.layer}", tensor=f"{report.kind}/{tape}/{report.layer}"
+                    )
+                break
         if report is None:
             return
         self.reports.append(report)
@@ -132,9 +144,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
             file=sys.stderr,
         )
 
-    def _latest_summaries(self, layer, last_finite_step):
-        """Summaries of ``layer`` from the latest probed step that was finite."""
-        state = self._step.state
+    def _latest_summaries(self, tape, layer, last_finite_step):
+        """Summaries of ``layer`` (of ``tape``) from the latest probed step that was finite."""
+        pipeline = self._step.pipelines().get(tape)
+        state = None if pipeline is None else pipeline.state
         if state is None or last_finite_step is None:
             return {}
         records, _ = state.read_since(0)
