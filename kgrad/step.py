@@ -26,10 +26,9 @@ import warnings
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.losses import loss as keras_loss
 
 from kgrad import guard as guard_module
-from kgrad import guard_state, losses, replicas, selection, updates
+from kgrad import forward, guard_state, losses, replicas, selection, updates
 from kgrad.custom_step import run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
@@ -50,23 +49,6 @@ class _Traced:
     guard_state: object = None
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
     tape_guard_states: dict = dataclasses.field(default_factory=dict)
-
-
-def _build_if_needed(model, data):
-    # Keras on TensorFlow builds a subclassed model inside the first trace of
-    # the step, so its layers would have no weights yet when the ProbeTape
-    # picks them (by default, the layers with weights), and the retrace that
-    # follows variable creation would pick others. Build it first,
-    # symbolically and without running anything, as Keras does under a
-    # distribution strategy.
-    if not all(layer.built for layer in model._flatten_layers()):
-        model._symbolic_build(data_batch=data)
-
-
-def _forward(model, x):
-    if model._call_has_training_arg:
-        return model(x, training=True)
-    return model(x)
 
 
 def has_own_train_step(model):
@@ -104,10 +86,6 @@ class ProbingStep:
         """The `ProbeState` of the model's probe, or ``None``."""
         pipeline = None if self._current is None else self._current.pipeline
         return None if pipeline is None else pipeline.state
-
-    @property
-    def guard_state(self):
-        return None if self._current is None else self._current.guard_state
 
     def guard_states(self):
         """``{name: GuardState}``: ``None`` for the model's own, else one per tape."""
@@ -225,7 +203,7 @@ class ProbingStep:
         if has_own_train_step(model):
             return self._own_train_step(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        _build_if_needed(model, data)
+        forward.build_if_needed(model, data)
         probe_now = self._probe_now()
         step = tf.identity(model.optimizer.iterations)
         with ProbeTape(
@@ -235,7 +213,7 @@ class ProbingStep:
             persistent=True,
             _integer_inputs="skip",
         ) as tape:
-            y_pred, loss = self._forward_and_loss(x, y, sample_weight)
+            y_pred, loss = forward.forward_and_loss(model, x, y, sample_weight)
         if not model.trainable_weights:
             warnings.warn("The model does not have any trainable weights.", stacklevel=2)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
@@ -297,19 +275,6 @@ class ProbingStep:
             for operation in selection.resolve_layers(self.model, layers).values()
         }
         return lambda operation: id(operation) in wanted
-
-    def _forward_and_loss(self, x, y, sample_weight):
-        """Keras' forward pass, loss, loss tracker and loss scaling."""
-        model = self.model
-        y_pred = _forward(model, x)
-        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-        model._loss_tracker.update_state(
-            keras_loss.unscale_loss_for_distribution(loss),
-            sample_weight=tf.shape(next(i for i in tf.nest.flatten(x) if i is not None))[0],
-        )
-        if model.optimizer is not None:
-            loss = model.optimizer.scale_loss(loss)
-        return y_pred, loss
 
     def _prediction_gradient(self, y, y_pred, sample_weight):
         """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
