@@ -37,6 +37,7 @@ def test_one_batch_estimate_is_the_two_batch_form_and_the_sample_covariance():
 def test_undefined_values_are_none():
     assert noise_scale.NoiseEstimate(-1.0, 3.0).b_simple is None
     assert noise_scale.NoiseEstimate(1.0, 0.0).snr(8) is None
+    assert noise_scale.NoiseEstimate(-1.0, 3.0).snr(8) is None  # no signal detected: no ratio
     assert noise_scale.NoiseScaleSmoother().b_simple is None
     with pytest.raises(ValueError, match="Received: decay=1"):
         noise_scale.NoiseScaleSmoother(decay=1)

@@ -61,8 +61,8 @@ class NoiseEstimate:
         return self.trace / self.gradient_sq_norm
 
     def snr(self, batch_size):
-        """|G|² / (tr(Σ)/B) at batch size B, or ``None`` when tr(Σ) is not positive."""
-        if not self.trace > 0:
+        """|G|² / (tr(Σ)/B) at batch size B, or ``None`` unless both estimates are positive."""
+        if not (self.trace > 0 and self.gradient_sq_norm > 0):
             return None
         return batch_size * self.gradient_sq_norm / self.trace
 
