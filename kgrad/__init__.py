@@ -1,22 +1,13 @@
-"""kgrad: see what the gradients are doing inside a Keras model while it trains."""
+"""kgrad: see what the gradients are doing inside a Keras model while it trains.
 
-from kgrad.callbacks.gradient_probe import GradientProbe
-from kgrad.callbacks.non_finite_guard import NonFiniteGuard
-from kgrad.config import CAPTURE_KINDS
-from kgrad.config import GUARD_KINDS
-from kgrad.guard import NonFiniteError
-from kgrad.guard import NonFiniteReport
-from kgrad.guard import first_non_finite
-from kgrad.html_report import write_html_report
-from kgrad.losses import prediction_gradient
-from kgrad.model import ProbingModel
-from kgrad.reading import read_logs
-from kgrad.report import HealthThresholds
-from kgrad.report import health_report
-from kgrad.state import ProbeRecord
-from kgrad.taps import tap
-from kgrad.tape import ProbeResult
-from kgrad.tape import ProbeTape
+The public names load on first use (PEP 562): ``import kgrad`` and the
+``kgrad`` command's ``--help`` do not import TensorFlow (~3 s), while
+``from kgrad import GradientProbe``, ``kgrad.GradientProbe`` and
+``dir(kgrad)`` work as with eager imports.
+"""
+
+import importlib
+import typing
 
 __version__ = "0.1.0"
 
@@ -39,3 +30,58 @@ __all__ = [
     "tap",
     "write_html_report",
 ]
+
+# Each public name and the module that defines it: a name added to __all__
+# is added here too (tests/test_public_api.py checks both lists agree).
+_MODULES = {
+    "CAPTURE_KINDS": "kgrad.config",
+    "GUARD_KINDS": "kgrad.config",
+    "GradientProbe": "kgrad.callbacks.gradient_probe",
+    "HealthThresholds": "kgrad.report",
+    "NonFiniteError": "kgrad.guard",
+    "NonFiniteGuard": "kgrad.callbacks.non_finite_guard",
+    "NonFiniteReport": "kgrad.guard",
+    "ProbeRecord": "kgrad.state",
+    "ProbeResult": "kgrad.tape",
+    "ProbeTape": "kgrad.tape",
+    "ProbingModel": "kgrad.model",
+    "first_non_finite": "kgrad.guard",
+    "health_report": "kgrad.report",
+    "prediction_gradient": "kgrad.losses",
+    "read_logs": "kgrad.reading",
+    "tap": "kgrad.taps",
+    "write_html_report": "kgrad.html_report",
+}
+
+if typing.TYPE_CHECKING:  # what static tools and IDEs see
+    from kgrad.callbacks.gradient_probe import GradientProbe  # noqa: F401
+    from kgrad.callbacks.non_finite_guard import NonFiniteGuard  # noqa: F401
+    from kgrad.config import CAPTURE_KINDS, GUARD_KINDS  # noqa: F401
+    from kgrad.guard import NonFiniteError, NonFiniteReport, first_non_finite  # noqa: F401
+    from kgrad.html_report import write_html_report  # noqa: F401
+    from kgrad.losses import prediction_gradient  # noqa: F401
+    from kgrad.model import ProbingModel  # noqa: F401
+    from kgrad.reading import read_logs  # noqa: F401
+    from kgrad.report import HealthThresholds, health_report  # noqa: F401
+    from kgrad.state import ProbeRecord  # noqa: F401
+    from kgrad.taps import tap  # noqa: F401
+    from kgrad.tape import ProbeResult, ProbeTape  # noqa: F401
+
+
+def __getattr__(name):
+    """Loads a public name, or a submodule (``kgrad.stats``), on first use."""
+    if name in _MODULES:
+        value = getattr(importlib.import_module(_MODULES[name]), name)
+        globals()[name] = value  # later lookups do not come here
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise  # the submodule exists but an import inside it failed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,16 +5,22 @@ Exit status: 0 when all is well, 1 when ``kgrad report`` flags a layer,
 """
 
 import argparse
+import importlib
 import os
 import sys
+import tempfile
 
-from kgrad import demo, report, report_table
+# Light: NumPy and TensorBoard's event reader. `kgrad demo` imports Keras
+# (TensorFlow, ~3 s) when it runs, so that `--help` and `report` answer at once.
+from kgrad import report, report_table
 from kgrad.reading import read_logs
 
 #: Exit status of ``kgrad report`` when a layer is flagged.
 EXIT_FLAGGED = 1
 #: Exit status for usage errors (as ``argparse`` uses).
 EXIT_USAGE = 2
+#: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
 
 DEFAULT_DEMO_DIR = os.path.join("logs", "kgrad-demo")
 
@@ -114,11 +120,39 @@ def build_parser():
 
 
 def _demo(args):
+    demo = _import_quietly("kgrad.demo")
     try:
         demo.main(args.log_dir, epochs=args.epochs, overwrite=args.overwrite)
-    except FileExistsError as error:
+    except OSError as error:  # earlier logs, or a folder that cannot be written
         args.parser.error(str(error))
     return 0
+
+
+def _import_quietly(name):
+    """Imports module ``name`` without TensorFlow's start-up lines on stderr.
+
+    TensorFlow 2.21 writes them from C++ before its logging is set up, where
+    ``TF_CPP_MIN_LOG_LEVEL`` does not reach, so stderr goes to a temporary
+    file during the import; it is shown only if the import fails.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            module = importlib.import_module(name)
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    import absl.logging  # Python-side warnings of TensorFlow and Keras
+
+    absl.logging.set_verbosity(absl.logging.ERROR)
+    return module
 
 
 def _report(args):
@@ -164,12 +198,18 @@ def main(argv=None):
     ...
     SystemExit: 0
     """
+    # Before TensorFlow is imported (by `kgrad demo`): no start-up log lines.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return args.run(args)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print(f"\nkgrad {args.command}: interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 
 import keras
@@ -108,13 +109,49 @@ def _kernel_gradient_norm(record, layer):
     )
 
 
+def check_writable(log_dir):
+    """Creates ``log_dir`` if needed and checks that a file can be written there.
+
+    Before training, so that a folder that cannot be written ends in one
+    line, not in a TensorFlow traceback after the first epoch.
+
+    Raises:
+        OSError: With a message that names the folder, what went wrong and
+            what to do.
+
+    Example:
+
+    >>> from kgrad.demo import check_writable
+    >>> check_writable("/proc/kgrad-demo")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    OSError: cannot write the demo's logs to --log-dir '/proc/kgrad-demo' (...). Pass --log-dir ...
+    """
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=log_dir):
+            pass
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if isinstance(error, FileExistsError):
+            reason = "a file of that name is in the way"
+        elif error.filename is not None:
+            reason += f": {error.filename!r}"
+        raise OSError(
+            f"cannot write the demo's logs to --log-dir {os.fspath(log_dir)!r} ({reason}). "
+            "Pass --log-dir a folder you can write to."
+        ) from error
+
+
 def prepare_log_dir(log_dir, overwrite):
     """Checks that the demo's run folders are free; clears them if ``overwrite``.
 
     Raises:
+        OSError: If ``log_dir`` cannot be written (see `check_writable`).
         FileExistsError: If a run folder already holds files and ``overwrite``
             is False (new events would mix with the old ones in TensorBoard).
     """
+    check_writable(log_dir)
     for run in MODELS:
         run_dir = os.path.join(log_dir, run)
         if os.path.isdir(run_dir) and os.listdir(run_dir):

@@ -139,3 +139,77 @@ def test_installed_console_script(vanishing):
     )
     assert result.returncode == 1, result.stderr
     assert "VANISHING" in result.stdout
+
+
+def _kgrad(*arguments, timeout=120):
+    """``python -m kgrad.cli ARGUMENTS`` in a subprocess, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "kgrad.cli", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["report", "--help"], ["demo", "--help"]])
+def test_help_answers_without_importing_tensorflow(argv):
+    code = (
+        "import sys\n"
+        "from kgrad import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+    assert "usage: kgrad" in result.stdout and result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["demo", "--log-dir", "{file}/logs"],
+            "cannot write the demo's logs to --log-dir '{file}/logs' (Not a directory",
+        ),
+        (
+            ["demo", "--log-dir", "/proc/kgrad-demo"],
+            "cannot write the demo's logs to --log-dir '/proc/kgrad-demo' (",
+        ),
+        (["demo", "--log-dir", "{file}"], "(a file of that name is in the way). Pass --log-dir a folder"),
+        (["demo", "--epochs", "-1"], "argument --epochs: must be a positive integer, received '-1'"),
+        (["demo", "--bogus"], "unrecognized arguments: --bogus"),
+        (["report", "{file}"], "error:"),
+        (["report"], "the following arguments are required: LOG_DIR"),
+    ],
+)
+def test_usage_errors_reach_the_user_as_one_line_without_a_traceback(tmp_path, argv, message):
+    file = tmp_path / "a_file"
+    file.write_text("not a folder")
+    result = _kgrad(*(argument.format(file=file) for argument in argv))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (error_line,) = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert message.format(file=file) in error_line
+    assert not os.path.exists(file.parent / "sigmoid_deep")
+
+
+def test_ctrl_c_ends_the_demo_with_one_line_and_status_130(tmp_path):
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kgrad.cli", "demo", "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while "[1/2]" not in process.stdout.readline():  # training has started
+            assert process.poll() is None, process.stderr.read()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == cli.EXIT_INTERRUPTED == 130
+    # One line, and no TensorFlow start-up lines before it either.
+    assert err == "\nkgrad demo: interrupted.\n"

@@ -5,6 +5,8 @@ import importlib
 import inspect
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -61,3 +63,24 @@ def test_foundation_examples_run(name):
     for test in examples:
         runner.run(test)
     assert runner.failures == 0
+
+
+def test_names_load_lazily_and_dir_lists_them():
+    # kgrad/__init__.py maps each public name to its module (PEP 562).
+    assert sorted(kgrad._MODULES) == sorted(kgrad.__all__)
+    assert set(kgrad.__all__) <= set(dir(kgrad))
+    assert kgrad.stats.MOMENT_NAMES[0] == "norm"  # submodules too
+    with pytest.raises(AttributeError, match="module 'kgrad' has no attribute 'nope'"):
+        kgrad.nope  # noqa: B018
+
+
+def test_import_kgrad_does_not_import_tensorflow():
+    code = (
+        "import sys, kgrad, kgrad.cli\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))\n"
+        "kgrad.ProbeTape\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True"]
