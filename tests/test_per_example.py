@@ -182,6 +182,15 @@ def test_transformer_block(weighted, jit_compile):
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     norms = check(model, ids, targets, loss, mask if weighted else None, jit_compile)
     assert any("query" in path for path in norms) and any("attention_output" in path for path in norms)
+    if not weighted and jit_compile is None:
+        with kgrad.ProbeTape(model, layers="all") as tape:
+            inputs = record_layer_inputs(tape)
+            value = tf.reduce_mean(loss(targets, model(ids)))
+        tape.gradient(value, model.trainable_weights)
+        builder = SummaryBuilder(histograms=False, bucket_count=1)
+        # MultiHeadAttention itself is not "unsupported": its EinsumDense layers are reported.
+        assert add_per_example_summaries(builder, model, tape.probe, inputs, model.trainable_weights) == {}
+        assert "global/noise_batch_sq_norm" in builder.scalar_names
 
 
 def test_masked_positions_have_no_gradient():

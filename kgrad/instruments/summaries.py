@@ -88,7 +88,9 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
     calls = {}
     for name in probe.activations:
         layer = operations.get(_base_name(name))
-        if isinstance(layer, keras.layers.Layer) and layer.trainable_weights:
+        # A layer made of layers (MultiHeadAttention, a nested model): its
+        # weights are its leaves', reported when those are captured.
+        if isinstance(layer, keras.layers.Layer) and layer.trainable_weights and not taps._children(layer):
             calls.setdefault(_base_name(name), []).append(name)
     coupled = coupling_layers(model)
     output_gradients = output_gradients or {}
