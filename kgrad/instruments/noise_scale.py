@@ -259,18 +259,21 @@ def describe(critical):
     >>> print(describe(CriticalBatch(812.0, 32.0, 10, 0.04, {"dense": (812.0, 0.04)})))
     critical batch size (B_simple, whole model, smoothed over 10 probes) ~812 vs batch size 32 in use: \
 batch well below B_simple: a larger batch (up to ~812) would need proportionally fewer steps; \
-gradient SNR at this batch 0.04 (per layer 0.04 dense .. 0.04 dense)
+gradient SNR at this batch 0.04 (per layer 0.04 dense)
     """
     batch = f"{critical.batch_size:.0f}"
     snrs = [(snr, name) for name, (_, snr) in critical.layers.items() if snr is not None]
-    per_layer = ""
+    parts = []
     if snrs:
         (low, low_name), (high, high_name) = min(snrs), max(snrs)
-        per_layer = f" (per layer {low:.2g} {low_name} .. {high:.2g} {high_name})"
+        parts.append(f"{low:.2g} {low_name}" + ("" if len(snrs) == 1 else f" .. {high:.2g} {high_name}"))
+    if len(snrs) < len(critical.layers):
+        parts.append(f"no estimate for {len(critical.layers) - len(snrs)} of {len(critical.layers)} layers")
+    per_layer = f" (per layer {'; '.join(parts)})" if parts else ""
     if critical.probes == 0:
         return (
             f"critical batch size: no whole-model estimate (not every trainable weight has "
-            f"per-example norms); batch size {batch} in use{'; gradient SNR' + per_layer if snrs else ''}"
+            f"per-example norms); batch size {batch} in use{'; gradient SNR' + per_layer if parts else ''}"
         )
     value = "-" if critical.b_simple is None else f"~{critical.b_simple:.3g}"
     snr = "-" if critical.snr is None else f"{critical.snr:.2g}"
