@@ -22,6 +22,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2, types_pb2
 
+from kgrad.dashboard import layout
 from kgrad.reading import Series
 
 #: Scalar tags the dashboard draws or the health report needs (prefixes).
@@ -67,7 +68,7 @@ def _records(path):
         start = position + 12  # length, then its CRC
         if start + length + 4 > end:
             break  # still being written
-        yield data[start : start + length]
+        yield memoryview(data)[start : start + length]
         position = start + length + 4
 
 
@@ -86,6 +87,10 @@ def _tensor_values(tensor):
     return None
 
 
+#: Records decoded together by `kgrad.dashboard.layout` (bounds the memory of one table).
+_GROUP = 256
+
+
 def read_run(paths):
     """Reads one run's event files.
 
@@ -95,46 +100,77 @@ def read_run(paths):
         arrays ``[n, buckets, 3]`` (a list of arrays if the bucket count
         changes).
     """
-    points = {}  # tag -> (kind, wall times, steps, values), tags in the order first written
-    for path in paths:
+    points = {}  # tag -> [kind, [(order, wall times, steps, values)]], tags in the order first written
+    for file_index, path in enumerate(paths):
         kind_of = {}  # TensorBoard takes a tag's plugin from its first event in a file
-        for record in _records(path):
-            event = event_pb2.Event.FromString(record)
-            if not event.HasField("summary"):
-                continue
-            wall_time, step = event.wall_time, event.step
-            for value in event.summary.value:
-                tag = value.tag
-                kind = kind_of.get(tag)
-                if kind is None:
-                    kind = kind_of[tag] = _kind(tag, value)
-                if kind is _SKIP:
+        records = list(_records(path))
+        by_length = {}
+        for index, record in enumerate(records):
+            by_length.setdefault(len(record), []).append(index)
+        # The file's first records carry the tags' metadata: read them one by one first.
+        head = min(len(records), 2)
+        for index in range(head):
+            _read_record(records[index], (file_index, index), kind_of, points)
+        for indices in by_length.values():
+            indices = [index for index in indices if index >= head]
+            for start in range(0, len(indices), _GROUP):
+                chunk = indices[start : start + _GROUP]
+                decoded = (
+                    layout.decode_group([records[i] for i in chunk], kind_of) if len(chunk) > 1 else None
+                )
+                if decoded is None:
+                    for index in chunk:
+                        _read_record(records[index], (file_index, index), kind_of, points)
                     continue
-                # The common case first, inline: one float32 scalar (~1 µs a value).
-                floats = value.tensor.float_val if kind == "scalars" else ()
-                item = floats[0] if len(floats) == 1 else _value(kind, value)
-                if item is None:
-                    continue
-                entry = points.get(tag)
-                if entry is None:
-                    entry = points[tag] = (kind, [], [], [])
-                entry[1].append(wall_time)
-                entry[2].append(step)
-                entry[3].append(item)
-    run = {"scalars": {}, "histograms": {}, "texts": {}}
-    for tag, (kind, walls, steps, values) in points.items():
-        walls = np.asarray(walls)
-        order = np.argsort(walls, kind="stable") if np.any(np.diff(walls) < 0) else None
-        steps = np.asarray(steps, np.int64)
-        if kind == "scalars":
-            values = np.asarray(values, np.float64)
-            run[kind][tag] = Series(steps, values) if order is None else Series(steps[order], values[order])
-        else:
-            values = values if order is None else [values[i] for i in order]
-            steps = steps if order is None else steps[order]
-            run[kind][tag] = (
-                Series(steps, _stacked(values)) if kind == "histograms" else list(zip(steps.tolist(), values))
+                walls, steps, values = decoded
+                order = np.array([(file_index, index) for index in chunk], np.int64)
+                for tag, (kind, array) in values.items():
+                    points.setdefault(tag, [kind, []])[1].append((order, walls, steps, array))
+    return _assembled(points)
+
+
+def _read_record(record, order, kind_of, points):
+    """Adds one record's wanted values to ``points``, parsed with protobuf."""
+    event = event_pb2.Event.FromString(bytes(record))
+    if not event.HasField("summary"):
+        return
+    for value in event.summary.value:
+        tag = value.tag
+        kind = kind_of.get(tag)
+        if kind is None:
+            kind = kind_of[tag] = _kind(tag, value)
+        if kind is _SKIP:
+            continue
+        item = _value(kind, value)
+        if item is not None:
+            entry = points.setdefault(tag, [kind, []])
+            batch = (
+                [item]
+                if kind == "texts"
+                else np.asarray([item], np.float64 if kind == "scalars" else np.float32)
             )
+            entry[1].append(
+                (np.array([order], np.int64), np.array([event.wall_time]), np.array([event.step]), batch)
+            )
+
+
+def _assembled(points):
+    """``points`` as `read_run`'s dict: each tag's values by wall time, then file order."""
+    run = {"scalars": {}, "histograms": {}, "texts": {}}
+    for tag, (kind, batches) in points.items():
+        orders = np.concatenate([batch[0] for batch in batches])
+        walls = np.concatenate([batch[1] for batch in batches])
+        steps = np.concatenate([batch[2] for batch in batches]).astype(np.int64)
+        # Wall time first (as kgrad.read_logs), then file and record order.
+        order = np.lexsort((orders[:, 1], orders[:, 0], walls))
+        if kind == "texts":
+            items = [item for batch in batches for item in batch[3]]
+            run[kind][tag] = [(int(steps[i]), items[i]) for i in order]
+        elif kind == "scalars":
+            run[kind][tag] = Series(steps[order], np.concatenate([batch[3] for batch in batches])[order])
+        else:
+            arrays = [array for batch in batches for array in batch[3]]
+            run[kind][tag] = Series(steps[order], _stacked([arrays[i] for i in order]))
     return run
 
 

@@ -93,31 +93,36 @@ export function histogramView(histogram, range, width) {
   const steps = histogram.steps.length;
   const buckets = histogram.buckets;
   const columns = Math.max(50, Math.floor(width));
-  const rowPx = Math.max(1, Math.min(6, Math.floor(240 / Math.max(1, steps))));
+  // At most 240 rows of pixels: with more steps, a row adds up consecutive steps.
+  const rows = Math.min(steps, 240);
+  const rowPx = Math.max(1, Math.min(6, Math.floor(240 / Math.max(1, rows))));
   const canvas = el("canvas", { class: "histogram-canvas", "data-tag": histogram.tag, "data-steps": steps });
   canvas.width = columns;
-  canvas.height = Math.max(1, steps * rowPx);
+  canvas.height = Math.max(1, rows * rowPx);
   const context = canvas.getContext("2d");
   const image = context.createImageData(canvas.width, canvas.height);
   const [low, high] = range;
   const span = high - low || 1;
-  for (let s = 0; s < steps; s++) {
+  for (let r = 0; r < rows; r++) {
     const density = new Float64Array(columns);
-    for (let b = 0; b < buckets; b++) {
-      const base = (s * buckets + b) * 3;
-      const left = values[base];
-      const right = values[base + 1];
-      const count = values[base + 2];
-      if (!(count > 0) || !Number.isFinite(left) || !Number.isFinite(right)) continue;
-      // Spread the bucket's count over the pixel columns it covers.
-      const from = Math.max(0, Math.floor(((left - low) / span) * columns));
-      const to = Math.min(columns - 1, Math.max(from, Math.ceil(((right - low) / span) * columns) - 1));
-      for (let c = from; c <= to; c++) density[c] += count / (to - from + 1);
+    const last = Math.floor(((r + 1) * steps) / rows);
+    for (let s = Math.floor((r * steps) / rows); s < last; s++) {
+      for (let b = 0; b < buckets; b++) {
+        const base = (s * buckets + b) * 3;
+        const left = values[base];
+        const right = values[base + 1];
+        const count = values[base + 2];
+        if (!(count > 0) || !Number.isFinite(left) || !Number.isFinite(right)) continue;
+        // Spread the bucket's count over the pixel columns it covers.
+        const from = Math.max(0, Math.floor(((left - low) / span) * columns));
+        const to = Math.min(columns - 1, Math.max(from, Math.ceil(((right - low) / span) * columns) - 1));
+        for (let c = from; c <= to; c++) density[c] += count / (to - from + 1);
+      }
     }
     const top = Math.max(...density) || 1;
-    for (let r = 0; r < rowPx; r++) {
+    for (let p = 0; p < rowPx; p++) {
       for (let c = 0; c < columns; c++) {
-        const i = 4 * ((s * rowPx + r) * columns + c);
+        const i = 4 * ((r * rowPx + p) * columns + c);
         const t = density[c] / top;
         const rgb = t > 0 ? colorAt(0.15 + 0.85 * t) : [250, 250, 250];
         image.data.set([rgb[0], rgb[1], rgb[2], 255], i);
@@ -138,11 +143,12 @@ export function histogramView(histogram, range, width) {
   axis.style.width = `${columns}px`;
   const zero = el("span", { class: "zero-line" });
   zero.style.left = zeroAt;
-  const steps_text = steps ? `steps ${histogram.steps[0]} (top) … ${histogram.steps[steps - 1]} (bottom)` : "no steps";
+  let stepsText = steps ? `${steps} steps, ${histogram.steps[0]} (top) … ${histogram.steps[steps - 1]} (bottom)` : "no steps";
+  if (rows < steps) stepsText += `; a row of pixels adds up ~${Math.round(steps / rows)} steps`;
   return el("figure", { class: "histogram", "data-run": histogram.run, "data-tag": histogram.tag }, [
     el("figcaption", { text: `${histogram.run}: ${histogram.tag}` }),
     el("div", { class: "histogram-plot" }, [canvas, zero]),
     axis,
-    el("div", { class: "histogram-steps", text: steps_text }),
+    el("div", { class: "histogram-steps", text: stepsText }),
   ]);
 }
