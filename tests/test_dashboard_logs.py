@@ -209,3 +209,26 @@ def wait_for(driver, script, timeout_s=60):
             return value
         time.sleep(0.2)
     pytest.fail(f"timed out waiting for: {script}")
+
+
+def test_reader_matches_read_logs_when_the_layout_changes_within_a_file(tmp_path):
+    writer = ProbeWriter(tmp_path)
+    for step in range(0, 300, 10):  # steps of 1 and 2 varint bytes: records of two lengths
+        scalars = {"grad_norm/a": step + 0.5, "grad_nonfinite/a": 0.0, "activation_mean/a": 1.0}
+        if step >= 150:  # a tag more from here on: a second layout
+            scalars["grad_norm/b"] = -step
+        writer.write(ProbeRecord(step, scalars, {"grad_hist/a": np.full([4, 3], step, np.float64)}))
+    writer.close()
+    expected = kgrad.read_logs(tmp_path)["kgrad"]
+    got = events.read_run(events.find_runs(str(tmp_path))["kgrad"])
+    assert list(got["scalars"]) == [
+        "grad_norm/a",
+        "grad_nonfinite/a",
+        "grad_norm/b",
+    ]  # activation_mean: not drawn
+    for tag, series in got["scalars"].items():
+        np.testing.assert_array_equal(series.steps, expected["scalars"][tag].steps)
+        np.testing.assert_array_equal(series.values, expected["scalars"][tag].values)
+    np.testing.assert_array_equal(
+        got["histograms"]["grad_hist/a"].values, expected["histograms"]["grad_hist/a"].values
+    )
