@@ -11,6 +11,11 @@ CAPTURE_KINDS = (
     "weight_gradients",
 )
 
+#: What ``instruments=`` takes: ``"per_example"`` adds per-example gradient
+#: norms of each supported layer's weights and the sums from which the
+#: gradient noise scale is estimated (see `kgrad.instruments`).
+INSTRUMENTS = ("per_example",)
+
 #: What ``statistics=`` takes: ``"default"`` writes what people look at
 #: (norms, update ratios, zero fractions, non-finite counts, gradient
 #: histograms; see `kgrad.summaries`), ``"all"`` every moment and histogram
@@ -31,6 +36,7 @@ class ProbeConfig:
         histograms: Whether to compute histograms besides the scalars.
         bucket_count: Buckets per histogram.
         statistics: ``"default"`` or ``"all"`` (see `STATISTICS`).
+        instruments: A subset of `INSTRUMENTS` (default: none).
     """
 
     layers: object = None
@@ -39,6 +45,7 @@ class ProbeConfig:
     histograms: bool = True
     bucket_count: int = 30
     statistics: str = "default"
+    instruments: tuple = ()
 
     def __post_init__(self):
         _check_positive_int("every_n_steps", self.every_n_steps)
@@ -49,6 +56,7 @@ class ProbeConfig:
             )
         object.__setattr__(self, "capture", _check_kinds("capture", self.capture, CAPTURE_KINDS))
         check_statistics(self.statistics)
+        object.__setattr__(self, "instruments", _check_instruments(self.instruments))
 
     def captures(self, kind):
         return kind in self.capture
@@ -80,6 +88,17 @@ def check_statistics(value):
             f"`statistics` must be one of {list(STATISTICS)}. Received: statistics={value!r}. "
             "Use statistics='all' to write every moment and histogram of every tensor."
         )
+
+
+def _check_instruments(value):
+    if value is None:
+        return ()
+    if isinstance(value, str) or not hasattr(value, "__iter__") or any(v not in INSTRUMENTS for v in value):
+        raise ValueError(
+            f"`instruments` must be a list of {list(INSTRUMENTS)} (or empty). Received: "
+            f"instruments={value!r}. Example: instruments=['per_example']."
+        )
+    return tuple(value)
 
 
 def _check_positive_int(argument, value):

@@ -82,6 +82,11 @@ class TapeCollection:
                 "Apply them with an optimizer that is an attribute of the model."
             )
 
+    @property
+    def records_layer_inputs(self):
+        """Whether the tapes must keep their layers' inputs (per-example instruments)."""
+        return self._plan.probe is not None and "per_example" in self._plan.probe.instruments
+
     def guard_states(self):
         """The `GuardState` of each tape that differentiated, in order."""
         return list(self._guard_states)

@@ -28,6 +28,8 @@ Example:
 True
 """
 
+import warnings
+
 import keras
 import tensorflow as tf
 
@@ -100,11 +102,23 @@ class ProbePipeline:
                 builder.add_tensor("input_grad", name, batch(unscale(gradient)))
         if capture("weight_gradients"):
             self._add_weight_gradients(builder, gradients, weights, unscale)
+        if "per_example" in self.config.instruments:
+            self._add_per_example(builder, probe, weights, unscale)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             # The loss scale the step ran with (read before the update changes it).
             builder.add_scalar("global/loss_scale", self.optimizer.scale_loss(tf.constant(1.0)))
         self.names = (builder.scalar_names, builder.histogram_names)
         return builder
+
+    def _add_per_example(self, builder, probe, weights, unscale):
+        from kgrad.instruments.summaries import add_per_example_summaries
+
+        unsupported = add_per_example_summaries(
+            builder, self.model, probe, probe.layer_inputs, weights, unscale=unscale
+        )
+        if unsupported:  # once per trace: never a guessed value, but say which are missing
+            reasons = "; ".join(f"{layer!r}: {reason}" for layer, reason in unsupported.items())
+            warnings.warn(f"kgrad: no per-example gradient norms for {reasons}", stacklevel=2)
 
     def no_summaries(self):
         """Zeros shaped like the summaries, for the branch of steps that are not probed."""

@@ -211,6 +211,7 @@ class ProbingStep:
             layers=self._tape_layers(),
             watch_inputs=plan.probe is not None and plan.probe.captures("input_gradient"),
             persistent=True,
+            record_inputs=plan.probe is not None and "per_example" in plan.probe.instruments,
             _integer_inputs="skip",
         ) as tape:
             y_pred, loss = forward.forward_and_loss(model, x, y, sample_weight)

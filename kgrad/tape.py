@@ -28,6 +28,8 @@ class ProbeResult:
             dict...) when every input is float; otherwise it is the list of
             the gradients of the float inputs, in ``tf.nest.flatten`` order.
         prediction: The model's output.
+        layer_inputs: ``dict`` name -> input of each captured layer (its
+            ``call``'s first argument), with ``ProbeTape(record_inputs=True)``.
         unconnected: Names of the activations the differentiated target does
             not depend on; their ``gradients`` are zeros (or ``None``, see
             ``gradients``).
@@ -52,6 +54,7 @@ class ProbeResult:
     input_gradient: object
     prediction: object
     unconnected: frozenset = frozenset()
+    layer_inputs: dict = dataclasses.field(default_factory=dict)
 
 
 class ProbeTape(tf.GradientTape):
@@ -88,6 +91,8 @@ class ProbeTape(tf.GradientTape):
         watch_accessed_variables: As for ``tf.GradientTape``.
         name: The name a `kgrad.GradientProbe` logs this tape under, in a
             model's own ``train_step`` (default: the model's name).
+        record_inputs: Also keep each captured layer's input, in
+            ``tape.probe.layer_inputs`` (for per-example gradient norms).
 
     Example:
 
@@ -110,6 +115,7 @@ class ProbeTape(tf.GradientTape):
         persistent=False,
         watch_accessed_variables=True,
         name=None,
+        record_inputs=False,
         *,
         _integer_inputs="raise",
     ):
@@ -132,6 +138,11 @@ class ProbeTape(tf.GradientTape):
                 "`name` must be a non-empty string without '/' (it names a TensorBoard run). "
                 f"Received: name={name!r}. Example: kgrad.ProbeTape(self.generator, name='generator')."
             )
+        if not isinstance(record_inputs, bool):
+            raise TypeError(
+                f"`record_inputs` must be True or False. Received: record_inputs={record_inputs!r}."
+            )
+        self._record_inputs = record_inputs
         self._model = model
         self._name = name or model.name
         self._layers = layers
@@ -147,10 +158,12 @@ class ProbeTape(tf.GradientTape):
             self, self._model, self._recorder._watch_inputs, self._recorder._integer_inputs
         )
         self._probe = None
-        if custom_step.active_collection() is not None:
+        collection = custom_step.active_collection()
+        if collection is not None:
             # A probed train_step traces both backward passes in a tf.cond
             # (the probed and the plain one): the tape must allow two.
             self._persistent = True
+            self._record_inputs = self._record_inputs or collection.records_layer_inputs
         stack = contextlib.ExitStack()
         stack.enter_context(
             taps.intercept(self._model, self._operations, self._recorder, self._keep)
@@ -312,6 +325,7 @@ class ProbeTape(tf.GradientTape):
             if inputs
             else None,
             prediction=self._recorder.prediction,
+            layer_inputs=dict(self._recorder.layer_inputs),
             unconnected=frozenset(
                 name for name, gradient in zip(names, probe_part) if gradient is None
             ),

@@ -59,6 +59,14 @@ class GradientProbe(keras.callbacks.Callback):
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (305 scalar tags for the same MLP). See
             `kgrad.summaries` for the tags.
+        instruments: Extra statistics, off by default: ``["per_example"]``
+            logs per-example gradient norms of the weights of Dense,
+            EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers
+            (``example_grad_norm_*/<weight path>``) and the sums from which
+            ``kgrad report`` estimates the gradient noise scale
+            (``noise_*/<layer>``, ``global/noise_*``), from the same backward
+            pass. Layers where it is not defined (a model with a trainable
+            BatchNormalization) or not supported get no tags and a warning.
 
     Example:
 
@@ -84,6 +92,7 @@ class GradientProbe(keras.callbacks.Callback):
         bucket_count=30,
         on_probe=None,
         statistics="default",
+        instruments=(),
     ):
         super().__init__()
         self.config = ProbeConfig(
@@ -93,6 +102,7 @@ class GradientProbe(keras.callbacks.Callback):
             histograms=histograms,
             bucket_count=bucket_count,
             statistics=statistics,
+            instruments=instruments,
         )
         if on_probe is not None and not callable(on_probe):
             raise TypeError(
