@@ -62,10 +62,14 @@ def write_synthetic_run(
     names = [f"dense_{index:03d}" for index in range(layers)]
     tags = [tag for name in names for tag in tags_of(name)]
     scale = np.repeat(10.0 ** (-np.arange(layers) / 40.0), len(tags_of("x")))
+    nonfinite = np.array([index for index, tag in enumerate(tags) if "_nonfinite/" in tag], np.int64)
     edges = np.linspace(-1.0, 1.0, buckets + 1)
     writer = ProbeWriter(log_dir)
     for step in range(steps):
         values = scale * (1.0 + 0.2 * rng.random(len(tags)))
+        values[nonfinite] = 0.0
+        if step % 1000 == 999:  # a NaN now and then in one layer: the timeline has marks
+            values[nonfinite[(step // 1000) * 7 % layers]] = 3.0
         histograms = {
             f"grad_hist/{name}": np.stack(
                 [edges[:-1] * 1e-2, edges[1:] * 1e-2, rng.random(buckets) * 100], axis=1

@@ -217,6 +217,10 @@ def update_ratio_series(scalars, weights):
         return report.Series(steps, np.where(total > 0, update / total, np.nan))
 
 
+#: Steps with NaN/Inf sent per tag (the first ones); ``bad_steps`` counts them all.
+MAX_TIMELINE_STEPS = 1000
+
+
 def nonfinite_timeline(scalars, layers):
     """Every ``*_nonfinite/*`` tag that counted NaN/Inf: its layer row, steps and counts."""
     owner = {}
@@ -227,16 +231,18 @@ def nonfinite_timeline(scalars, layers):
     for tag, series in scalars.items():
         if NONFINITE_MARK not in tag:
             continue
-        bad = series.values > 0
-        if bad.any():
+        bad = np.flatnonzero(series.values > 0)
+        if bad.size:
             kind, _, name = tag.partition("/")
+            shown = bad[:MAX_TIMELINE_STEPS]  # the first ones: where NaN/Inf began
             timeline.append(
                 {
                     "tag": tag,
                     "kind": kind[: -len("_nonfinite")],
                     "layer": owner.get(name, name),
-                    "steps": series.steps[bad].tolist(),
-                    "counts": series.values[bad].tolist(),
+                    "steps": series.steps[shown].tolist(),
+                    "counts": series.values[shown].tolist(),
+                    "bad_steps": int(bad.size),
                 }
             )
     return timeline

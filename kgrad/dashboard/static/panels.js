@@ -56,9 +56,15 @@ export function timelineView(summary) {
   const steps = [summary.last_step ?? 0, ...guards.map((g) => g.step ?? 0), ...summary.nonfinite.flatMap((e) => e.steps)];
   const last = Math.max(first + 1, ...steps);
   const position = (step) => `${(100 * (step - first)) / (last - first)}%`;
-  for (const entry of summary.nonfinite) {
+  const MAX_ROWS = 40;
+  for (const entry of summary.nonfinite.slice(0, MAX_ROWS)) {
     const track = el("div", { class: "track" });
-    entry.steps.slice(0, 2000).forEach((step, index) => {
+    // One mark per 0.25% of the axis at most: thousands of bad steps stay a few hundred elements.
+    const seen = new Set();
+    entry.steps.forEach((step, index) => {
+      const slot = Math.round((400 * (step - first)) / (last - first));
+      if (seen.has(slot)) return;
+      seen.add(slot);
       const mark = el("span", { class: "mark", "data-step": step, title: `step ${step}: ${entry.counts[index]} NaN/Inf` });
       mark.style.left = position(step);
       track.append(mark);
@@ -68,12 +74,16 @@ export function timelineView(summary) {
       line.style.left = position(guard.step ?? 0);
       track.append(line);
     }
+    const more = entry.bad_steps > entry.steps.length ? ` (${entry.bad_steps} steps)` : "";
     box.append(
       el("div", { class: "timeline-row", "data-layer": entry.layer, "data-tag": entry.tag }, [
-        el("span", { class: "timeline-label", text: `${entry.layer} · ${entry.kind}`, title: entry.tag }),
+        el("span", { class: "timeline-label", text: `${entry.layer} · ${entry.kind}${more}`, title: entry.tag }),
         track,
       ]),
     );
+  }
+  if (summary.nonfinite.length > MAX_ROWS) {
+    box.append(el("p", { class: "hint", text: `… and ${summary.nonfinite.length - MAX_ROWS} more tags with NaN/Inf.` }));
   }
   box.append(el("div", { class: "timeline-axis", text: `steps ${first} … ${last}` }));
   for (const guard of guards) {
