@@ -157,6 +157,9 @@ def _import_quietly(name):
 
 def _report(args):
     parser = args.parser
+    # TensorBoard's event reader imports TensorFlow when it is installed (for
+    # its file systems): imported here first, without its start-up lines.
+    _import_quietly("tensorflow")
     try:
         thresholds = report.HealthThresholds(
             vanishing_ratio=args.vanishing_ratio,

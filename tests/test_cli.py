@@ -1,6 +1,7 @@
 """The `kgrad` command line: exit status, output, usage errors."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -143,12 +144,21 @@ def test_installed_console_script(vanishing):
 
 def _kgrad(*arguments, timeout=120):
     """``python -m kgrad.cli ARGUMENTS`` in a subprocess, as a user runs it."""
+    # Without TF_CPP_MIN_LOG_LEVEL: quiet is the command's own doing.
+    env = {name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"}
     return subprocess.run(
         [sys.executable, "-m", "kgrad.cli", *arguments],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
+
+
+def test_report_prints_no_tensorflow_start_up_lines(vanishing):
+    result = _kgrad("report", vanishing)
+    assert result.returncode == 1 and "VANISHING" in result.stdout
+    assert result.stderr == ""
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["report", "--help"], ["demo", "--help"]])
@@ -195,10 +205,9 @@ def test_usage_errors_reach_the_user_as_one_line_without_a_traceback(tmp_path, a
 
 
 def test_ctrl_c_ends_the_demo_with_one_line_and_status_130(tmp_path):
-    import signal
-
     process = subprocess.Popen(
         [sys.executable, "-m", "kgrad.cli", "demo", "--log-dir", str(tmp_path)],
+        env={name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
