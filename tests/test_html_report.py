@@ -142,3 +142,11 @@ def test_report_opens_from_disk_in_chromium(report_file, logs):  # noqa: F811
         assert width > 0
     finally:
         driver.quit()
+
+
+def test_unwritable_html_path_is_a_usage_error(dashboard_logs, tmp_path):  # noqa: F811
+    target = tmp_path / "missing-folder" / "report.html"
+    command = [sys.executable, "-m", "kgrad.cli", "report", dashboard_logs, "--html", str(target)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "--html" in result.stderr and "Traceback" not in result.stderr
