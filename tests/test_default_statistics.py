@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad import demo, tensorboard
+from kgrad import demo, layout
 from kgrad.config import ProbeConfig
 from kgrad.summaries import SummaryBuilder, written_scalars
 
@@ -209,16 +209,16 @@ def test_written_scalars_drop_the_weight_tags_of_unwritten_weight_gradients():
 
 def test_layout_has_at_most_eight_exact_tags_per_chart(demo_runs):
     tags = list(demo_runs["all"]["probe"].latest.scalars)
-    layout = tensorboard.custom_scalar_layout(tags)
-    assert "the kgrad tab" in layout.category[0].title
+    charts_layout = layout.custom_scalar_layout(tags)
+    assert "the kgrad tab" in charts_layout.category[0].title
     shown = {}
-    for category in layout.category:
+    for category in charts_layout.category:
         for chart in category.chart:
             (regex,) = chart.multiline.tag
             matching = [tag for tag in tags if re.match(regex, tag)]
             shown[chart.title] = matching
             assert matching and (
-                len(matching) <= tensorboard.LAYERS_PER_CHART or "all weights" in chart.title
+                len(matching) <= layout.LAYERS_PER_CHART or "all weights" in chart.title
             )
     assert shown["dJ/d(activation) norm: hidden_1 … hidden_5"] == [
         f"grad_norm/{layer}" for layer in LAYERS[:5]

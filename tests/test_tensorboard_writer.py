@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 import kgrad
-from kgrad import tensorboard
+from kgrad import layout, tensorboard
 
 # The tag scheme, spelled out here on purpose: it is the users' TensorBoard
 # layout, so a change must show up as a failing test.
@@ -226,8 +226,7 @@ def test_keras_tensorboard_update_freq_does_not_drop_probed_steps(tmp_path):
 def test_layout_charts_hold_at_most_eight_layers_in_logged_order(count, charts):
     layers = [f"hidden_{index}" for index in range(1, count + 1)]
     tags = [f"grad_norm/{layer}" for layer in layers] + ["weight_grad_norm/hidden_1/kernel", "grad_norm/x.y"]
-    layout = tensorboard.custom_scalar_layout(tags[:-1])
-    category = layout.category[0]
+    category = layout.custom_scalar_layout(tags[:-1]).category[0]
     assert category.title.startswith("kgrad: dJ/d(activation) norm (") and "kgrad tab" in category.title
     matched = [[tag for tag in tags if re.match(chart.multiline.tag[0], tag)] for chart in category.chart]
     assert [len(found) for found in matched] == charts
@@ -249,8 +248,8 @@ def test_layout_is_written_once_from_the_first_record_with_layers(tmp_path):
         if value.tag == "custom_scalars__config__"
     ]
     assert len(layouts) == 1
-    layout = layout_pb2.Layout.FromString(layouts[0])
-    assert [chart.title for chart in layout.category[0].chart] == ["dJ/d(activation) norm: a"]
+    written = layout_pb2.Layout.FromString(layouts[0])
+    assert [chart.title for chart in written.category[0].chart] == ["dJ/d(activation) norm: a"]
 
 
 @pytest.mark.parametrize(
