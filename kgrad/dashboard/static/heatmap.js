@@ -18,9 +18,10 @@ function paint(canvas, heatmap, values, scale, width, height) {
   cells.height = Math.max(1, layers);
   const context = cells.getContext("2d");
   const image = context.createImageData(cells.width, cells.height);
+  const palette = Array.from({ length: 256 }, (_, k) => colorAt(k / 255));
   for (let i = 0; i < layers * steps; i++) {
     const t = scalePosition(scale, values[i]);
-    const rgb = Number.isNaN(t) ? MISSING_RGB : colorAt(t);
+    const rgb = Number.isNaN(t) ? MISSING_RGB : palette[Math.round(255 * Math.min(1, Math.max(0, t)))];
     image.data[4 * i] = rgb[0];
     image.data[4 * i + 1] = rgb[1];
     image.data[4 * i + 2] = rgb[2];
