@@ -25,106 +25,14 @@ named ``sequential`` and ``sequential_1`` share charts.
 ``<stat>`` is one of `kgrad.stats.MOMENT_NAMES`: ``norm``, ``mean``, ``std``,
 ``min``, ``max``, ``zero_fraction``, ``nonfinite``.
 
-What is written depends on ``statistics=`` (`kgrad.config.STATISTICS`).
-``"all"`` writes every tag above. ``"default"`` writes what the report, the
-dashboard and people read (57 scalar and 20 histogram tags for the demo's
-9-layer MLP, against 305 and 38):
-
-- ``grad_norm/``, ``grad_nonfinite/`` and ``grad_hist/`` of every layer: the
-  gradient flow, and its NaN/Inf (a NaN born in the forward pass makes the
-  loss and so every gradient NaN: these counts see it too);
-- ``activation_zero_fraction/`` (dead units);
-- ``weight_grad_norm/``, ``weight_grad_hist/``, ``weight_norm/`` and
-  ``update_ratio/`` of every weight with two or more dimensions (kernels,
-  embeddings; not biases or normalization scales);
-- ``input_grad_norm/``, ``input_grad_hist/``, ``pred_grad_norm/``,
-  ``pred_grad_hist/`` and ``global/*``.
-
-Tags of other kinds (e.g. added by instruments) are all written. The values
-of the tags written are the same under both settings.
+What is written depends on ``statistics=``: see `kgrad.tag_selection`.
 """
 
 import tensorflow as tf
 
 from kgrad import stats
 from kgrad.config import check_statistics
-
-#: Under ``statistics="default"``: the moments each kind of tensor writes.
-#: Kinds not listed write all of them.
-DEFAULT_MOMENTS = {
-    "activation": ("zero_fraction",),
-    "grad": ("norm", "nonfinite"),
-    "pred_grad": ("norm",),
-    "input_grad": ("norm",),
-    "weight_grad": ("norm",),
-}
-#: Under ``statistics="default"``: the kinds whose histograms are written
-#: (the gradients'; kinds not in `DEFAULT_MOMENTS` keep theirs too).
-DEFAULT_HISTOGRAMS = ("grad", "pred_grad", "input_grad", "weight_grad")
-#: Under ``statistics="default"``: scalar tags (prefixes) left out.
-DEFAULT_DROPPED_SCALARS = ("pred_grad_example_norm_mean/", "pred_grad_example_norm_max/")
-# Per-weight tags, written for the weights whose dJ/dw norm is written.
-_WEIGHT_SCALARS = ("weight_norm/", "update_ratio/")
-_ALL_MOMENTS = tuple(range(len(stats.MOMENT_NAMES)))
-
-
-def _selected(statistics, kind, tensor):
-    """``(moment columns, histogram?)`` that ``statistics`` writes for a tensor."""
-    if statistics == "all" or kind not in DEFAULT_MOMENTS:
-        return _ALL_MOMENTS, True
-    if kind == "weight_grad" and tensor.shape.rank is not None and tensor.shape.rank < 2:
-        # Biases and normalization scales: ~half of a model's weights, and
-        # not what a gradient-flow view shows (their layer's kernel is).
-        return (), False
-    columns = tuple(stats.MOMENT_NAMES.index(stat) for stat in DEFAULT_MOMENTS[kind])
-    return columns, kind in DEFAULT_HISTOGRAMS
-
-
-def _scalar_selected(statistics, tag):
-    return statistics == "all" or not tag.startswith(DEFAULT_DROPPED_SCALARS)
-
-
-def written_scalars(statistics, scalar_names, scalars):
-    """The scalars of a record that ``statistics`` writes, before they are buffered.
-
-    The builder keeps every ``weight_norm/`` (the update ratios are computed
-    from them after the step); under ``"default"`` this drops the
-    ``weight_norm/`` and ``update_ratio/`` of weights whose
-    ``weight_grad_norm/`` is not written (biases), so that fewer numbers
-    reach the host.
-
-    Args:
-        statistics: One of `kgrad.config.STATISTICS`.
-        scalar_names: Tags of ``scalars``, in order.
-        scalars: A ``[len(scalar_names)]`` float32 tensor.
-
-    Returns:
-        ``(names, scalars)``: a list of tags and their ``[n]`` tensor (the
-        arguments themselves when nothing is dropped).
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad.summaries import written_scalars
-    >>> names = ["weight_grad_norm/d/kernel", "weight_norm/d/kernel", "weight_norm/d/bias"]
-    >>> kept, values = written_scalars("default", names, tf.constant([1.0, 2.0, 3.0]))
-    >>> kept, values.numpy().tolist()
-    (['weight_grad_norm/d/kernel', 'weight_norm/d/kernel'], [1.0, 2.0])
-    """
-    check_statistics(statistics)
-    if statistics == "all":
-        return scalar_names, scalars
-    present = set(scalar_names)
-
-    def written(tag):
-        prefix = next((p for p in _WEIGHT_SCALARS if tag.startswith(p)), None)
-        return prefix is None or "weight_grad_norm/" + tag[len(prefix) :] in present
-
-    kept = [index for index, tag in enumerate(scalar_names) if written(tag)]
-    if len(kept) == len(scalar_names):
-        return scalar_names, scalars
-    return [scalar_names[index] for index in kept], tf.gather(scalars, kept)
-
+from kgrad.tag_selection import ALL_MOMENTS, scalar_selected, selected
 
 class SummaryBuilder:
     """Accumulates named on-device summaries in a fixed order.
@@ -167,7 +75,7 @@ class SummaryBuilder:
         self._check_open()
         index = len(self._tensors)
         self._tensors.append(tensor)
-        columns, histogram = _selected(self._statistics, kind, tensor)
+        columns, histogram = selected(self._statistics, kind, tensor)
         if columns:
             self.scalar_names += [f"{kind}_{stats.MOMENT_NAMES[column]}/{name}" for column in columns]
             self._scalar_blocks.append((index, columns))
@@ -185,7 +93,7 @@ class SummaryBuilder:
         works on the tensors of `with_inputs`.
         """
         self._check_open()
-        if not _scalar_selected(self._statistics, tag):
+        if not scalar_selected(self._statistics, tag):
             return
         self.scalar_names.append(tag)
         if callable(value):
@@ -198,7 +106,7 @@ class SummaryBuilder:
         self._check_open()
         tags = list(tags)
         values = tf.reshape(tf.cast(values, tf.float32), [len(tags)])
-        kept = [index for index, tag in enumerate(tags) if _scalar_selected(self._statistics, tag)]
+        kept = [index for index, tag in enumerate(tags) if scalar_selected(self._statistics, tag)]
         if not kept:
             return
         if len(kept) < len(tags):
@@ -291,7 +199,7 @@ class SummaryBuilder:
             if run:
                 rows = moments[run[0][0] : run[-1][0] + 1]
                 columns = run[0][1]
-                if columns != _ALL_MOMENTS:
+                if columns != ALL_MOMENTS:
                     rows = tf.gather(rows, columns, axis=1)
                 parts.append(tf.reshape(rows, [-1]))
                 run.clear()

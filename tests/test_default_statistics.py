@@ -10,7 +10,8 @@ import tensorflow as tf
 import kgrad
 from kgrad import demo, layout
 from kgrad.config import ProbeConfig
-from kgrad.summaries import SummaryBuilder, written_scalars
+from kgrad.summaries import SummaryBuilder
+from kgrad.tag_selection import written_scalars
 
 STATS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
 # The demo's MLP: 8 hidden Dense layers and an output, a kernel and a bias each.

@@ -1,0 +1,108 @@
+"""Which tags a probe writes: ``statistics="default"`` or ``"all"``.
+
+`kgrad.config.STATISTICS`; the tag scheme is in `kgrad.summaries`. ``"all"``
+writes every tag of the scheme. ``"default"`` writes what the report, the
+dashboard and people read (57 scalar and 20 histogram tags for the demo's
+9-layer MLP, against 305 and 38):
+
+- ``grad_norm/``, ``grad_nonfinite/`` and ``grad_hist/`` of every layer: the
+  gradient flow, and its NaN/Inf (a NaN born in the forward pass makes the
+  loss and so every gradient NaN: these counts see it too);
+- ``activation_zero_fraction/`` (dead units);
+- ``weight_grad_norm/``, ``weight_grad_hist/``, ``weight_norm/`` and
+  ``update_ratio/`` of every weight with two or more dimensions (kernels,
+  embeddings; not biases or normalization scales);
+- ``input_grad_norm/``, ``input_grad_hist/``, ``pred_grad_norm/``,
+  ``pred_grad_hist/`` and ``global/*``.
+
+Tags of other kinds (e.g. added by instruments) are all written. The values
+of the tags written are the same under both settings.
+
+`kgrad.summaries.SummaryBuilder` drops the rows that are not written before
+they enter its scalars and histograms (histograms not written are not
+computed); `written_scalars` drops the per-weight tags that a step adds after
+the builder, before the record is buffered.
+"""
+
+import tensorflow as tf
+
+from kgrad import stats
+from kgrad.config import check_statistics
+
+#: Under ``statistics="default"``: the moments each kind of tensor writes.
+#: Kinds not listed write all of them.
+DEFAULT_MOMENTS = {
+    "activation": ("zero_fraction",),
+    "grad": ("norm", "nonfinite"),
+    "pred_grad": ("norm",),
+    "input_grad": ("norm",),
+    "weight_grad": ("norm",),
+}
+#: Under ``statistics="default"``: the kinds whose histograms are written
+#: (the gradients'; kinds not in `DEFAULT_MOMENTS` keep theirs too).
+DEFAULT_HISTOGRAMS = ("grad", "pred_grad", "input_grad", "weight_grad")
+#: Under ``statistics="default"``: scalar tags (prefixes) left out.
+DEFAULT_DROPPED_SCALARS = ("pred_grad_example_norm_mean/", "pred_grad_example_norm_max/")
+# Per-weight tags, written for the weights whose dJ/dw norm is written.
+_WEIGHT_SCALARS = ("weight_norm/", "update_ratio/")
+#: Every column of a row of moments.
+ALL_MOMENTS = tuple(range(len(stats.MOMENT_NAMES)))
+
+
+def selected(statistics, kind, tensor):
+    """``(moment columns, histogram?)`` that ``statistics`` writes for a tensor."""
+    if statistics == "all" or kind not in DEFAULT_MOMENTS:
+        return ALL_MOMENTS, True
+    if kind == "weight_grad" and tensor.shape.rank is not None and tensor.shape.rank < 2:
+        # Biases and normalization scales: ~half of a model's weights, and
+        # not what a gradient-flow view shows (their layer's kernel is).
+        return (), False
+    columns = tuple(stats.MOMENT_NAMES.index(stat) for stat in DEFAULT_MOMENTS[kind])
+    return columns, kind in DEFAULT_HISTOGRAMS
+
+
+def scalar_selected(statistics, tag):
+    """Whether ``statistics`` writes the scalar ``tag`` given to `SummaryBuilder.add_scalar`."""
+    return statistics == "all" or not tag.startswith(DEFAULT_DROPPED_SCALARS)
+
+
+def written_scalars(statistics, scalar_names, scalars):
+    """The scalars of a record that ``statistics`` writes, before they are buffered.
+
+    The builder keeps every ``weight_norm/`` (the update ratios are computed
+    from them after the step); under ``"default"`` this drops the
+    ``weight_norm/`` and ``update_ratio/`` of weights whose
+    ``weight_grad_norm/`` is not written (biases), so that fewer numbers
+    reach the host.
+
+    Args:
+        statistics: One of `kgrad.config.STATISTICS`.
+        scalar_names: Tags of ``scalars``, in order.
+        scalars: A ``[len(scalar_names)]`` float32 tensor.
+
+    Returns:
+        ``(names, scalars)``: a list of tags and their ``[n]`` tensor (the
+        arguments themselves when nothing is dropped).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from kgrad.tag_selection import written_scalars
+    >>> names = ["weight_grad_norm/d/kernel", "weight_norm/d/kernel", "weight_norm/d/bias"]
+    >>> kept, values = written_scalars("default", names, tf.constant([1.0, 2.0, 3.0]))
+    >>> kept, values.numpy().tolist()
+    (['weight_grad_norm/d/kernel', 'weight_norm/d/kernel'], [1.0, 2.0])
+    """
+    check_statistics(statistics)
+    if statistics == "all":
+        return scalar_names, scalars
+    present = set(scalar_names)
+
+    def written(tag):
+        prefix = next((p for p in _WEIGHT_SCALARS if tag.startswith(p)), None)
+        return prefix is None or "weight_grad_norm/" + tag[len(prefix) :] in present
+
+    kept = [index for index, tag in enumerate(scalar_names) if written(tag)]
+    if len(kept) == len(scalar_names):
+        return scalar_names, scalars
+    return [scalar_names[index] for index in kept], tf.gather(scalars, kept)
