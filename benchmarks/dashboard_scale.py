@@ -68,8 +68,8 @@ def write_synthetic_run(
     for step in range(steps):
         values = scale * (1.0 + 0.2 * rng.random(len(tags)))
         values[nonfinite] = 0.0
-        if step % 1000 == 999:  # a NaN now and then in one layer: the timeline has marks
-            values[nonfinite[(step // 1000) * 7 % layers]] = 3.0
+        if step % 1000 == 999 and nonfinite.size:  # a NaN now and then in one layer: timeline marks
+            values[nonfinite[(step // 1000) * 7 % nonfinite.size]] = 3.0
         histograms = {
             f"grad_hist/{name}": np.stack(
                 [edges[:-1] * 1e-2, edges[1:] * 1e-2, rng.random(buckets) * 100], axis=1

@@ -10,7 +10,6 @@ import json
 import time
 
 import numpy as np
-import pytest
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
@@ -24,7 +23,6 @@ def _two_tags(layer):
     return [f"grad_norm/{layer}", f"weight_grad_norm/{layer}/kernel"]
 
 
-@pytest.mark.slow
 def test_every_step_of_200_layers_by_10000_steps_is_served(tmp_path, capsys):
     names = write_synthetic_run(
         tmp_path, LAYERS, STEPS, histogram_layers=0, every_n_steps=EVERY, tags_of=_two_tags
