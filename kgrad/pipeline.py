@@ -36,6 +36,7 @@ import tensorflow as tf
 from kgrad import replicas, stats
 from kgrad.state import ProbeState
 from kgrad.summaries import SummaryBuilder, io_names
+from kgrad.tag_selection import written_scalars
 
 
 class ProbePipeline:
@@ -242,6 +243,9 @@ class ProbePipeline:
             skipped = tf.equal(self.optimizer.iterations, step)
             scalars = tf.concat([scalars, tf.cast(skipped, tf.float32)[tf.newaxis]], axis=0)
             scalar_names = scalar_names + ["global/loss_scale_skipped"]
+        # Rows that `statistics` does not write (per-weight tags of biases by
+        # default) were needed above for the update ratios; they stop here.
+        scalar_names, scalars = written_scalars(self.config.statistics, scalar_names, scalars)
         state = self._ensure_state(scalar_names, histogram_names)
         return state.write(step, scalars, histograms, where=where)
 

@@ -394,10 +394,7 @@ def test_layer_inputs_are_recorded_only_when_asked():
         model(x)
     assert tape._recorder.layer_inputs == {}  # off by default: nothing kept
 
-    class InputTape(kgrad.ProbeTape):
-        _record_inputs = True  # what ProbeTape(record_inputs=True) sets
-
-    with InputTape(model) as tape:
+    with kgrad.ProbeTape(model, record_inputs=True) as tape:
         model(x)
     inputs = tape._recorder.layer_inputs
     assert list(inputs) == ["shared", "shared#2", "head"] == list(tape.activations)
