@@ -118,6 +118,10 @@ GUARD_KINDS = (
     "weight_gradients",
 )
 
+#: The guard's default: with the loss, the weight gradients only, the
+#: cheapest check that keeps every non-finite update out of the weights.
+SENTINEL_KINDS = ("weight_gradients",)
+
 
 @dataclasses.dataclass(frozen=True)
 class GuardConfig:
@@ -126,7 +130,9 @@ class GuardConfig:
     Args:
         layers: Layers whose activations and dJ/d(activation) are checked;
             same forms as `ProbeConfig.layers`.
-        watch: Subset of `GUARD_KINDS`, or ``"all"``.
+        watch: Subset of `GUARD_KINDS`, or ``"all"``. The default,
+            `SENTINEL_KINDS`, checks the loss and the weight gradients only:
+            what can reach the weights.
         ignore_loss_scale_skips: With a ``LossScaleOptimizer``, non-finite
             gradients are how the loss scaler finds its scale: the optimizer
             skips those steps itself. When True, only the forward pass is
@@ -136,7 +142,7 @@ class GuardConfig:
     """
 
     layers: object = None
-    watch: tuple = GUARD_KINDS
+    watch: tuple = SENTINEL_KINDS
     ignore_loss_scale_skips: bool = True
     halt_updates: bool = True
 

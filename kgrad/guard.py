@@ -73,6 +73,33 @@ class NonFiniteReport:
             step, when a `kgrad.GradientProbe` ran alongside (else ``{}``).
         non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
             non-finite tensor of the step, in check order.
+        born_in: Where the first NaN/Inf was born, found by replaying the
+            step (`kgrad.replay`): ``"forward"``, ``"backward"``, ``"data"``
+            (it arrived with the inputs, targets or sample weights) or
+            ``"weights"`` (an earlier update made a weight non-finite);
+            ``None`` when not replayed (see ``replay_note``).
+        born_at: The layer, operation, `kgrad.tap`, input or weight it was
+            born at: forward, the first one whose inputs are all finite and
+            whose output is not; backward, the first one from the loss down
+            whose dJ/d(input) is non-finite while dJ/d(output) is finite.
+        born_type: Its class name (``"Lambda"``, ``"Sqrt"``, ``"kgrad.tap"``...).
+        born_path: Its path in nested models (``"outer/inner"``).
+        born_nan_count, born_inf_count: NaN and Inf elements of its output
+            (backward: of dJ/d(its input)).
+        born_input_range: ``(min, max)`` of the finite values of its (first)
+            input, or ``None`` if it has none.
+        born_inside: The `kgrad.tap` inside that layer where the value was
+            first seen non-finite, or ``None``.
+        born_step: For ``born_in="weights"``, the step whose update made
+            the weight non-finite (the last update applied); else ``step``.
+        batch_index: The batch within the epoch (``None`` when unknown, with
+            ``steps_per_execution > 1``).
+        replayed: ``True`` if the replay reproduced the trip, ``False`` if it
+            did not (then the fields above are ``None`` and the sentinel's
+            fields are what is known), ``None`` if there was no replay.
+        replay_note: Why there is no replay or it did not reproduce the trip.
+        reproduce: The three lines of Python that replay the step from the
+            files of ``NonFiniteGuard(dump_dir=...)``, or ``None``.
     """
 
     step: int
@@ -86,6 +113,19 @@ class NonFiniteReport:
     last_finite_norm: object
     last_summaries: dict
     non_finite: dict
+    born_in: object = None
+    born_at: object = None
+    born_type: object = None
+    born_path: object = None
+    born_nan_count: object = None
+    born_inf_count: object = None
+    born_input_range: object = None
+    born_inside: object = None
+    born_step: object = None
+    batch_index: object = None
+    replayed: object = None
+    replay_note: object = None
+    reproduce: object = None
 
     def __str__(self):
         lines = [
@@ -104,7 +144,9 @@ class NonFiniteReport:
         if others:
             lines.append(f"Also non-finite on this step: {', '.join(others[:10])}"
                          + (" ..." if len(others) > 10 else "") + ".")
-        return " ".join(lines)
+        from kgrad.replay import describe_birth
+
+        return " ".join(lines + describe_birth(self))
 
 
 class NonFiniteError(RuntimeError):
@@ -228,7 +270,7 @@ def _belongs_to(name, layers):
     )
 
 
-def first_non_finite(probe, step=None):
+def first_non_finite(probe, step=None, model=None):
     """Checks a `kgrad.ProbeResult` for NaN/Inf, in forward then backward order.
 
     For custom training loops with `kgrad.ProbeTape`. Call it eagerly (on the
@@ -237,6 +279,9 @@ def first_non_finite(probe, step=None):
     Args:
         probe: A `kgrad.ProbeResult` (``tape.probe``).
         step: Optional step number to put in the report.
+        model: The tape's model, for the type and path of the operation
+            where the value was born (``born_*``, see `kgrad.replay.locate`;
+            exact with ``ProbeTape(layers="all", record_inputs=True)``).
 
     Returns:
         A `NonFiniteReport` for the first non-finite tensor, or ``None``.
@@ -251,8 +296,8 @@ def first_non_finite(probe, step=None):
     ...     loss = tf.reduce_sum(model(tf.constant([[1.0, -1.0]])))
     >>> _ = tape.gradient(loss, model.trainable_variables)
     >>> report = kgrad.first_non_finite(tape.probe)
-    >>> report.kind, report.layer, report.nan_count
-    ('activation', 'log', 1)
+    >>> report.kind, report.layer, report.nan_count, report.born_in, report.born_at
+    ('activation', 'log', 1, 'forward', 'log')
     """
     ordered = _probe_tensors_in_order(probe)
     bad = {}
@@ -273,11 +318,14 @@ def first_non_finite(probe, step=None):
         return None
     first = next(iter(bad))
     kind, layer = split_name(first)
+    from kgrad.replay import locate
+
     return NonFiniteReport(
         step=step, tensor=first, layer=layer, kind=kind,
         pass_="forward" if kind in FORWARD_KINDS else "backward",
         nan_count=bad[first][0], inf_count=bad[first][1],
         last_finite_step=None, last_finite_norm=None, last_summaries={}, non_finite=bad,
+        **(locate(probe, model) or {}),
     )
 
 

@@ -69,9 +69,20 @@ class GuardState:
                 self.tripped.assign(True)
                 return tf.constant(False)
 
-            # No NaN or Inf, only squares that overflowed: a clean step.
+            def overflowed_only():
+                # No NaN or Inf, only squares that overflowed: a clean step,
+                # whose update is applied; its norms are kept as they are
+                # (Inf), and the host reports them as unknown.
+                self.last_finite_half_squares.assign(self._spread(half_squares))
+                self.last_finite_step.assign(tf.cast(step, tf.int64))
+                return tf.constant(True)
+
             first_trip = tf.logical_and(really_bad, tf.logical_not(self.tripped))
-            return tf.cond(first_trip, record_trip, lambda: tf.logical_not(really_bad))
+            return tf.cond(
+                first_trip,
+                record_trip,
+                lambda: tf.cond(really_bad, lambda: tf.constant(False), overflowed_only),
+            )
 
         def not_clean():
             if not halt_updates:
@@ -127,8 +138,8 @@ class GuardState:
             nan_count=bad[first][0],
             inf_count=bad[first][1],
             last_finite_step=last_step if last_step >= 0 else None,
-            last_finite_norm=(
-                float(np.sqrt(2.0 * self.last_finite_half_squares.numpy()[index]))
+            last_finite_norm=_finite_or_none(
+                np.sqrt(2.0 * self.last_finite_half_squares.numpy()[index])
                 if last_step >= 0 and first not in self.on_trip_only
                 else None
             ),
@@ -144,6 +155,11 @@ class GuardState:
             self.counts.assign(tf.zeros_like(self.counts))
             self.last_finite_step.assign(-1)
             self.last_finite_half_squares.assign(tf.zeros_like(self.last_finite_half_squares))
+
+
+def _finite_or_none(value):
+    """A norm whose sum of squares overflowed is unknown, not Inf."""
+    return float(value) if value is not None and np.isfinite(value) else None
 
 
 def ensure_guard_state(model, state, names, on_trip_only):

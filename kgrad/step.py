@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import guard as guard_module
-from kgrad import forward, guard_state, losses, replicas, selection, updates
+from kgrad import forward, guard_state, losses, replay, replicas, selection, updates
 from kgrad.custom_step import run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
@@ -74,6 +74,7 @@ class ProbingStep:
         self._traced = []  # `_Traced`, the most recently used last
         self._current = None
         self.guard_tripped = None  # the guard's flag as of the latest execution
+        self.guard_batch = None  # the latest step's data, when the guard may replay it
         self.latest_record = None  # the record the latest execution returned
 
     @property
@@ -112,7 +113,7 @@ class ProbingStep:
                 lambda: replicas.state_variable(tf.constant(0, tf.int64), "kgrad_step_counter"),
             )
         self._counter.assign(0)
-        self.guard_tripped = self.latest_record = None
+        self.guard_tripped = self.latest_record = self.guard_batch = None
         for traced in self._traced:
             for pipeline in [traced.pipeline, *traced.tape_pipelines.values()]:
                 if pipeline is not None:
@@ -152,6 +153,8 @@ class ProbingStep:
         # Keras' logs must not show kgrad's outputs.
         if guard_module.TRIPPED_OUTPUT in outputs:
             self.guard_tripped = outputs.pop(guard_module.TRIPPED_OUTPUT)
+        # A reference to the device tensors, read only if the guard trips.
+        self.guard_batch = outputs.pop(replay.BATCH_OUTPUT, None)
         summary_inputs = outputs.pop(SUMMARY_INPUTS_OUTPUT, None)
         if summary_inputs is not None:
             step, tensors = summary_inputs
@@ -251,6 +254,12 @@ class ProbingStep:
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
             outputs = {**outputs, guard_module.TRIPPED_OUTPUT: self._current.guard_state.tripped.read_value()}
+            if plan.steps_per_execution == 1:
+                # For the replay of a tripped step: returning the step's own
+                # input tensors copies nothing to the host. (With several
+                # steps per execution the while loop would need one batch
+                # shape for every step, and only the last one would return.)
+                outputs[replay.BATCH_OUTPUT] = data
         return outputs
 
     def _own_train_step(self, data):

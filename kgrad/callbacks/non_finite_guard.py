@@ -9,7 +9,8 @@ import warnings
 import keras
 
 from kgrad import install
-from kgrad.config import GuardConfig
+from kgrad import replay as replay_module
+from kgrad.config import SENTINEL_KINDS, GuardConfig
 from kgrad.guard import NonFiniteError
 from kgrad.tensorboard import write_guard_report
 
@@ -17,35 +18,37 @@ _ACTIONS = ("stop", "warn", "raise")
 
 
 class NonFiniteGuard(keras.callbacks.Callback):
-    """Finds the first NaN/Inf of a training step, also under XLA.
+    """Stops at the first NaN/Inf of a training step and names the operation where it was born.
 
     Keras' ``TerminateOnNaN`` sees the loss only; ``tf.debugging`` checks slow
-    every step and do not work under ``jit_compile``. This guard checks every
-    step, inside the compiled step, whether an input, activation, dJ/dŷ,
-    dJ/d(activation) or weight gradient holds a NaN or Inf: one cheap
+    every step and do not work under ``jit_compile``. Every step, inside the
+    compiled step (also under XLA), this guard checks only a sentinel: the
+    loss and the weight gradients, what can reach the weights (one cheap
     reduction per tensor and one scalar flag, returned with the logs that
-    Keras reads after each execution anyway. (dJ/dŷ, which the step does not
-    compute for training, is computed and located on a bad step only: every
-    NaN/Inf in it that can reach the weights trips the weight-gradient check
-    first.) When a step goes non-finite, its update is **not applied**, and
-    the guard reports the step, the first non-finite tensor in forward order
-    (then backward, from the loss down), its layer, its NaN and Inf counts
-    and its norm on the last finite step (plus the full summaries of that
-    layer when a `kgrad.GradientProbe` runs alongside).
+    Keras reads after each execution anyway). When a step goes non-finite,
+    its update is **not applied**, and the guard **replays** that step
+    eagerly on its own batch (kept on the device, never copied on clean
+    steps) from the weights before the bad update, with every layer, nested
+    layer, ``keras.ops`` node and `kgrad.tap` captured, forward and
+    backward (`kgrad.replay`). The report (`kgrad.NonFiniteReport`) says
+    where the first NaN/Inf was born: in the forward pass (the first
+    operation whose inputs are finite and whose output is not), in the
+    backward pass (from the loss down), with the input data (and the batch
+    index in the epoch) or in the weights (an earlier update), with its
+    type, path, NaN/Inf counts and the finite range of its input.
 
     Args:
         action: ``"stop"`` (stop training, keep the last finite weights),
             ``"warn"`` (warn, skip the bad update, go on) or ``"raise"``
             (raise `kgrad.NonFiniteError`, whose ``.report`` says where).
-        watch: ``"all"`` or a subset of ``("inputs", "activations",
-            "prediction_gradient", "activation_gradients",
-            "weight_gradients")``; the loss is always checked.
-            ``["weight_gradients"]`` is the cheapest guard that still keeps
-            every non-finite update out of the weights (one reduction per
-            weight): it lets through a NaN masked out before the loss or an
-            Inf that saturates (``sigmoid(inf) == 1``), and reports the loss
-            or a weight gradient rather than the layer where the bad value
-            was born.
+        watch: What is checked every step, besides the loss: by default
+            ``("weight_gradients",)``, the cheapest check that keeps every
+            non-finite update out of the weights (it lets through a NaN
+            masked out before the loss or an Inf that saturates,
+            ``sigmoid(inf) == 1``, which cannot reach the weights); ``"all"``
+            or a subset of ``("inputs", "activations", "prediction_gradient",
+            "activation_gradients", "weight_gradients")`` to check more
+            every step (``report.tensor`` then names the first of them).
         layers: Layers whose activations and gradients are checked:
             ``None`` (every leaf layer with weights), ``"all"``, names, layer
             objects or a predicate.
@@ -56,6 +59,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
         log_dir: If given, each report is also written to ``<log_dir>/kgrad``
             (tag ``guard/report``, see `kgrad.tensorboard.write_guard_report`),
             where the kgrad tab of TensorBoard shows it.
+        dump_dir: If given, a tripped step's batch (``step_<step>.npz``) and
+            the model at the last finite weights (``step_<step>.keras``) are
+            written there, and the report prints the three lines of Python
+            that replay the step from them.
+        replay: Whether a trip is replayed to locate where the NaN was born.
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
@@ -69,13 +77,15 @@ class NonFiniteGuard(keras.callbacks.Callback):
     ...     keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"),
     ...     keras.layers.Dense(1, name="out")])
     >>> model.compile("sgd", "mse")
-    >>> guard = kgrad.NonFiniteGuard(layers="all")
+    >>> guard = kgrad.NonFiniteGuard()
     >>> _ = model.fit(np.ones((4, 2)), np.ones((4, 1)), callbacks=[guard], verbose=0)
-    >>> guard.report.layer, guard.report.kind
-    ('log', 'activation')
+    >>> r = guard.report
+    >>> r.step, r.born_in, r.born_at, r.born_type  # doctest: +SKIP
+    (0, 'forward', 'log', 'Lambda')
     """
 
-    def __init__(self, action="stop", watch="all", layers=None, ignore_loss_scale_skips=True, log_dir=None):
+    def __init__(self, action="stop", watch=SENTINEL_KINDS, layers=None, ignore_loss_scale_skips=True,
+                 log_dir=None, dump_dir=None, replay=True):
         super().__init__()
         if action not in _ACTIONS:
             raise ValueError(
@@ -95,7 +105,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
         )
         self.report = None
         self.reports = []
+        if not isinstance(replay, bool):
+            raise TypeError(f"`replay` must be True or False. Received: replay={replay!r}.")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
+        self.replay = replay
         self._step = None
 
     def on_train_begin(self, logs=None):
@@ -125,6 +139,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 break
         if report is None:
             return
+        report = self._replayed(report, batch, own_step=tape is not None)
         self.reports.append(report)
         self.report = self.report or report
         if self.log_dir is not None:
@@ -138,11 +153,49 @@ class NonFiniteGuard(keras.callbacks.Callback):
             # Keras calls no on_train_end when a callback raises.
             install.detach(self.model, "guard")
             raise NonFiniteError(report)
-        print(
-            f"kgrad.NonFiniteGuard stopped training: {report} The weights are "
-            "those of the last finite step.",
-            file=sys.stderr,
+        weights = (
+            "The weights are not finite: an update with finite gradients made them so."
+            if report.born_in == "weights" else "The weights are those of the last finite step."
         )
+        print(f"kgrad.NonFiniteGuard stopped training: {report} {weights}", file=sys.stderr)
+
+    def _replayed(self, report, batch, own_step):
+        """``report`` with where the NaN was born (`kgrad.replay`), and the dump's three lines."""
+        data = self._step.guard_batch
+        spe = self.model.steps_per_execution
+        fields = {"batch_index": batch if spe == 1 else None}
+        if own_step:
+            fields["replay_note"] = ("The replay of a model with its own train_step is not "
+                                     "supported yet: the report is what each ProbeTape's check saw.")
+        elif data is None:
+            fields["replay_note"] = (
+                f"Not replayed: with steps_per_execution={spe} the guard does not keep the "
+                "tripped step's batch; fit with steps_per_execution=1 to locate the NaN."
+            )
+        elif self.replay:
+            fields.update(self._replay_fields(report, data))
+        if self.dump_dir is not None and data is not None and not own_step:
+            lines, note = replay_module.dump(self.model, data, self.dump_dir, report.step)
+            fields["reproduce"] = lines
+            if note:
+                fields["replay_note"] = " ".join(filter(None, [fields.get("replay_note"), f"Not dumped: {note}."]))
+        return dataclasses.replace(report, **fields)
+
+    def _replay_fields(self, report, data):
+        try:
+            born = replay_module.replay_fields(self.model, data)
+        except Exception as error:  # noqa: BLE001 - the sentinel's report stands
+            return {"replayed": False,
+                    "replay_note": f"The replay failed ({type(error).__name__}: {error}); "
+                                   "the report is what the every-step check saw."}
+        if born is None:
+            return {"replayed": False, "replay_note": (
+                f"The replay of step {report.step} was finite: it did not reproduce the trip (a "
+                "random layer, e.g. Dropout, drew differently?); the report is what the "
+                "every-step check saw.")}
+        if born["born_in"] == "weights":
+            born["born_step"] = report.last_finite_step
+        return {**born, "replayed": True}
 
     def _latest_summaries(self, tape, layer, last_finite_step):
         """Summaries of ``layer`` (of ``tape``) from the latest probed step that was finite."""
