@@ -94,7 +94,7 @@ class LayerHealth:
             probes divided by the one over the first third (NaN for < 2 probes).
         ratio_to_max: ``grad_norm`` over the largest ``grad_norm`` in the run.
         zero_fraction: Fraction of exactly-zero activations, last probe.
-        update_ratio: ‖Δw‖ / ‖w‖ over the layer's weights, last probe.
+        update_ratio: ‖Δw‖ / ‖w‖ over the layer's logged weights (kernels by default), last probe.
         nonfinite: NaN/Inf values counted over all probes and tensors.
         flags: The raised flags, a subset of `FLAGS` in that order.
         first_flagged: ``(flag, step)`` for each raised flag: the first probed
