@@ -21,12 +21,12 @@ def format_run(run):
     >>> from kgrad.report_table import format_run
     >>> row = LayerHealth("dense", 0.5, 0.8, 1.0, 0.25, 1e-3, 0, ())
     >>> print(format_run(RunHealth("kgrad", "dJ/dw", np.array([0, 10]), (row,))))
-    run 'kgrad': 2 probes, steps 0..10; grad norm = L2 norm of dJ/dw over the layer's logged weights (kernels by default)
+    run 'kgrad': 2 probes, steps 0..10; grad norm = L2 norm of dJ/dw over the layer's logged weights
     layer  grad norm  trend  / largest  zero act  update/w  NaN/Inf  flags
     dense  5.0e-01    x0.80  1.0e+00    0.25      1.0e-03   0        ok
     """
     what = {
-        "dJ/dw": "L2 norm of dJ/dw over the layer's logged weights (kernels by default)",
+        "dJ/dw": "L2 norm of dJ/dw over the layer's logged weights",
         "dJ/d(output)": "L2 norm of dJ/d(layer output)",
     }[run.gradient]
     span = f"steps {run.steps[0]}..{run.steps[-1]}" if len(run.steps) else "no steps"

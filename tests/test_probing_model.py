@@ -49,7 +49,8 @@ def test_functional_probing_model_probes_every_step_by_default():
     assert isinstance(record, kgrad.ProbeRecord)
     assert record.step == 1  # the second and last step
     assert_finite_record(record)
-    assert {"activation_zero_fraction/hidden", "grad_norm/out", "pred_grad_norm/output"} <= set(record.scalars)
+    expected = {"activation_zero_fraction/hidden", "grad_norm/out", "pred_grad_norm/output"}
+    assert expected <= set(record.scalars)
     assert set(history.history) == {"loss", "accuracy"}
 
 
