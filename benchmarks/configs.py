@@ -57,7 +57,7 @@ def _no_callbacks(log_dir, x_batch, y_batch):
     return []
 
 
-def _probe(every_n_steps, histograms, statistics="default"):
+def _probe(every_n_steps, histograms, statistics="default", instruments=()):
     def make(log_dir, x_batch, y_batch):
         return [
             kgrad.GradientProbe(
@@ -66,6 +66,7 @@ def _probe(every_n_steps, histograms, statistics="default"):
                 every_n_steps=every_n_steps,
                 histograms=histograms,
                 statistics=statistics,
+                instruments=instruments,
             )
         ]
 
@@ -109,6 +110,8 @@ def _extra_pass(every_n_steps):
 TARGET_BY_N = {1: 1.25, 100: 1.03}
 _NORMS_ONLY_TARGET = 1.10
 _GUARD_TARGET = 1.05
+#: Issue 22: per-example norms and noise-scale sums at every_n_steps=16.
+_INSTRUMENTS_TARGET = 1.05
 MEMORY_TARGET = 1.10
 #: At the same N, kgrad's overhead must be at most this fraction of the
 #: extra-pass peer's ("at least 2x cheaper").
@@ -178,6 +181,17 @@ def all_configs():
             make_callbacks=_probe(1, histograms=False),
             time_target=_NORMS_ONLY_TARGET,
             memory_target=MEMORY_TARGET,
+        ),
+        Config(
+            name="probe_instruments_n16",
+            label="GradientProbe(layers='all', every_n_steps=16, instruments=['per_example'])",
+            family="kgrad",
+            jit_compile=False,
+            every_n_steps=16,
+            make_callbacks=_probe(16, histograms=True, instruments=["per_example"]),
+            time_target=_INSTRUMENTS_TARGET,
+            memory_target=MEMORY_TARGET,
+            quick=False,
         ),
         _guard_config("guard", "NonFiniteGuard() alone", {}, _GUARD_TARGET, quick=True),
         # No target of its own: the issue's is for the guard as it comes. This
