@@ -64,7 +64,7 @@ def test_nan_from_log_of_negative_names_middle_layer(jit_compile):
     x, y = _data()
     # `first` outputs x - 2 after this kernel/bias: negative from the start.
     model = _model(lambda t: keras.ops.log(t))
-    guard = kgrad.NonFiniteGuard(layers="all")
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
     model.build((None, 3))
     model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), -2 * np.ones(4, "float32")])
     _fit(model, x, y, guard, jit_compile=jit_compile)
@@ -81,7 +81,7 @@ def test_inf_from_overflowing_exp(jit_compile):
     model = _model(lambda t: keras.ops.exp(t), name="exp")
     model.build((None, 3))
     model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
-    guard = kgrad.NonFiniteGuard(layers="all")
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
     _fit(model, x, y, guard, jit_compile=jit_compile)
     report = guard.report
     assert (report.step, report.layer, report.kind) == (2, "exp", "activation")
@@ -108,7 +108,7 @@ def _sqrt_at_zero_model():
 def test_nan_born_in_backward_pass_of_sqrt_at_zero(jit_compile):
     x, y = _data()
     model = _sqrt_at_zero_model()
-    guard = kgrad.NonFiniteGuard(layers="all")
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
     _fit(model, x, y, guard, jit_compile=jit_compile)
     report = guard.report
     # Forward is finite (sqrt(0) = 0); d sqrt/dt at 0 is infinite, so the
@@ -132,7 +132,7 @@ def test_nan_born_in_the_loss_gradient_is_reported_as_prediction_gradient(jit_co
 
     model = _model(lambda t: keras.ops.tanh(t))
     model.compile(keras.optimizers.SGD(0.01), loss, jit_compile=jit_compile)
-    guard = kgrad.NonFiniteGuard()
+    guard = kgrad.NonFiniteGuard(watch="all")
     model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[guard], verbose=0)
     report = guard.report
     # dJ/dŷ is computed on the tripped step only; it comes first from the loss down.
@@ -160,7 +160,7 @@ def test_bad_batch_is_reported_as_input_and_update_skipped(jit_compile):
     x[13, 1] = np.nan  # batch 3
     model = _model(lambda t: keras.ops.tanh(t))
     initial = model.get_weights()
-    guard = kgrad.NonFiniteGuard()
+    guard = kgrad.NonFiniteGuard(watch="all")
     _fit(model, x, y, guard, jit_compile=jit_compile)
     report = guard.report
     assert (report.step, report.kind, report.nan_count) == (3, "input", 1)
@@ -197,7 +197,7 @@ def test_watch_weight_gradients_ignores_nan_that_cannot_reach_the_weights(jit_co
     x, y = _data()
     masked = _masked_log_model()
     initial = masked.get_weights()
-    every_kind = kgrad.NonFiniteGuard(layers="all")
+    every_kind = kgrad.NonFiniteGuard(layers="all", watch="all")
     _fit(masked, x, y, every_kind, jit_compile=jit_compile)
     # The default watch trips on the NaN activation of `log` (forward order).
     assert (every_kind.report.step, every_kind.report.kind, every_kind.report.layer) == (
@@ -247,7 +247,7 @@ def test_steps_per_execution_stops_updates_after_the_bad_step():
     x[21, 0] = np.inf  # batch 5, inside the second execution of 4 steps
     model = _model(lambda t: keras.ops.tanh(t))
     initial = model.get_weights()
-    guard = kgrad.NonFiniteGuard()
+    guard = kgrad.NonFiniteGuard(watch="all")
     _fit(model, x, y, guard, steps_per_execution=4)
     assert (guard.report.step, guard.report.kind) == (5, "input")
     # The steps after the trip in the same execution update nothing and do
@@ -275,7 +275,7 @@ def test_finite_values_whose_squares_overflow_are_no_alarm_and_train(jit_compile
     x, y = _data()
     model = _huge_middle_model()
     initial = model.get_weights()
-    guard = kgrad.NonFiniteGuard(layers="all")
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
     _fit(model, x, y, guard, jit_compile=jit_compile)
     assert guard.report is None
     plain = _assert_weights_of_plain_fit(model, _huge_middle_model, initial, x, y, jit_compile)
@@ -287,7 +287,7 @@ def test_clean_run_raises_no_alarm_and_trains_like_plain_fit(jit_compile):
     x, y = _data()
     model = _model(lambda t: keras.ops.tanh(t))
     initial = model.get_weights()
-    guard = kgrad.NonFiniteGuard(layers="all")
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
     history = _fit(model, x, y, guard, jit_compile=jit_compile, epochs=2)
     assert guard.report is None and guard.reports == []
     plain = _model(lambda t: keras.ops.tanh(t))
@@ -320,7 +320,8 @@ def test_raise_gives_structured_error_and_restores_model():
     guard = kgrad.NonFiniteGuard(action="raise")
     with pytest.raises(kgrad.NonFiniteError, match="step 1") as error:
         _fit(model, x, y, guard)
-    assert error.value.report.kind == "input"
+    # The sentinel saw the loss; the replay says the NaN came with the data.
+    assert (error.value.report.kind, error.value.report.born_in) == ("loss", "data")
     assert "train_step" not in model.__dict__
     # The model trains normally afterwards, without the guard.
     model.fit(x[8:], y[8:], batch_size=BATCH, verbose=0)
@@ -331,7 +332,7 @@ def test_guard_with_probe_reports_last_probed_summaries():
     x[17, 0] = np.nan  # batch 4
     model = _model(lambda t: keras.ops.tanh(t))
     model.compile(keras.optimizers.SGD(0.01), "mse")
-    guard = kgrad.NonFiniteGuard()
+    guard = kgrad.NonFiniteGuard(watch="all")
     probe = kgrad.GradientProbe(every_n_steps=2, statistics="all")
     model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[probe, guard], verbose=0)
     report = guard.report
@@ -350,7 +351,7 @@ def test_guard_with_probe_last_summaries_of_layer():
     model.build((None, 3))
     model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
     model.compile(keras.optimizers.SGD(0.0), "mse")
-    guard = kgrad.NonFiniteGuard(layers="all")
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
     probe = kgrad.GradientProbe(layers="all", every_n_steps=1, statistics="all")
     model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[probe, guard], verbose=0)
     assert (guard.report.step, guard.report.layer) == (2, "exp")
