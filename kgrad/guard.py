@@ -49,12 +49,14 @@ class NonFiniteReport:
     ...     keras.layers.Dense(2, name="hidden"), keras.layers.Dense(1, name="out")])
     >>> model.compile("sgd", "mse")
     >>> x = np.ones((4, 2), "float32"); x[3, 1] = np.inf
-    >>> guard = kgrad.NonFiniteGuard(layers="all")
+    >>> guard = kgrad.NonFiniteGuard()
     >>> _ = model.fit(x, np.ones((4, 1)), batch_size=2, callbacks=[guard],
     ...               shuffle=False, verbose=0)
     >>> report = guard.report
-    >>> report.step, report.kind, report.inf_count, report.last_finite_step
-    (1, 'input', 1, 0)
+    >>> report.step, report.kind, report.last_finite_step  # what the every-step check saw
+    (1, 'loss', 0)
+    >>> report.born_in, report.born_at, report.born_inf_count, report.batch_index  # the replay
+    ('data', 'input', 1, 1)
 
     Attributes:
         step: ``optimizer.iterations`` of the bad step.
@@ -162,8 +164,8 @@ class NonFiniteError(RuntimeError):
     ...     model.fit(x, np.ones((4, 1)), batch_size=2, verbose=0, shuffle=False,
     ...               callbacks=[kgrad.NonFiniteGuard(action="raise")])
     ... except kgrad.NonFiniteError as error:
-    ...     print(error.report.step, error.report.kind, error.report.nan_count)
-    1 input 1
+    ...     print(error.report.step, error.report.born_in, error.report.born_nan_count)
+    1 data 1
     """
 
     def __init__(self, report):
