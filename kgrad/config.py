@@ -151,3 +151,8 @@ class GuardConfig:
 
     def captures(self, kind):
         return kind in self.watch
+
+    @property
+    def checks_layers(self):
+        """Whether layers' activations or dJ/d(activation) are checked (not by the sentinel)."""
+        return self.captures("activations") or self.captures("activation_gradients")

@@ -275,7 +275,12 @@ class ProbingStep:
         return states[name]
 
     def _tape_layers(self):
-        parts = [part.layers for part in (self.plan.probe, self.plan.guard) if part is not None]
+        guard = self.plan.guard
+        if guard is not None and not guard.checks_layers:
+            guard = None  # the sentinel (loss, weight gradients) needs no activation captured
+        parts = [part.layers for part in (self.plan.probe, guard) if part is not None]
+        if not parts:
+            return []
         if len(parts) == 1 or parts[0] is parts[1]:
             return parts[0]
         # Probe and guard watch different layers: capture the union.
