@@ -305,15 +305,18 @@ def dump(model, batch, directory, step):
     """
     import os
 
-    os.makedirs(directory, exist_ok=True)
-    x, y, sample_weight = unpack_batch(batch)
     stem = os.path.join(directory, f"step_{step}")
-    arrays = {**_named_leaves("x", x), **_named_leaves("y", y), **_named_leaves("sample_weight", sample_weight)}
-    np.savez(f"{stem}.npz", **arrays)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        x, y, sample_weight = unpack_batch(batch)
+        arrays = {**_named_leaves("x", x), **_named_leaves("y", y), **_named_leaves("sample_weight", sample_weight)}
+        np.savez(f"{stem}.npz", **arrays)
+    except Exception as error:  # noqa: BLE001 - a failed dump must not hide the report
+        return None, f"the batch could not be written to {stem}.npz ({type(error).__name__}: {error})"
     try:
         model.save(f"{stem}.keras")
     except Exception as error:  # noqa: BLE001 - the batch is still worth keeping
-        return None, f"the model could not be saved ({type(error).__name__}: {error})"
+        return None, f"the model could not be saved to {stem}.keras ({type(error).__name__}: {error})"
     lines = (
         "import keras, numpy as np, kgrad.replay\n"
         f"model = keras.saving.load_model({stem + '.keras'!r}, safe_mode=False)\n"

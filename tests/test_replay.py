@@ -208,7 +208,6 @@ def test_first_non_finite_gives_the_same_born_where_answer_for_probe_tape_users(
     assert locate(tape.probe, model, loss)["born_at"] == sqrt
 
 
-@pytest.mark.slow
 def test_dump_reproduces_the_trip_in_a_fresh_process(tmp_path):
     x, y = _data()
     x[8:12] *= 200.0
@@ -224,3 +223,24 @@ def test_dump_reproduces_the_trip_in_a_fresh_process(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "born in the forward pass at 'exp' (Activation" in done.stdout
     assert "at step 2" in done.stdout
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_layer_of_a_nested_model_is_named_with_its_path(jit_compile):
+    x, y = _data()
+    x[BAD_ROW, 0] = 0.0
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(keras.ops.log, name="middle")], name="sub")
+    report = _fit(_sequential(inner), x, y, jit_compile)
+    assert _born(report) == (2, "forward", "middle", "Lambda")
+    assert report.born_path == "sub/middle"
+
+
+def test_a_dump_that_cannot_be_written_is_said_and_the_report_kept(tmp_path):
+    x, y = _data()
+    x[BAD_ROW, 0] = 0.0
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    model = _sequential(keras.layers.Lambda(keras.ops.log, name="middle"))
+    report = _fit(model, x, y, False, kgrad.NonFiniteGuard(dump_dir=blocker))
+    assert (report.born_at, report.reproduce) == ("middle", None)
+    assert "Not dumped: the batch could not be written" in report.replay_note
