@@ -70,7 +70,8 @@ class NonFiniteReport:
         last_finite_step: The latest step on which every watched tensor was
             finite (``None`` if there was none).
         last_finite_norm: L2 norm of the same tensor on that step (``None``
-            for dJ/dŷ, which is only computed on a tripped step).
+            for dJ/dŷ, which is only computed on a tripped step, and when
+            its sum of squares overflowed float32).
         last_summaries: Full summaries of that layer from the latest probed
             step, when a `kgrad.GradientProbe` ran alongside (else ``{}``).
         non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every

@@ -426,6 +426,8 @@ def test_first_non_finite_refuses_graph_mode():
         ({"watch": ["nothing"]}, r"`watch` must be a non-empty subset .* Received: watch=\['nothing'\]"),
         ({"watch": 3}, r"`watch` must be 'all' or a list"),
         ({"ignore_loss_scale_skips": "yes"}, r"`ignore_loss_scale_skips` must be True or False"),
+        ({"replay": "yes"}, r"`replay` must be True or False. Received: replay='yes'"),
+        ({"dump_dir": 3}, r"`dump_dir` must be None or a folder path .* Received: dump_dir=3 of type int"),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -43,13 +43,17 @@ class NonFiniteGuard(keras.callbacks.Callback):
             (raise `kgrad.NonFiniteError`, whose ``.report`` says where).
         watch: What is checked every step, besides the loss: by default
             ``("weight_gradients",)``, the cheapest check that keeps every
-            non-finite update out of the weights (it lets through a NaN
-            masked out before the loss or an Inf that saturates,
-            ``sigmoid(inf) == 1``, which cannot reach the weights); ``"all"``
+            update with a non-finite gradient out of the weights (it lets
+            through a NaN masked out before the loss or an Inf that
+            saturates, ``sigmoid(inf) == 1``, which cannot reach the
+            weights; an update whose gradients are finite can still
+            overflow a weight: the next step trips and the replay names
+            that weight and the step of its update); ``"all"``
             or a subset of ``("inputs", "activations", "prediction_gradient",
             "activation_gradients", "weight_gradients")`` to check more
             every step (``report.tensor`` then names the first of them).
-        layers: Layers whose activations and gradients are checked:
+        layers: Layers whose activations and gradients are checked, when
+            ``watch`` includes them:
             ``None`` (every leaf layer with weights), ``"all"``, names, layer
             objects or a predicate.
         ignore_loss_scale_skips: Under mixed precision, a
@@ -107,6 +111,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.reports = []
         if not isinstance(replay, bool):
             raise TypeError(f"`replay` must be True or False. Received: replay={replay!r}.")
+        if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
+            raise TypeError(
+                "`dump_dir` must be None or a folder path (str or os.PathLike). Received: "
+                f"dump_dir={dump_dir!r} of type {type(dump_dir).__name__}. Example: dump_dir='nan_dump'."
+            )
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay
