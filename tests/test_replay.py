@@ -244,3 +244,24 @@ def test_a_dump_that_cannot_be_written_is_said_and_the_report_kept(tmp_path):
     report = _fit(model, x, y, False, kgrad.NonFiniteGuard(dump_dir=blocker))
     assert (report.born_at, report.reproduce) == ("middle", None)
     assert "Not dumped: the batch could not be written" in report.replay_note
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_nan_born_in_the_backward_pass_of_the_loss(jit_compile):
+    x, y = _data()
+    y[8:12] = 1000.0  # batch 2 turns on the sqrt-at-zero term of the loss
+
+    def loss(y_true, y_pred):
+        marked = keras.ops.cast(y_true > 100.0, "float32")
+        return keras.ops.mean(keras.ops.square(y_true - y_pred) * (1.0 - marked)) + keras.ops.mean(
+            keras.ops.sqrt(y_pred * 0.0 + (1.0 - marked))
+        )
+
+    model = _sequential(keras.layers.Dense(4, name="hidden"))
+    model.compile(keras.optimizers.SGD(0.01), loss, jit_compile=jit_compile)
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=[guard], verbose=0)
+    report = guard.report
+    # The forward pass and dJ/dŷ's inputs are finite; dJ/dŷ is not: born in the loss's backward pass.
+    assert _born(report) == (2, "backward", "loss", "loss")
+    assert report.born_nan_count == BATCH
