@@ -167,7 +167,7 @@ def test_summary_has_the_guard_report_and_the_nonfinite_timeline(dashboard_logs)
     runs = events.LogCache(dashboard_logs).runs()
     summary = views.RunView("guard/kgrad", runs["guard/kgrad"]).summary()
     (guard,) = summary["guard"]
-    assert guard["step"] == GUARD_TRIP_STEP and guard["kind"] == "input" and guard["nan_count"] == 1
+    assert guard["step"] == GUARD_TRIP_STEP and guard["nan_count"] + guard["inf_count"] >= 1
     assert "Non-finite values at step 5" in guard["message"]
     json.dumps(summary, allow_nan=False)  # standard JSON: NaN became null
 

@@ -88,7 +88,10 @@ class RunView:
         matrix = np.full([len(rows), len(steps)], np.nan, np.float32)
         for index, series in enumerate(rows):
             if series is not None and len(series.steps):
-                matrix[index, np.searchsorted(steps, series.steps)] = series.values
+                # NaN stays "not logged"; a logged NaN is shown as the non-finite value it is.
+                matrix[index, np.searchsorted(steps, series.steps)] = np.where(
+                    np.isnan(series.values), np.inf, series.values
+                )
         finite = matrix[np.isfinite(matrix) & ((matrix > 0) if scale == "log" else True)]
         flags = {row.layer: row for row in self.health.layers}
         return {

@@ -104,7 +104,7 @@ async function draw(state, body) {
         click: (cell) => showHistograms(state, state.detail, cell),
       }),
       el("h3", { text: "Health (kgrad report)" }),
-      healthTable(summaries[index]),
+      el("div", { class: "table-wrap" }, healthTable(summaries[index])),
       el("h3", { text: "NaN / Inf" }),
       timelineView(summaries[index]),
     ]),

@@ -32,6 +32,7 @@ const VIRIDIS = [
   [31, 158, 137], [53, 183, 121], [109, 205, 89], [180, 222, 44], [253, 231, 37],
 ];
 export const MISSING_RGB = [225, 225, 225];
+export const NONFINITE_RGB = [229, 57, 53];
 
 // RGB of a position in [0, 1] on the colour map.
 export function colorAt(t) {
@@ -41,9 +42,11 @@ export function colorAt(t) {
   return VIRIDIS[i].map((c, k) => Math.round(c + f * (VIRIDIS[i + 1][k] - c)));
 }
 
-// Maps a value to [0, 1] on a colour scale {scale, low, high} (log10 or linear).
+// Maps a value to [0, 1] on a colour scale {scale, low, high} (log10 or linear);
+// NaN (not logged) stays NaN, +-Inf (a logged NaN/Inf) is Infinity.
 export function scalePosition(scale, value) {
-  if (!Number.isFinite(value)) return NaN;
+  if (Number.isNaN(value)) return NaN;
+  if (!Number.isFinite(value)) return Infinity;
   if (scale.scale === "log") {
     if (value <= 0) return 0;
     const span = scale.high - scale.low;
@@ -73,7 +76,7 @@ export function sharedScale(heatmaps) {
 // A number as people read it in a table: 3 significant digits, e notation when small.
 export function formatNumber(value, digits = 3) {
   if (value === null || value === undefined || Number.isNaN(value)) return "–";
-  if (!Number.isFinite(value)) return value > 0 ? "Inf" : "-Inf";
+  if (!Number.isFinite(value)) return "NaN/Inf";
   if (value === 0) return "0";
   const magnitude = Math.abs(value);
   if (magnitude >= 1e-2 && magnitude < 1e4) return String(Number(value.toPrecision(digits)));

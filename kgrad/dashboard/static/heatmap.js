@@ -1,5 +1,5 @@
 // The layer x step heatmap of one run, drawn on a <canvas>, and its legend.
-import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, formatNumber } from "./common.js";
+import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, NONFINITE_RGB, formatNumber } from "./common.js";
 
 const LABEL_WIDTH = 150;
 
@@ -21,7 +21,9 @@ function paint(canvas, heatmap, values, scale, width, height) {
   const palette = Array.from({ length: 256 }, (_, k) => colorAt(k / 255));
   for (let i = 0; i < layers * steps; i++) {
     const t = scalePosition(scale, values[i]);
-    const rgb = Number.isNaN(t) ? MISSING_RGB : palette[Math.round(255 * Math.min(1, Math.max(0, t)))];
+    let rgb = NONFINITE_RGB;
+    if (Number.isNaN(t)) rgb = MISSING_RGB;
+    else if (t !== Infinity) rgb = palette[Math.round(255 * Math.min(1, Math.max(0, t)))];
     image.data[4 * i] = rgb[0];
     image.data[4 * i + 1] = rgb[1];
     image.data[4 * i + 2] = rgb[2];
@@ -133,10 +135,12 @@ export function legendView(scale, label, unit) {
     ticks.append(tick);
   }
   const missing = el("span", { class: "missing-key", text: "not logged" });
+  const nonfinite = el("span", { class: "nonfinite-key", text: "NaN/Inf" });
   const title = `${label}: ${unit}` + (scale.scale === "log" ? " (log scale)" : "");
   return el("div", { class: "legend", "data-low": scale.low, "data-high": scale.high }, [
     el("div", { class: "legend-title", text: title }),
     el("div", { class: "legend-scale" }, [bar, ticks]),
     missing,
+    nonfinite,
   ]);
 }
