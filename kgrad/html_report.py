@@ -155,7 +155,7 @@ def render_html(data):
         style = file.read()
     title = html.escape(data["title"])
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f"<title>{title}</title>\n<style>\n{style}</style></head>\n<body>\n"
         '<div id="kgrad-root"></div>\n'
         f'<section id="kgrad-static" class="kgrad"><h1>{title}</h1>\n{_static_tables(data)}\n</section>\n'
