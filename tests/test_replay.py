@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad.replay import locate
+from kgrad.locate import locate
 
 BATCH = 4
 BAD_ROW = 9  # in batch 2, i.e. step 2 of the first epoch
@@ -203,7 +203,8 @@ def test_first_non_finite_gives_the_same_born_where_answer_for_probe_tape_users(
     tape.gradient(loss, model.trainable_variables)
     report = kgrad.first_non_finite(tape.probe, model=model)
     sqrt = next(op.name for op in model.operations if type(op).__name__ == "Sqrt")
-    assert (report.born_in, report.born_at, report.born_type, report.born_nan_count) == ("forward", sqrt, "Sqrt", 1)
+    born = (report.born_in, report.born_at, report.born_type, report.born_nan_count)
+    assert born == ("forward", sqrt, "Sqrt", 1)
     assert report.layer == sqrt  # the first non-finite tensor, as before
     assert locate(tape.probe, model, loss)["born_at"] == sqrt
 
@@ -229,7 +230,8 @@ def test_dump_reproduces_the_trip_in_a_fresh_process(tmp_path):
 def test_a_layer_of_a_nested_model_is_named_with_its_path(jit_compile):
     x, y = _data()
     x[BAD_ROW, 0] = 0.0
-    inner = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(keras.ops.log, name="middle")], name="sub")
+    log = keras.layers.Lambda(keras.ops.log, name="middle")
+    inner = keras.Sequential([keras.Input((4,)), log], name="sub")
     report = _fit(_sequential(inner), x, y, jit_compile)
     assert _born(report) == (2, "forward", "middle", "Lambda")
     assert report.born_path == "sub/middle"

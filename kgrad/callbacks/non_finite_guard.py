@@ -187,7 +187,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             lines, note = replay_module.dump(self.model, data, self.dump_dir, report.step)
             fields["reproduce"] = lines
             if note:
-                fields["replay_note"] = " ".join(filter(None, [fields.get("replay_note"), f"Not dumped: {note}."]))
+                notes = [fields.get("replay_note"), f"Not dumped: {note}."]
+                fields["replay_note"] = " ".join(filter(None, notes))
         return dataclasses.replace(report, **fields)
 
     def _replay_fields(self, report, data):
