@@ -206,6 +206,22 @@ def all_configs():
             time_target=None,
             quick=False,
         ),
+        # The second guard target: probe + guard <= probe alone + 0.05.
+        # No target the harness can check (it compares with plain fit only):
+        # read it against `probe_n10` of the same run.
+        Config(
+            name="probe_n10_guard",
+            label="GradientProbe(layers='all', every_n_steps=10) + NonFiniteGuard(): compare with probe_n10",
+            family="guard",
+            jit_compile=False,
+            every_n_steps=10,
+            make_callbacks=lambda log_dir, x, y: (
+                _probe(10, histograms=True)(log_dir, x, y) + _guard()(log_dir, x, y)
+            ),
+            time_target=None,
+            memory_target=MEMORY_TARGET,
+            quick=False,
+        ),
         Config(
             name="tensorboard_peer",
             label="keras.callbacks.TensorBoard(histogram_freq=1): weight histograms per epoch",
