@@ -167,3 +167,75 @@ def ensure_guard_state(model, state, names, on_trip_only):
     if state is None or state.names != tuple(names) or state.on_trip_only != set(on_trip_only):
         state = replicas.create_variables(model, lambda: GuardState(names, on_trip_only))
     return state
+
+
+class TrippedBatch:
+    """The batch of the step that tripped, kept on the device, for executions of several steps.
+
+    With ``steps_per_execution > 1`` only the last step's outputs come back,
+    so the tripped step keeps its own batch in variables of any batch size,
+    written once, in the branch of a trip (a clean step writes nothing).
+    Graph mode only: XLA cannot assign a variable a tensor of a new shape.
+
+    Args:
+        data: The step's data (a structure of tensors), for the variables' dtypes and shapes.
+    """
+
+    def __init__(self, data):
+        self._structure = data
+        self.variables = [
+            tf.Variable(
+                tf.zeros([0] + [size or 0 for size in leaf.shape[1:]], leaf.dtype),
+                shape=tf.TensorShape([None]).concatenate(leaf.shape[1:]),
+                trainable=False,
+                name="kgrad_guard_batch",
+            )
+            for leaf in tf.nest.flatten(data)
+        ]
+        self.kept = tf.Variable(False, trainable=False, name="kgrad_guard_batch_kept")
+
+    def keep_if(self, condition, data):
+        """Graph code: writes ``data`` into the variables when ``condition`` holds."""
+
+        def keep():
+            for variable, leaf in zip(self.variables, tf.nest.flatten(data)):
+                variable.assign(leaf)
+            self.kept.assign(True)
+            return tf.constant(True)
+
+        tf.cond(condition, keep, lambda: tf.constant(False))
+
+    def read(self):
+        """Host side: the kept batch (device tensors, same structure as the data), or ``None``.
+
+        Re-arms the keeper: the next trip (``action="warn"``) keeps its own batch.
+        """
+        if not bool(self.kept.numpy()):
+            return None
+        self.kept.assign(False)
+        values = [tf.identity(variable) for variable in self.variables]
+        return tf.nest.pack_sequence_as(self._structure, values)
+
+    def reset(self, everything=False):
+        """Forgets the kept batch (``everything`` for the same call as `GuardState.reset`)."""
+        self.kept.assign(False)
+
+
+def keep_tripped_batch(model, traced, data):
+    """Graph code: the batch of the step that trips, kept in ``traced.tripped_batch``.
+
+    Returns:
+        ``False`` (nothing kept) under XLA or for data that are not all
+        numbers (strings), else ``True``.
+    """
+    if (model.jit_compile and not model.run_eagerly) or not all(
+        leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)
+    ):
+        return False
+    if traced.tripped_batch is None:
+        traced.tripped_batch = replicas.create_variables(model, lambda: TrippedBatch(data))
+    # The first step that finds the guard tripped is the one that tripped it
+    # (the steps after it see the same optimizer step: nothing was applied).
+    kept = traced.tripped_batch
+    kept.keep_if(tf.logical_and(traced.guard_state.tripped, tf.logical_not(kept.kept)), data)
+    return True

@@ -47,6 +47,7 @@ class _Traced:
     function: object
     pipeline: object = None
     guard_state: object = None
+    tripped_batch: object = None  # `guard_state.TrippedBatch`, with several steps per execution
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
     tape_guard_states: dict = dataclasses.field(default_factory=dict)
 
@@ -118,7 +119,7 @@ class ProbingStep:
             for pipeline in [traced.pipeline, *traced.tape_pipelines.values()]:
                 if pipeline is not None:
                     pipeline.reset()
-            for state in [traced.guard_state, *traced.tape_guard_states.values()]:
+            for state in [traced.guard_state, *traced.tape_guard_states.values(), traced.tripped_batch]:
                 if state is not None:
                     state.reset(everything=True)
 
@@ -257,10 +258,18 @@ class ProbingStep:
             if plan.steps_per_execution == 1:
                 # For the replay of a tripped step: returning the step's own
                 # input tensors copies nothing to the host. (With several
-                # steps per execution the while loop would need one batch
-                # shape for every step, and only the last one would return.)
+                # steps per execution only the last step's outputs return.)
                 outputs[replay.BATCH_OUTPUT] = data
+            else:
+                guard_state.keep_tripped_batch(model, self._current, data)
         return outputs
+
+    def tripped_batch(self):
+        """The data of the step that tripped the guard, or ``None`` if not kept (reads the device)."""
+        if self.guard_batch is not None:
+            return self.guard_batch
+        kept = None if self._current is None else self._current.tripped_batch
+        return None if kept is None else kept.read()
 
     def _own_train_step(self, data):
         """The model's own ``train_step``, its ProbeTapes reporting to the pipelines."""

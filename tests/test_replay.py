@@ -170,13 +170,19 @@ def test_clean_run_raises_no_alarm_and_trains_like_plain_fit(jit_compile):
     assert guard.reports == [] and "train_step" not in guarded.__dict__
 
 
-def test_steps_per_execution_says_the_step_was_not_replayed():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_steps_per_execution_keeps_the_tripped_batch_or_says_it_did_not(jit_compile):
     x, y = _data()
-    x[BAD_ROW, 0] = 0.0
+    x[BAD_ROW, 0] = 0.0  # step 2: the middle of the first execution of 4 steps
     model = _sequential(keras.layers.Lambda(keras.ops.log, name="middle"))
-    report = _fit(model, x, y, False, steps_per_execution=4)
-    assert (report.step, report.born_in, report.replayed, report.batch_index) == (2, None, None, None)
-    assert "steps_per_execution=4" in report.replay_note and report.kind == "loss"
+    report = _fit(model, x, y, jit_compile, steps_per_execution=4)
+    assert (report.step, report.kind, report.batch_index) == (2, "loss", None)
+    if jit_compile:
+        assert (report.born_in, report.replayed) == (None, None)
+        assert "steps_per_execution=4 and jit_compile=True" in report.replay_note
+    else:  # the tripped step's own batch, not the execution's last one
+        assert _born(report) == (2, "forward", "middle", "Lambda") and report.replayed
+        assert report.born_inf_count == 1
 
 
 def test_a_replay_that_does_not_reproduce_the_trip_says_so():

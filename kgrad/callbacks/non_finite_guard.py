@@ -170,16 +170,19 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def _replayed(self, report, batch, own_step):
         """``report`` with where the NaN was born (`kgrad.replay`), and the dump's three lines."""
-        data = self._step.guard_batch
+        # With several steps per execution, Keras gives the execution's last
+        # batch index, not the tripped step's.
         spe = self.model.steps_per_execution
         fields = {"batch_index": batch if spe == 1 else None}
+        data = None if own_step else self._step.tripped_batch()
         if own_step:
             fields["replay_note"] = ("The replay of a model with its own train_step is not "
                                      "supported yet: the report is what each ProbeTape's check saw.")
         elif data is None:
             fields["replay_note"] = (
-                f"Not replayed: with steps_per_execution={spe} the guard does not keep the "
-                "tripped step's batch; fit with steps_per_execution=1 to locate the NaN."
+                f"Not replayed: with steps_per_execution={spe} and jit_compile=True the guard "
+                "does not keep the tripped step's batch (XLA cannot write it into a variable); "
+                "fit with steps_per_execution=1 or jit_compile=False to locate the NaN."
             )
         elif self.replay:
             fields.update(self._replay_fields(report, data))
