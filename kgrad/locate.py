@@ -85,6 +85,7 @@ def _in_data(probe, targets, sample_weight):
 def _in_forward(probe, describe, loss):
     """The first recorded operation whose inputs are finite and whose output is not."""
     taps_inside = []  # non-finite taps recorded before the layer that encloses them
+    carried = None  # the first operation with a non-finite input and output
     for name, tensor in probe.activations.items():
         counts = _counts(tensor)
         if not any(counts):
@@ -95,13 +96,18 @@ def _in_forward(probe, describe, loss):
             continue
         inputs = probe.layer_inputs.get(name, probe.layer_inputs.get(name.split("/")[0]))
         if inputs is not None and any(_counts(inputs)):
-            continue  # it only carries a value born in an operation the tape cannot see
+            carried = carried or (name, kind, path, counts, _finite_range(inputs))
+            continue  # it only carries a value born before it
         # Inputs unknown (no record_inputs): the first non-finite output is all we know.
         return _birth("forward", name, kind, path, counts, None if inputs is None else _finite_range(inputs),
                       born_inside=taps_inside[0][0] if taps_inside else None)
     if taps_inside:
         name, counts = taps_inside[0]
         return _birth("forward", name, "kgrad.tap", name, counts, None)
+    if carried is not None:
+        note = (f"Its input was already non-finite: the value was born before {carried[0]!r}, "
+                "in an operation the tape does not capture.")
+        return _birth("forward", *carried, replay_note=note)
     if loss is not None and any(_counts(loss)):
         return _birth("forward", "loss", "loss", "loss", _counts(loss), _finite_range(probe.prediction))
     return None

@@ -273,3 +273,16 @@ def test_nan_born_in_the_backward_pass_of_the_loss(jit_compile):
     # The forward pass and dJ/dŷ's inputs are finite; dJ/dŷ is not: born in the loss's backward pass.
     assert _born(report) == (2, "backward", "loss", "loss")
     assert report.born_nan_count == BATCH
+
+
+def test_an_output_whose_input_was_already_non_finite_is_named_as_carrying_it():
+    from kgrad.tape import ProbeResult
+
+    bad = tf.constant([1.0, np.inf])
+    probe = ProbeResult(activations={"scale": bad * 2.0}, gradients={}, input=None, input_gradient=None,
+                        prediction=None, layer_inputs={"scale": bad})
+    born = locate(probe)
+    assert (born["born_in"], born["born_at"], born["born_inf_count"], born["born_input_range"]) == (
+        "forward", "scale", 1, (1.0, 1.0)
+    )
+    assert "born before 'scale'" in born["replay_note"]
