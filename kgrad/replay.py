@@ -63,8 +63,8 @@ def replay_fields(model, batch):
     """Runs one training step's forward and backward pass again, eagerly, and `locate`s its NaN.
 
     Nothing is applied: the weights stay as they are, and the non-trainable
-    state the forward pass changes (BatchNormalization statistics, seeds)
-    is put back.
+    state the forward pass changes (BatchNormalization statistics, seeds,
+    the compiled loss's trackers) is put back.
 
     Returns:
         The ``born_*`` fields of `locate`, or ``None`` if the replay was finite.
@@ -73,7 +73,8 @@ def replay_fields(model, batch):
     from kgrad.tape import ProbeTape
 
     x, y, sample_weight = unpack_batch(batch)
-    state = list(model.non_trainable_variables)
+    # Metrics too: the compiled loss updates a multi-output model's per-output loss trackers.
+    state = list({id(v): v for v in [*model.non_trainable_variables, *model.metrics_variables]}.values())
     saved = [variable.numpy() for variable in state]
     try:
         with ProbeTape(model, layers="all", watch_inputs=True, persistent=True,

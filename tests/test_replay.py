@@ -286,3 +286,22 @@ def test_an_output_whose_input_was_already_non_finite_is_named_as_carrying_it():
         "forward", "scale", 1, (1.0, 1.0)
     )
     assert "born before 'scale'" in born["replay_note"]
+
+
+def test_the_replay_changes_no_weight_statistic_or_metric():
+    from kgrad.replay import replay_fields
+
+    x, y = _data()
+    x[BAD_ROW, 0] = 0.0
+    inputs = keras.Input((3,))
+    logs = keras.layers.Lambda(keras.ops.log, name="middle")(_first()(inputs))
+    hidden = keras.layers.BatchNormalization(name="norm")(logs)
+    heads = [keras.layers.Dense(1, name=name)(hidden) for name in ("a", "b")]
+    model = keras.Model(inputs, heads)
+    model.compile(keras.optimizers.SGD(0.01), ["mse", "mse"])
+    model.fit(x[:8], [y[:8], y[:8]], batch_size=BATCH, verbose=0)  # builds metrics and statistics
+    before = [v.numpy().copy() for v in [*model.variables, *model.metrics_variables]]
+    born = replay_fields(model, (x[8:12], (y[8:12], y[8:12])))
+    assert (born["born_in"], born["born_at"]) == ("forward", "middle")
+    for was, variable in zip(before, [*model.variables, *model.metrics_variables]):
+        np.testing.assert_array_equal(variable.numpy(), was)
