@@ -214,6 +214,13 @@ class TapeCollection:
         )
 
 
+def has_own_train_step(model):
+    """Whether ``model``'s class defines a ``train_step`` of its own."""
+    from kgrad.model import ProbingModel
+
+    return not isinstance(model, ProbingModel) and type(model).train_step is not keras.Model.train_step
+
+
 def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_for):
     """Runs ``type(model).train_step`` in a `TapeCollection`, then writes the records.
 

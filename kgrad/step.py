@@ -9,9 +9,7 @@ summaries of a `kgrad.pipeline.ProbePipeline`. Steps that are not probed
 compute nothing more than Keras would, except the step-index test. A function
 that runs only probed steps has no branch at all.
 
-A model with its own ``train_step`` runs it inside a
-`kgrad.custom_step.TapeCollection`: the `ProbeTape`s in it take the same two
-backward passes, one pipeline per tape.
+A model's own ``train_step`` runs in a `kgrad.custom_step.TapeCollection`.
 
 Under XLA, a function that runs only probed steps returns the tensors to
 summarize instead of summarizing them (`SUMMARY_INPUTS_OUTPUT`), and the
@@ -29,7 +27,7 @@ import tensorflow as tf
 
 from kgrad import guard as guard_module
 from kgrad import forward, guard_state, losses, replay, replicas, selection, updates
-from kgrad.custom_step import run_own_train_step
+from kgrad.custom_step import has_own_train_step, run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
 from kgrad.tape import ProbeTape
@@ -50,13 +48,6 @@ class _Traced:
     tripped_batch: object = None  # `guard_state.TrippedBatch`, with several steps per execution
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
     tape_guard_states: dict = dataclasses.field(default_factory=dict)
-
-
-def has_own_train_step(model):
-    """Whether ``model``'s class defines a ``train_step`` of its own."""
-    from kgrad.model import ProbingModel
-
-    return not isinstance(model, ProbingModel) and type(model).train_step is not keras.Model.train_step
 
 
 class ProbingStep:
@@ -91,19 +82,18 @@ class ProbingStep:
 
     def guard_states(self):
         """``{name: GuardState}``: ``None`` for the model's own, else one per tape."""
-        if self._current is None:
-            return {}
-        if self._current.guard_state is not None:
-            return {None: self._current.guard_state}
-        return dict(self._current.tape_guard_states)
+        return self._by_name("guard_state", "tape_guard_states")
 
     def pipelines(self):
         """``{name: ProbePipeline}``: ``None`` for the model's own, else one per tape."""
+        return self._by_name("pipeline", "tape_pipelines")
+
+    def _by_name(self, own, per_tape):
         if self._current is None:
             return {}
-        if self._current.pipeline is not None:
-            return {None: self._current.pipeline}
-        return dict(self._current.tape_pipelines)
+        if getattr(self._current, own) is not None:
+            return {None: getattr(self._current, own)}
+        return dict(getattr(self._current, per_tape))
 
     def prepare(self):
         """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
@@ -251,7 +241,11 @@ class ProbingStep:
                     # The host takes the record written last from the outputs.
                     outputs = {**outputs, RECORD_OUTPUT: record}
             else:
-                tf.cond(probe_now, lambda: _no_op(pipeline.record(step, *summaries, weights)), tf.no_op)
+                def write():
+                    pipeline.record(step, *summaries, weights)
+                    return tf.no_op()
+
+                tf.cond(probe_now, write, tf.no_op)
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
             outputs = {**outputs, guard_module.TRIPPED_OUTPUT: self._current.guard_state.tripped.read_value()}
@@ -303,7 +297,3 @@ class ProbingStep:
     def _prediction_gradient(self, y, y_pred, sample_weight):
         """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
         return losses.compiled_prediction_gradient(self.model, y, y_pred, sample_weight)
-
-
-def _no_op(_):
-    return tf.no_op()
