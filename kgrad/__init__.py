@@ -27,6 +27,7 @@ __all__ = [
     "health_report",
     "prediction_gradient",
     "read_logs",
+    "replay_step",
     "tap",
     "write_html_report",
 ]
@@ -49,6 +50,7 @@ _MODULES = {
     "health_report": "kgrad.report",
     "prediction_gradient": "kgrad.losses",
     "read_logs": "kgrad.reading",
+    "replay_step": "kgrad.replay",
     "tap": "kgrad.taps",
     "write_html_report": "kgrad.html_report",
 }
@@ -62,6 +64,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.losses import prediction_gradient  # noqa: F401
     from kgrad.model import ProbingModel  # noqa: F401
     from kgrad.reading import read_logs  # noqa: F401
+    from kgrad.replay import replay_step  # noqa: F401
     from kgrad.report import HealthThresholds, health_report  # noqa: F401
     from kgrad.state import ProbeRecord  # noqa: F401
     from kgrad.taps import tap  # noqa: F401

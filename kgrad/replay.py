@@ -92,7 +92,7 @@ def replay_fields(model, batch):
                   {weight.path: gradient for weight, gradient in zip(weights, gradients)})
 
 
-def replay(model, batch, step=None):
+def replay_step(model, batch, step=None):
     """Replays a bad step (e.g. from a `kgrad.NonFiniteGuard` dump) and says where its NaN was born.
 
     Args:
@@ -103,6 +103,17 @@ def replay(model, batch, step=None):
 
     Returns:
         A `kgrad.NonFiniteReport`, or ``None`` when the replay is finite.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np, tensorflow as tf
+    >>> model = keras.Sequential([keras.Input((2,)),
+    ...     keras.layers.Lambda(lambda t: tf.math.log(t), name="log"),
+    ...     keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> report = kgrad.replay_step(model, (np.array([[1.0, 0.0]]), np.ones((1, 1))), step=7)
+    >>> report.born_in, report.born_at, report.step
+    ('forward', 'log', 7)
     """
     from kgrad.guard import NonFiniteReport
 
@@ -144,9 +155,9 @@ def dump(model, batch, directory, step):
     except Exception as error:  # noqa: BLE001 - the batch is still worth keeping
         return None, f"the model could not be saved to {stem}.keras ({type(error).__name__}: {error})"
     lines = (
-        "import keras, numpy as np, kgrad.replay\n"
+        "import keras, numpy as np, kgrad\n"
         f"model = keras.saving.load_model({stem + '.keras'!r}, safe_mode=False)\n"
-        f"print(kgrad.replay.replay(model, dict(np.load({stem + '.npz'!r})), step={step}))"
+        f"print(kgrad.replay_step(model, dict(np.load({stem + '.npz'!r})), step={step}))"
     )
     return lines, None
 
