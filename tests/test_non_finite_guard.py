@@ -445,3 +445,28 @@ def test_two_guards_on_one_model_is_an_error():
         warnings.simplefilter("error")
         # The failed fit left nothing behind: a new fit installs cleanly.
         model.fit(x, y, callbacks=[kgrad.NonFiniteGuard()], verbose=0)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_sentinel_beside_a_probe_trains_unchanged_and_stops_on_an_unprobed_step(jit_compile):
+    # With a probe every 3 steps, a clean run trains like plain fit, and a
+    # NaN on an unprobed step (4) trips the sentinel and keeps the update out.
+    x, y = _data()
+    model = _tanh_model()
+    initial = model.get_weights()
+    clean = _tanh_model()
+    clean_probe = kgrad.GradientProbe(every_n_steps=3)
+    clean.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
+    clean.fit(
+        x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[clean_probe, kgrad.NonFiniteGuard()]
+    )
+    _assert_weights_of_plain_fit(clean, _tanh_model, initial, x, y, jit_compile=jit_compile)
+    assert clean_probe.latest.step == 6
+
+    x[17, 0] = np.nan  # batch 4, not probed
+    probe, guard = kgrad.GradientProbe(every_n_steps=3), kgrad.NonFiniteGuard()
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe, guard])
+    assert guard.report.step == 4 and guard.report.born_in == "data"
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x[:16], y[:16], jit_compile=jit_compile)
+    assert probe.latest.step == 3
