@@ -118,16 +118,22 @@ def peak_rss_mib():
     return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
 
 
-def _status_mib(field):
-    """A ``/proc/self/status`` size in MiB (``"VmHWM:"``, ``"VmRSS:"``), or ``None`` off Linux."""
+def _status_mib(*fields):
+    """``/proc/self/status`` sizes in MiB (``"VmHWM:"``, ``"VmRSS:"``), or ``None`` off Linux.
+
+    Several fields come from one read: read one after the other, the resident
+    size could grow past the peak read a moment before.
+    """
+    values = {}
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith(field):
-                    return int(line.split()[1]) / 1024
+                if line.startswith(fields):
+                    values[line.split()[0]] = int(line.split()[1]) / 1024
     except OSError:
-        pass
-    return None
+        return None if len(fields) == 1 else (None,) * len(fields)
+    found = tuple(values.get(field) for field in fields)
+    return found[0] if len(fields) == 1 else found
 
 
 class _FirstStepMemory(keras.callbacks.Callback):
@@ -145,7 +151,7 @@ class _FirstStepMemory(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.peak_mb is None:
-            self.peak_mb, self.rss_mb = _status_mib("VmHWM:"), _status_mib("VmRSS:")
+            self.peak_mb, self.rss_mb = _status_mib("VmHWM:", "VmRSS:")
 
 
 class _CpuLimit(keras.callbacks.Callback):
@@ -199,13 +205,14 @@ def _main(argv=None):
         shuffle=False,
         callbacks=[*callbacks, limit, first_step],
     )
+    end_rss = _status_mib("VmRSS:")  # before the peak, which cannot then be below it
     report = {
         "maxrss_mb": peak_rss_mib(),
         "steps": limit.steps,
         "stopped_early": bool(model.stop_training),
         "first_step_peak_mb": first_step.peak_mb,
         "first_step_end_rss_mb": first_step.rss_mb,
-        "end_rss_mb": _status_mib("VmRSS:"),
+        "end_rss_mb": end_rss,
     }
     print(json.dumps(report))
 
