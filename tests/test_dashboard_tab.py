@@ -8,14 +8,12 @@ the tab as a person would and the tests check what that person looks at.
 import base64
 import http.client
 import json
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 
 import numpy as np
 import pytest
+from tensorboard_process import tensorboard_process
 from test_dashboard_logs import (  # noqa: F401  (fixtures)
     DEMO_LAYERS,
     GUARD_TRIP_STEP,
@@ -31,12 +29,6 @@ pytestmark = pytest.mark.slow  # a server subprocess, a browser: tens of seconds
 
 RUNS = {"guard/kgrad", "relu_deep/kgrad", "sigmoid_deep/kgrad", "xss/kgrad"}
 STARTUP_TIMEOUT_S = 120
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(port, raw_path):
@@ -58,13 +50,8 @@ def _route(port, route, **params):
 
 @pytest.fixture(scope="module")
 def server(dashboard_logs, tmp_path_factory):  # noqa: F811
-    port = _free_port()
     stderr_path = tmp_path_factory.mktemp("tensorboard") / "stderr.txt"
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", dashboard_logs]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--reload_interval", "1"]
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
+    with tensorboard_process(dashboard_logs, stderr_path) as (process, port):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if process.poll() is not None:
@@ -81,13 +68,6 @@ def server(dashboard_logs, tmp_path_factory):  # noqa: F811
                 )
             time.sleep(0.5)
         yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=20)
 
 
 def test_plugin_is_listed_as_a_tab_loaded_from_an_es_module(server):

@@ -5,9 +5,6 @@ data API (what the web page itself requests). The server is always stopped.
 """
 
 import json
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -17,6 +14,7 @@ import numpy as np
 import pytest
 
 import kgrad
+from tensorboard_process import tensorboard_process
 from test_tensorboard_writer import tiny_model
 
 # A server subprocess and a fit: seconds, not milliseconds.
@@ -62,15 +60,9 @@ def logged(tmp_path_factory):
     return {"log_dir": str(log_dir), "records": records}
 
 
-def _free_loopback_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 # No proxy: the server is on loopback whatever http_proxy says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 
 def _get_json(base, path, **params):
     url = f"{base}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
@@ -96,34 +88,11 @@ def _wait_until_loaded(process, base, expected_runs, stderr_path):
 
 @pytest.fixture(scope="module")
 def server(logged, tmp_path_factory):
-    port = _free_loopback_port()
     stderr_path = tmp_path_factory.mktemp("tensorboard") / "stderr.txt"
-    command = [
-        sys.executable,
-        "-m",
-        "tensorboard.main",
-        "--logdir",
-        logged["log_dir"],
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--reload_interval",
-        "1",
-    ]
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
+    with tensorboard_process(logged["log_dir"], stderr_path) as (process, port):
         base = f"http://127.0.0.1:{port}"
         _wait_until_loaded(process, base, {"kgrad", "train", "validation"}, stderr_path)
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=20)
 
 
 def test_runs_are_kgrad_beside_keras(server):
