@@ -162,11 +162,35 @@ def _finite_or_none(value):
     return float(value) if value is not None and np.isfinite(value) else None
 
 
-def ensure_guard_state(model, state, names, on_trip_only):
-    """``state`` if it checks ``names``, else a new `GuardState` for them."""
-    if state is None or state.names != tuple(names) or state.on_trip_only != set(on_trip_only):
-        state = replicas.create_variables(model, lambda: GuardState(names, on_trip_only))
-    return state
+class SharedGuardStates:
+    """The `GuardState`s of one probing step, shared by all its traced functions.
+
+    A `GradientProbe` with a `NonFiniteGuard` runs the guard-only function
+    for executions without a probed step and the probing function for the
+    others: both check the same tensors, so they share one trip flag and
+    one "last finite step".
+
+    Args:
+        model: The model, whose distribution strategy creates the variables.
+    """
+
+    def __init__(self, model):
+        self._model = model
+        self._states = {}
+
+    def get(self, tape_name, names, on_trip_only):
+        """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
+        key = (tape_name, tuple(names), frozenset(on_trip_only))
+        if key not in self._states:
+            self._states[key] = replicas.create_variables(
+                self._model, lambda: GuardState(names, on_trip_only)
+            )
+        return self._states[key]
+
+    def reset(self, everything=False):
+        """`GuardState.reset` of every state."""
+        for state in self._states.values():
+            state.reset(everything)
 
 
 class TrippedBatch:

@@ -36,6 +36,9 @@ class _Installation:
     history: object
     # role -> its ProbeConfig / GuardConfig: what the plan is made of.
     parts: dict
+    # With a probe and a guard: the guard-only function that executions
+    # without a probed step run (made on first use).
+    guard_only_function: object = None
 
 
 def _check_model(model, role):
@@ -109,24 +112,34 @@ def attach(model, role, part):
     return installation.step
 
 
-def plain_train_function(model):
-    """Keras' own train function, when steps that are not probed may use it.
+def unprobed_train_function(model):
+    """The train function for executions without a probed step, if they may run another.
 
-    That is the case for a plain ``keras.Model`` with only a `GradientProbe`
-    attached: the callback then runs the probing function only for the
-    executions that contain a probed step, and every other execution runs
-    exactly what Keras compiled. A `NonFiniteGuard` needs every step, and a
-    `ProbingModel` probes inside its own step: ``None`` then.
+    For a plain ``keras.Model`` with a `GradientProbe`, executions that
+    contain no probed step run something cheaper than the probing function:
+
+    - with the probe alone, exactly what Keras compiled;
+    - with a `NonFiniteGuard` too, the function of the guard alone (its
+      sentinel, no capture), sharing the guard's device state with the
+      probing function, so that the guard costs what it costs without a probe.
+
+    ``None`` when every step runs the probing function: a guard without a
+    probe (there is no probed step), or a `ProbingModel`, which probes inside
+    its own step.
     """
     installation = model.__dict__.get("_kgrad_installation")
     if (
         installation is None
         or isinstance(model, ProbingModel)
-        or installation.roles != {"probe"}
+        or "probe" not in installation.roles
         or installation.train_function is None
     ):
         return None
-    return installation.train_function
+    if installation.roles == {"probe"}:
+        return installation.train_function
+    if installation.guard_only_function is None:
+        installation.guard_only_function = _TrainFunction(model, installation, guard_only=True)
+    return installation.guard_only_function
 
 
 def detach(model, role):
@@ -192,19 +205,25 @@ class _TrainFunction:
     step has one, and traced otherwise.
     """
 
-    def __init__(self, model, installation):
+    def __init__(self, model, installation, guard_only=False):
         self._model = model
         self._installation = installation
-        self._function = None
+        self._guard_only = guard_only
+        self._traced = None
 
     def plan(self):
         """The `StepPlan` for the parts attached now."""
         model, parts = self._model, self._installation.parts
-        # With one step per execution, a GradientProbe alone runs this
-        # function for probed steps only (Keras' own for the others).
-        probed_steps_only = plain_train_function(model) is not None and model.steps_per_execution == 1
+        # With one step per execution, executions without a probed step run
+        # another function (`unprobed_train_function`): this one runs probed
+        # steps only.
+        probed_steps_only = (
+            not self._guard_only
+            and unprobed_train_function(model) is not None
+            and model.steps_per_execution == 1
+        )
         return StepPlan(
-            probe=parts.get("probe"),
+            probe=None if self._guard_only else parts.get("probe"),
             guard=parts.get("guard"),
             steps_per_execution=model.steps_per_execution,
             probed_steps_only=probed_steps_only,
@@ -216,13 +235,13 @@ class _TrainFunction:
 
     def __call__(self, iterator):
         step = self._installation.step
-        if self._function is None:
+        if self._traced is None:
             plan = self.plan()
             # Before any trace, so that the step (and Keras' own function
             # for unprobed steps) traces once.
             build_before_tracing(self._model, iterator)
-            self._function = step.function_for(plan, self._make_function)
-        return step.take_outputs(self._function(iterator))
+            self._traced = step.function_for(plan, self._make_function, main=not self._guard_only)
+        return step.run(self._traced, iterator)
 
     def _make_function(self):
         self._model.make_train_function(force=True)

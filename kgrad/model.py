@@ -101,7 +101,7 @@ class ProbingModel(keras.Model):
             steps_per_execution=self.steps_per_execution,
             replicas=self.distribute_strategy.num_replicas_in_sync,
         )
-        self.train_function = step.function_for(plan, make_function)
+        self.train_function = step.function_for(plan, make_function).function
         return self.train_function
 
     def train_step(self, data):

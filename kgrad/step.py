@@ -64,7 +64,9 @@ class ProbingStep:
         self.model = model
         self._counter = None
         self._traced = []  # `_Traced`, the most recently used last
-        self._current = None
+        self._current = None  # the `_Traced` of the probing function
+        self._running = None  # the `_Traced` that runs (or is traced) now
+        self._guard_states = guard_state.SharedGuardStates(model)
         self.guard_tripped = None  # the guard's flag as of the latest execution
         self.guard_batch = None  # the latest step's data, when the guard may replay it
         self.latest_record = None  # the record the latest execution returned
@@ -81,19 +83,12 @@ class ProbingStep:
         return None if pipeline is None else pipeline.state
 
     def guard_states(self):
-        """``{name: GuardState}``: ``None`` for the model's own, else one per tape."""
-        return self._by_name("guard_state", "tape_guard_states")
+        """``{name: GuardState}`` of the latest execution: ``None`` for the model's own, else one per tape."""
+        return _by_name(self._running, "guard_state", "tape_guard_states")
 
     def pipelines(self):
         """``{name: ProbePipeline}``: ``None`` for the model's own, else one per tape."""
-        return self._by_name("pipeline", "tape_pipelines")
-
-    def _by_name(self, own, per_tape):
-        if self._current is None:
-            return {}
-        if getattr(self._current, own) is not None:
-            return {None: getattr(self._current, own)}
-        return dict(getattr(self._current, per_tape))
+        return _by_name(self._current, "pipeline", "tape_pipelines")
 
     def prepare(self):
         """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
@@ -109,19 +104,21 @@ class ProbingStep:
             for pipeline in [traced.pipeline, *traced.tape_pipelines.values()]:
                 if pipeline is not None:
                     pipeline.reset()
-            for state in [traced.guard_state, *traced.tape_guard_states.values(), traced.tripped_batch]:
-                if state is not None:
-                    state.reset(everything=True)
+            if traced.tripped_batch is not None:
+                traced.tripped_batch.reset(everything=True)
+        self._guard_states.reset(everything=True)
 
-    def function_for(self, plan, make_function):
-        """The train function for ``plan``: one traced earlier, or ``make_function()``.
+    def function_for(self, plan, make_function, main=True):
+        """The traced train function for ``plan`` (a `_Traced`): one traced earlier, or ``make_function()``.
 
         One traced by an earlier fit for the same plan is reused, with the
-        buffers it writes; a new one is traced on its first call.
+        buffers it writes; a new one is traced on its first call. ``main``:
+        it is the probing function, whose records `pipelines` reads (the
+        guard-only function of unprobed executions is not).
         """
         for index, traced in enumerate(self._traced):
             if traced.plan == plan:
-                self._current = self._traced.pop(index)
+                traced = self._traced.pop(index)
                 break
         else:
             pipeline = None
@@ -129,12 +126,21 @@ class ProbingStep:
                 pipeline = ProbePipeline(
                     self.model, plan.probe, plan.record_capacity, self.model.optimizer
                 )
-            # The function is traced later, reading `_current.plan`.
-            self._current = _Traced(plan, None, pipeline)
-            self._current.function = make_function()
-        self._traced.append(self._current)
+            # The function is traced later, reading `_running.plan`.
+            traced = _Traced(plan, None, pipeline)
+            self._running = traced
+            traced.function = make_function()
+        if main:
+            self._current = traced
+        self._running = traced
+        self._traced.append(traced)
         del self._traced[: -self.MAX_TRACED]
-        return self._current.function
+        return traced
+
+    def run(self, traced, iterator):
+        """Runs the function of ``traced`` (from `function_for`) and returns Keras' outputs."""
+        self._running = traced
+        return self.take_outputs(traced.function(iterator))
 
     def take_outputs(self, outputs):
         """Removes kgrad's entries from a train function's outputs and keeps them."""
@@ -149,7 +155,7 @@ class ProbingStep:
         summary_inputs = outputs.pop(SUMMARY_INPUTS_OUTPUT, None)
         if summary_inputs is not None:
             step, tensors = summary_inputs
-            self.latest_record = self._current.pipeline.summarize_after_step(
+            self.latest_record = self._running.pipeline.summarize_after_step(
                 step, tensors, self.model.trainable_weights
             )
         else:
@@ -173,7 +179,7 @@ class ProbingStep:
         return 0 if self._counter is None else int(self._counter.numpy())
 
     def _probe_now(self):
-        plan = self.plan
+        plan = self._running.plan
         if plan.probe is None:
             return tf.constant(False)
         if plan.probed_steps_only:
@@ -183,15 +189,16 @@ class ProbingStep:
         return probe_now
 
     def _pipeline_for_tape(self, name, tape_model):
-        pipelines = self._current.tape_pipelines
+        pipelines = self._running.tape_pipelines
         if name not in pipelines:
-            plan = self.plan
+            plan = self._running.plan
             pipelines[name] = ProbePipeline(tape_model, plan.probe, plan.record_capacity, name=name)
         return pipelines[name]
 
     def train_step(self, data):
         """Keras' ``train_step`` (or the model's own), with the probe on selected steps."""
-        model, plan = self.model, self.plan
+        model, traced = self.model, self._running
+        plan = traced.plan
         if plan.probe is None and plan.guard is None:
             return type(model).train_step(model, data)
         if has_own_train_step(model):
@@ -216,24 +223,25 @@ class ProbingStep:
         prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
         if plan.replicas > 1:
             updates.every_step_update(
-                model, plan, self._current.pipeline, tape, loss, weights, x, prediction_gradient,
+                model, plan, traced.pipeline, tape, loss, weights, x, prediction_gradient,
                 probe_now, step,
             )
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if plan.guard is None:
             summaries = updates.probed_update(
-                model, plan, self._current.pipeline, tape, loss, weights, probe_now, x, prediction_gradient
+                model, plan, traced.pipeline, tape, loss, weights, probe_now, x, prediction_gradient
             )
         else:
             summaries = updates.guarded_update(
-                model, plan, self._current, tape, loss, weights, probe_now, step, x, prediction_gradient
+                model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
+                self._guard_states.get,
             )
         outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if plan.defers_statistics:
             # A tuple: tf.data's structures (Keras wraps the outputs in a
             # tf.experimental.Optional) take a list for one tensor.
             return {**outputs, SUMMARY_INPUTS_OUTPUT: (step, tuple(summaries))}
-        pipeline = self._current.pipeline
+        pipeline = traced.pipeline
         if pipeline is not None and pipeline.names is not None:
             if plan.probes_every_step:
                 record = pipeline.record(step, *summaries, weights)
@@ -248,40 +256,39 @@ class ProbingStep:
                 tf.cond(probe_now, write, tf.no_op)
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
-            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: self._current.guard_state.tripped.read_value()}
+            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.tripped.read_value()}
             if plan.steps_per_execution == 1:
                 # For the replay of a tripped step: returning the step's own
                 # input tensors copies nothing to the host. (With several
                 # steps per execution only the last step's outputs return.)
                 outputs[replay.BATCH_OUTPUT] = data
             else:
-                guard_state.keep_tripped_batch(model, self._current, data)
+                guard_state.keep_tripped_batch(model, traced, data)
         return outputs
 
     def tripped_batch(self):
         """The data of the step that tripped the guard, or ``None`` if not kept (reads the device)."""
         if self.guard_batch is not None:
             return self.guard_batch
-        kept = None if self._current is None else self._current.tripped_batch
+        kept = None if self._running is None else self._running.tripped_batch
         return None if kept is None else kept.read()
 
     def _own_train_step(self, data):
         """The model's own ``train_step``, its ProbeTapes reporting to the pipelines."""
         return run_own_train_step(
-            self.model, self.plan, data, self._probe_now(),
+            self.model, self._running.plan, data, self._probe_now(),
             self._pipeline_for_tape, self._guard_state_for_tape,
         )
 
     def _guard_state_for_tape(self, name, names, on_trip_only):
-        states = self._current.tape_guard_states
-        states[name] = guard_state.ensure_guard_state(self.model, states.get(name), names, on_trip_only)
-        return states[name]
+        state = self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only)
+        return state
 
     def _tape_layers(self):
-        guard = self.plan.guard
+        guard = self._running.plan.guard
         if guard is not None and not guard.checks_layers:
             guard = None  # the sentinel (loss, weight gradients) needs no activation captured
-        parts = [part.layers for part in (self.plan.probe, guard) if part is not None]
+        parts = [part.layers for part in (self._running.plan.probe, guard) if part is not None]
         if not parts:
             return []
         if len(parts) == 1 or parts[0] is parts[1]:
@@ -297,3 +304,12 @@ class ProbingStep:
     def _prediction_gradient(self, y, y_pred, sample_weight):
         """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
         return losses.compiled_prediction_gradient(self.model, y, y_pred, sample_weight)
+
+
+def _by_name(traced, own, per_tape):
+    """``{None: traced.<own>}`` if set, else ``traced.<per_tape>`` (one per ProbeTape)."""
+    if traced is None:
+        return {}
+    if getattr(traced, own) is not None:
+        return {None: getattr(traced, own)}
+    return dict(getattr(traced, per_tape))

@@ -12,7 +12,7 @@ the loss that Keras' own step would.
 import tensorflow as tf
 
 from kgrad import guard as guard_module
-from kgrad import guard_state, selection
+from kgrad import selection
 from kgrad.branching import join_sparse, split_sparse
 
 
@@ -57,8 +57,13 @@ def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, pred
     return summaries
 
 
-def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient):
-    """Every step: one full backward pass, the finite check, a guarded apply."""
+def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
+                   shared_guard_state):
+    """Every step: one full backward pass, the finite check, a guarded apply.
+
+    ``shared_guard_state(tape_name, names, on_trip_only)`` gives the step's
+    `kgrad.guard_state.GuardState` for the checked tensors.
+    """
     current = traced
     gradients = tape.gradient(loss, weights)
     probe = tape.probe
@@ -67,9 +72,7 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
         prediction_gradient if model._compile_loss is not None else None,
         gradients, weights, _guard_layer_names(model, plan),
     )
-    current.guard_state = guard_state.ensure_guard_state(
-        model, current.guard_state, [name for name, _ in watched], on_trip_only
-    )
+    current.guard_state = shared_guard_state(None, [name for name, _ in watched], on_trip_only)
     summaries = (tf.zeros([0]), tf.zeros([0, 1, 3]))
     if plan.probe is not None:
         def probed():

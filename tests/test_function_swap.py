@@ -48,13 +48,31 @@ def test_only_executions_with_a_probed_step_run_the_probing_function(steps_per_e
     assert probe._step.plan.probed_steps_only == (steps_per_execution == 1)
 
 
-def test_the_guard_needs_the_probing_function_on_every_step():
-    x, y = np.ones((8, 3), "float32"), np.ones((8, 2), "float32")
+def test_with_a_guard_unprobed_executions_run_the_guard_alone():
+    x, y = np.ones((16, 3), "float32"), np.ones((16, 2), "float32")
     model = _model(1)
-    log = _FunctionLog()
+    functions = []
+
+    class Log(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            functions.append(self.model.train_function)
+
+    records = []
+    guard = kgrad.NonFiniteGuard()
     model.fit(
         x, y, batch_size=2, verbose=0,
-        callbacks=[kgrad.GradientProbe(every_n_steps=5), kgrad.NonFiniteGuard(), log],
+        callbacks=[kgrad.GradientProbe(every_n_steps=5, on_probe=records.append), guard, Log()],
     )
-    assert log.ran_plain == [False] * 4
-    assert not model.__dict__["_kgrad_kept"][0].plan.probed_steps_only
+    probing, guard_only = functions[0], functions[1]
+    assert probing is not guard_only
+    assert [f is probing for f in functions] == [s % 5 == 0 for s in range(8)]
+    assert [f is guard_only for f in functions] == [s % 5 != 0 for s in range(8)]
+    assert [record.step for record in records] == [0, 5]
+    step = model.__dict__["_kgrad_kept"][0]
+    # One traced function per plan: the probe's runs probed steps only, the
+    # guard's has no probe; both check the same tensors with one state.
+    plans = [traced.plan for traced in step._traced]
+    assert sorted((plan.probe is not None, plan.probed_steps_only) for plan in plans) == [
+        (False, False), (True, True)
+    ]
+    assert guard.report is None

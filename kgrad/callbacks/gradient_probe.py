@@ -153,10 +153,11 @@ class GradientProbe(keras.callbacks.Callback):
     # -- choosing the train function ------------------------------------------------
 
     def on_train_batch_begin(self, batch, logs=None):
-        # Executions without a probed step run Keras' own compiled function:
-        # they cost exactly what they cost without kgrad.
-        plain_function = self._plain_function()
-        if plain_function is None:
+        # Executions without a probed step run Keras' own compiled function
+        # (or, with a NonFiniteGuard, the guard's alone): they cost exactly
+        # what they cost without the probe.
+        unprobed_function = self._unprobed_function()
+        if unprobed_function is None:
             return
         first_step = self._steps_before_epoch + batch
         last_step = first_step + self.model.steps_per_execution - 1
@@ -164,14 +165,14 @@ class GradientProbe(keras.callbacks.Callback):
             self._step.start_at(first_step)
             self.model.train_function = self._probing_function
         else:
-            self.model.train_function = plain_function
+            self.model.train_function = unprobed_function
 
-    def _plain_function(self):
-        """Keras' own train function if this fit may run it, else ``None``.
+    def _unprobed_function(self):
+        """The function for executions without a probed step, if this fit may run one, else ``None``.
 
         Asked per batch: a `NonFiniteGuard` may attach after this callback.
         """
-        return install.plain_train_function(self.model) if self._exact_count else None
+        return install.unprobed_train_function(self.model) if self._exact_count else None
 
     # -- delivering probed steps -----------------------------------------------------
 
@@ -196,7 +197,7 @@ class GradientProbe(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._collect()
-        if self._plain_function() is None:
+        if self._unprobed_function() is None:
             # Keras reports a short last execution of an epoch as a full one,
             # so the host count can run ahead of the steps that ran; the device
             # counter, which every step advances here, is exact.
