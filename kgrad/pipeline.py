@@ -104,18 +104,24 @@ class ProbePipeline:
         if capture("weight_gradients"):
             self._add_weight_gradients(builder, gradients, weights, unscale)
         if "per_example" in self.config.instruments:
-            self._add_per_example(builder, probe, weights, unscale)
+            self._add_per_example(builder, probe, gradients, weights, unscale)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             # The loss scale the step ran with (read before the update changes it).
             builder.add_scalar("global/loss_scale", self.optimizer.scale_loss(tf.constant(1.0)))
         self.names = (builder.scalar_names, builder.histogram_names)
         return builder
 
-    def _add_per_example(self, builder, probe, weights, unscale):
+    def _add_per_example(self, builder, probe, gradients, weights, unscale):
         from kgrad.instruments.summaries import add_per_example_summaries
 
+        # ‖∇J‖² of a weight is its tape gradient's (one product less per
+        # weight than summing the per-example ones again), unless a loss of
+        # `add_loss` (beyond the weights' own regularizers) may depend on it.
+        regularized = sum(1 for weight in weights if getattr(weight, "regularizer", None) is not None)
+        added_losses = len(self.model.losses) > regularized
         unsupported = add_per_example_summaries(
-            builder, self.model, probe, probe.layer_inputs, weights, unscale=unscale
+            builder, self.model, probe, probe.layer_inputs, weights, unscale=unscale,
+            gradients=None if added_losses else gradients,
         )
         if unsupported:  # once per trace: never a guessed value, but say which are missing
             reasons = "; ".join(f"{layer!r}: {reason}" for layer, reason in unsupported.items())

@@ -78,3 +78,44 @@ def test_batch_normalization_gets_no_per_example_norms_and_a_warning():
 def test_instruments_must_be_a_list_of_known_names(instruments):
     with pytest.raises(ValueError, match=r"`instruments` must be a list of \['per_example'\].*Received"):
         kgrad.GradientProbe(instruments=instruments)
+
+
+class _KernelPenalty(keras.layers.Layer):
+    """Passes its input on and adds a loss on another layer's kernel (``add_loss``, not a regularizer)."""
+
+    def __init__(self, target, **kwargs):
+        super().__init__(**kwargs)
+        self.target = target
+
+    def call(self, inputs):
+        self.add_loss(0.3 * keras.ops.sum(keras.ops.square(self.target.kernel)))
+        return inputs
+
+
+@pytest.mark.parametrize("penalty", ["kernel_regularizer", "add_loss"])
+def test_the_batch_gradient_norm_leaves_out_weight_penalties(penalty):
+    # ‖Σ_i ∇ℓ_i‖² is of the data loss only: a regularizer's or an add_loss
+    # term's gradient is not the sum of any examples' gradients.
+    keras.utils.set_random_seed(0)
+    regularizer = keras.regularizers.L2(0.3) if penalty == "kernel_regularizer" else None
+    hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer=regularizer, name="hidden")
+    penalties = [_KernelPenalty(hidden)] if penalty == "add_loss" else []
+    model = keras.Sequential([keras.Input((3,)), hidden, *penalties, keras.layers.Dense(2, name="out")])
+    model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=False)
+    x, y = _data()
+    with tf.GradientTape() as tape:
+        data_loss = keras.losses.MeanSquaredError()(y, model(x))
+    data_gradients = tape.gradient(data_loss, model.trainable_weights)
+    expected = {
+        "hidden": sum(float(tf.reduce_sum(g * g)) for g in data_gradients[:2]),
+        "out": sum(float(tf.reduce_sum(g * g)) for g in data_gradients[2:]),
+    }
+    assert len(model.losses) == 1  # the penalty is in the loss fit minimizes
+    probe = kgrad.GradientProbe(every_n_steps=1, instruments=["per_example"])
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0, callbacks=[probe])
+    scalars = probe.latest.scalars
+    for layer, value in expected.items():
+        np.testing.assert_allclose(scalars[f"noise_batch_sq_norm/{layer}"], value, rtol=1e-4)
+    np.testing.assert_allclose(scalars["global/noise_batch_sq_norm"], sum(expected.values()), rtol=1e-4)
+    # The weight gradient fit applied does include the penalty.
+    assert scalars["weight_grad_norm/hidden/kernel"] ** 2 > 1.01 * float(tf.reduce_sum(data_gradients[0] ** 2))
