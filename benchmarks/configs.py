@@ -193,6 +193,17 @@ def all_configs():
             memory_target=MEMORY_TARGET,
             quick=False,
         ),
+        # No target: every step probed, so that `benchmarks.profile_ops`
+        # shows where the instruments' time goes.
+        Config(
+            name="probe_instruments_n1",
+            label="GradientProbe(layers='all', every_n_steps=1, instruments=['per_example'])",
+            family="kgrad",
+            jit_compile=False,
+            every_n_steps=1,
+            make_callbacks=_probe(1, histograms=True, instruments=["per_example"]),
+            quick=False,
+        ),
         # The default guard: the every-step sentinel (the loss and the weight
         # gradients); the replay runs on a trip only, never in a timed run.
         _guard_config("guard", "NonFiniteGuard() alone: the sentinel (loss + weight gradients)", {},

@@ -92,7 +92,7 @@ def _timed_fit(model, dataset, steps, callbacks):
     return after.step_seconds(), after.seconds_since(before), time.process_time() - start
 
 
-def measure(model_name, every_n_steps, rounds, steps, jit_compile=False):
+def measure(model_name, every_n_steps, rounds, steps, jit_compile=False, probe_options=None):
     """Per-step CPU times of plain ``fit`` and of a probed one, interleaved.
 
     Args:
@@ -101,6 +101,7 @@ def measure(model_name, every_n_steps, rounds, steps, jit_compile=False):
         rounds: Interleaved pairs of fits (the order alternates).
         steps: Steps per fit.
         jit_compile: Passed to ``model.compile`` for both models.
+        probe_options: More keyword arguments of the `kgrad.GradientProbe`.
 
     Returns:
         A dict: ``plain``, ``probed`` and ``baseline`` step times, and the
@@ -124,7 +125,9 @@ def measure(model_name, every_n_steps, rounds, steps, jit_compile=False):
     dataset = make_dataset(spec, x, y)
     probed_mask = np.arange(steps) % every_n_steps == 0
     with tempfile.TemporaryDirectory(prefix="kgrad-step-cost-") as log_dir:
-        probe = kgrad.GradientProbe(log_dir, layers=configs.PROBE_LAYERS, every_n_steps=every_n_steps)
+        probe = kgrad.GradientProbe(
+            log_dir, layers=configs.PROBE_LAYERS, every_n_steps=every_n_steps, **(probe_options or {})
+        )
         runs = {
             "baseline": (build_model(spec, 0, jit_compile), []),
             "probe": (build_model(spec, 0, jit_compile), [probe]),
@@ -201,6 +204,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, help="Steps per fit (default: 3 periods, at least 300).")
     parser.add_argument("--jit-compile", action="store_true")
+    parser.add_argument("--instruments", default="", help="GradientProbe(instruments=...), comma-separated.")
+    parser.add_argument("--no-histograms", action="store_true", help="GradientProbe(histograms=False).")
     args = parser.parse_args(argv)
     if args.every < 1 or args.rounds < 1:
         parser.error(
@@ -209,7 +214,11 @@ def main(argv=None):
         )
     steps = args.steps or args.every * max(3, -(-300 // args.every))
     try:
-        result = measure(args.model, args.every, args.rounds, steps, args.jit_compile)
+        options = {
+            "instruments": [name for name in args.instruments.split(",") if name],
+            "histograms": not args.no_histograms,
+        }
+        result = measure(args.model, args.every, args.rounds, steps, args.jit_compile, options)
     except ValueError as error:
         parser.error(str(error))
     print(describe(args.model, args.every, result))

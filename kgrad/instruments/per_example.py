@@ -169,7 +169,10 @@ def outer_sq_norms(a, d):
     """
     positions, inner, outer = a.shape[1], a.shape[3], d.shape[3]
     # Batched matrix products over (example, group): faster than tf.einsum on CPU.
-    a, d = tf.transpose(a, [0, 2, 1, 3]), tf.transpose(d, [0, 2, 1, 3])
+    if a.shape[2] == 1:  # one group: a reshape, not a copy of the patches
+        a, d = tf.reshape(a, [tf.shape(a)[0], 1, -1, inner]), tf.reshape(d, [tf.shape(d)[0], 1, -1, outer])
+    else:
+        a, d = tf.transpose(a, [0, 2, 1, 3]), tf.transpose(d, [0, 2, 1, 3])
     if positions is not None and positions * positions <= inner * outer:
         a_gram = tf.matmul(a, a, transpose_b=True)  # [B, M, P, P]
         d_gram = tf.matmul(d, d, transpose_b=True)
