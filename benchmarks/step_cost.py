@@ -206,6 +206,7 @@ def main(argv=None):
     parser.add_argument("--jit-compile", action="store_true")
     parser.add_argument("--instruments", default="", help="GradientProbe(instruments=...), comma-separated.")
     parser.add_argument("--no-histograms", action="store_true", help="GradientProbe(histograms=False).")
+    parser.add_argument("--capture", help="GradientProbe(capture=...), comma-separated (default: all).")
     args = parser.parse_args(argv)
     if args.every < 1 or args.rounds < 1:
         parser.error(
@@ -218,6 +219,8 @@ def main(argv=None):
             "instruments": [name for name in args.instruments.split(",") if name],
             "histograms": not args.no_histograms,
         }
+        if args.capture is not None:
+            options["capture"] = [kind for kind in args.capture.split(",") if kind]
         result = measure(args.model, args.every, args.rounds, steps, args.jit_compile, options)
     except ValueError as error:
         parser.error(str(error))

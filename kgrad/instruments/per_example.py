@@ -168,6 +168,11 @@ def outer_sq_norms(a, d):
     [1.0]
     """
     positions, inner, outer = a.shape[1], a.shape[3], d.shape[3]
+    if positions == 1:
+        # No positions (a Dense layer on vectors): ‖a_i‖²·‖δ_i‖², two
+        # reductions; a batch of 1x1 matrix products is far slower on CPU.
+        squares = tf.reduce_sum(tf.square(a), axis=[1, 3]) * tf.reduce_sum(tf.square(d), axis=[1, 3])
+        return tf.reduce_sum(squares, axis=1)
     # Batched matrix products over (example, group): faster than tf.einsum on CPU.
     if a.shape[2] == 1:  # one group: a reshape, not a copy of the patches
         a, d = tf.reshape(a, [tf.shape(a)[0], 1, -1, inner]), tf.reshape(d, [tf.shape(d)[0], 1, -1, outer])
