@@ -19,6 +19,7 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteGuard",
     "NonFiniteReport",
+    "NoiseScaleSmoother",
     "ProbeRecord",
     "ProbeResult",
     "ProbeTape",
@@ -42,6 +43,7 @@ _MODULES = {
     "NonFiniteError": "kgrad.guard",
     "NonFiniteGuard": "kgrad.callbacks.non_finite_guard",
     "NonFiniteReport": "kgrad.guard",
+    "NoiseScaleSmoother": "kgrad.instruments.noise_scale",
     "ProbeRecord": "kgrad.state",
     "ProbeResult": "kgrad.tape",
     "ProbeTape": "kgrad.tape",
@@ -61,6 +63,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.config import CAPTURE_KINDS, GUARD_KINDS  # noqa: F401
     from kgrad.guard import NonFiniteError, NonFiniteReport, first_non_finite  # noqa: F401
     from kgrad.html_report import write_html_report  # noqa: F401
+    from kgrad.instruments.noise_scale import NoiseScaleSmoother  # noqa: F401
     from kgrad.losses import prediction_gradient  # noqa: F401
     from kgrad.model import ProbingModel  # noqa: F401
     from kgrad.reading import read_logs  # noqa: F401

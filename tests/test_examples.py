@@ -10,10 +10,10 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NUMBER = r"([-+0-9.e]+)"
 
 
-def _run(script):
+def _run(script, *arguments):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script)],
+        [sys.executable, str(EXAMPLES / script), *arguments],
         capture_output=True,
         text=True,
         timeout=120,
@@ -69,3 +69,19 @@ def test_layer_gradient_example_matches_the_chain_rule():
         first_two_rows = " ".join(block.split("\n")[1:3])
         values = [float(v) for v in re.findall(r"-?\d+\.\d+", first_two_rows)]
         assert len(values) == 8 and any(value != 0.0 for value in values)
+
+
+def test_noise_scale_example_shows_the_noise_scale_growing(tmp_path):
+    out = _run("noise_scale.py", str(tmp_path / "noise"))
+    b_simple = _numbers(r"step \d+: B_simple ([-+0-9.e]+|nan), SNR", out)
+    finite = [value for value in b_simple if value == value]
+    assert len(b_simple) == 8 and len(finite) >= 6
+    assert finite[-1] > 5 * finite[0]
+    assert all(later > earlier for earlier, later in zip(finite, finite[1:]))
+    report = subprocess.run(
+        [sys.executable, "-m", "kgrad.cli", "report", str(tmp_path / "noise")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""),
+    )
+    assert "critical batch size (B_simple, whole model" in report.stdout
+    assert "vs batch size 64 in use" in report.stdout

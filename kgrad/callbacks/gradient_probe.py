@@ -67,6 +67,9 @@ class GradientProbe(keras.callbacks.Callback):
             (``noise_*/<layer>``, ``global/noise_*``), from the same backward
             pass. Layers where it is not defined (a model with a trainable
             BatchNormalization) or not supported get no tags and a warning.
+            Their cheapest probe: ``capture=["weight_gradients"],
+            histograms=False, instruments=["per_example"]`` (1.04-1.06x plain
+            ``fit`` at ``every_n_steps=16`` on the CPU benchmarks).
 
     Example:
 

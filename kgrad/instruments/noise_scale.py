@@ -110,6 +110,14 @@ def batch_estimate(example_sq_norm_mean, batch_sq_norm, batch_size):
 class NoiseScaleSmoother:
     """Exponential moving averages of |G|² and tr(Σ), kept apart, over probes.
 
+    Public as ``kgrad.NoiseScaleSmoother``. Feed it each probe of a
+    ``GradientProbe(instruments=["per_example"], on_probe=...)``:
+    ``smoother.update(s["global/noise_example_sq_norm_mean"],
+    s["global/noise_batch_sq_norm"], s["global/batch_size"])`` with
+    ``s = record.scalars``; ``b_simple`` and ``snr`` are then the smoothed
+    gradient noise scale and signal-to-noise ratio (``kgrad report`` does the
+    same from the event files).
+
     Args:
         decay: Weight of the past at each update, in ``[0, 1)``; the averages
             are debiased as Adam's moments are (their ratio does not need it).
