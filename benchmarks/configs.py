@@ -213,8 +213,10 @@ def all_configs():
             make_callbacks=_probe(16, histograms=True, instruments=["per_example"]),
             quick=False,
         ),
-        # No target: every step probed, so that `benchmarks.profile_ops`
-        # shows where the instruments' time goes.
+        # Every step probed: `benchmarks.profile_ops` shows where the
+        # instruments' time goes, and the peak memory of the instruments at
+        # N=16 is measured here (N changes how often the probed step runs,
+        # not what it allocates). No time target.
         Config(
             name="probe_instruments_n1",
             label=f"GradientProbe(layers='all', every_n_steps=1, {INSTRUMENTS_ONLY})",
@@ -224,6 +226,7 @@ def all_configs():
             make_callbacks=_probe(
                 1, histograms=False, instruments=["per_example"], capture=["weight_gradients"]
             ),
+            memory_target=MEMORY_TARGET,
             quick=False,
         ),
         # The default guard: the every-step sentinel (the loss and the weight

@@ -13,9 +13,12 @@ dashboard and people read (57 scalar and 20 histogram tags for the demo's
   ``update_ratio/`` of every weight with two or more dimensions (kernels,
   embeddings; not biases or normalization scales);
 - ``input_grad_norm/``, ``input_grad_hist/``, ``pred_grad_norm/``,
-  ``pred_grad_hist/`` and ``global/*``.
+  ``pred_grad_hist/`` and ``global/*``;
+- with ``instruments=["per_example"]``, ``example_grad_norm_mean/``,
+  ``example_grad_norm_max/`` and ``example_grad_norm_hist/`` of every
+  weight, and every ``noise_*`` sum.
 
-Tags of other kinds (e.g. added by instruments) are all written. The values
+Tags of other kinds (e.g. the noise sums of the instruments) are all written. The values
 of the tags written are the same under both settings.
 
 `kgrad.summaries.SummaryBuilder` drops the rows that are not written before
@@ -37,10 +40,13 @@ DEFAULT_MOMENTS = {
     "pred_grad": ("norm",),
     "input_grad": ("norm",),
     "weight_grad": ("norm",),
+    # Per-example gradient norms: their spread over the batch (the noise
+    # scale comes from its own sums, written whatever the setting).
+    "example_grad_norm": ("mean", "max"),
 }
 #: Under ``statistics="default"``: the kinds whose histograms are written
 #: (the gradients'; kinds not in `DEFAULT_MOMENTS` keep theirs too).
-DEFAULT_HISTOGRAMS = ("grad", "pred_grad", "input_grad", "weight_grad")
+DEFAULT_HISTOGRAMS = ("grad", "pred_grad", "input_grad", "weight_grad", "example_grad_norm")
 #: Under ``statistics="default"``: scalar tags (prefixes) left out.
 DEFAULT_DROPPED_SCALARS = ("pred_grad_example_norm_mean/", "pred_grad_example_norm_max/")
 # Per-weight tags, written for the weights whose dJ/dw norm is written.
