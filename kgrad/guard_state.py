@@ -245,14 +245,20 @@ class TrippedBatch:
         self.kept.assign(False)
 
 
-def keep_tripped_batch(model, traced, data):
+def keep_tripped_batch(model, traced, data, compiled=None):
     """Graph code: the batch of the step that trips, kept in ``traced.tripped_batch``.
+
+    Args:
+        compiled: Whether this code is compiled by XLA (default: the
+            model's ``jit_compile``, unless it runs eagerly).
 
     Returns:
         ``False`` (nothing kept) under XLA or for data that are not all
         numbers (strings), else ``True``.
     """
-    if (model.jit_compile and not model.run_eagerly) or not all(
+    if compiled is None:
+        compiled = model.jit_compile and not model.run_eagerly
+    if compiled or not all(
         leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)
     ):
         return False

@@ -231,6 +231,12 @@ class _TrainFunction:
             # XLA compiles the step; its statistics run after it, uncompiled.
             statistics_after_step=probed_steps_only and bool(model.jit_compile and not model.run_eagerly),
             replicas=model.distribute_strategy.num_replicas_in_sync,
+            compiles_step_inside=bool(
+                parts.get("guard") is not None
+                and model.steps_per_execution > 1
+                and model.jit_compile
+                and not model.run_eagerly
+            ),
         )
 
     def __call__(self, iterator):
@@ -240,11 +246,21 @@ class _TrainFunction:
             # Before any trace, so that the step (and Keras' own function
             # for unprobed steps) traces once.
             build_before_tracing(self._model, iterator)
-            self._traced = step.function_for(plan, self._make_function, main=not self._guard_only)
+            self._traced = step.function_for(
+                plan, lambda: self._make_function(plan), main=not self._guard_only
+            )
         return step.run(self._traced, iterator)
 
-    def _make_function(self):
-        self._model.make_train_function(force=True)
+    def _make_function(self, plan):
+        if plan.compiles_step_inside:
+            # Keras then compiles nothing: the step compiles its own body.
+            self._model.jit_compile = False
+            try:
+                self._model.make_train_function(force=True)
+            finally:
+                self._model.jit_compile = True
+        else:
+            self._model.make_train_function(force=True)
         # Keras stores the new function as model.train_function; this stays.
         function, self._model.train_function = self._model.train_function, self
         return function

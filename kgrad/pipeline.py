@@ -112,7 +112,7 @@ class ProbePipeline:
         return builder
 
     def _add_per_example(self, builder, probe, gradients, weights, unscale):
-        from kgrad.instruments.summaries import add_per_example_summaries
+        from kgrad.instruments.summaries import add_per_example_summaries, describe_unsupported
 
         # ‖∇J‖² of a weight is its tape gradient's (one product less per
         # weight than summing the per-example ones again), unless a loss of
@@ -124,8 +124,10 @@ class ProbePipeline:
             gradients=None if added_losses else gradients,
         )
         if unsupported:  # once per trace: never a guessed value, but say which are missing
-            reasons = "; ".join(f"{layer!r}: {reason}" for layer, reason in unsupported.items())
-            warnings.warn(f"kgrad: no per-example gradient norms for {reasons}", stacklevel=2)
+            warnings.warn(
+                f"kgrad: no per-example gradient norms for {describe_unsupported(unsupported)}",
+                stacklevel=2,
+            )
 
     def no_summaries(self):
         """Zeros shaped like the summaries, for the branch of steps that are not probed."""
@@ -335,3 +337,4 @@ def _model_inputs(model):
         return tf.nest.flatten(model.inputs or [])
     except (AttributeError, ValueError):  # subclassed models have no inputs
         return []
+

@@ -26,6 +26,11 @@ class StepPlan:
             returns the tensors to summarize and the statistics run after it
             (see `kgrad.pipeline.ProbePipeline.summarize_after_step`).
         replicas: Replicas in sync of the model's distribution strategy.
+        compiles_step_inside: Under XLA, the step compiles its own body
+            (``tf.function(jit_compile=True)``) inside a loop Keras does not
+            compile: with a guard and several steps per execution, so that
+            the tripped step's batch, whose size XLA cannot write into a
+            variable, is kept outside the compiled body.
 
     Example:
 
@@ -42,6 +47,7 @@ class StepPlan:
     records_in_outputs: bool = False
     statistics_after_step: bool = False
     replicas: int = 1
+    compiles_step_inside: bool = False
 
     def __post_init__(self):
         if self.probe is not None and not isinstance(self.probe, ProbeConfig):

@@ -46,6 +46,7 @@ class _Traced:
     pipeline: object = None
     guard_state: object = None
     tripped_batch: object = None  # `guard_state.TrippedBatch`, with several steps per execution
+    compiled_step: object = None  # the step's own XLA function (`StepPlan.compiles_step_inside`)
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
     tape_guard_states: dict = dataclasses.field(default_factory=dict)
 
@@ -197,8 +198,20 @@ class ProbingStep:
 
     def train_step(self, data):
         """Keras' ``train_step`` (or the model's own), with the probe on selected steps."""
-        model, traced = self.model, self._running
-        plan = traced.plan
+        traced = self._running
+        if not traced.plan.compiles_step_inside or has_own_train_step(self.model):
+            return self._train_step(data, traced)
+        if traced.compiled_step is None:
+            traced.compiled_step = tf.function(
+                lambda batch: self._train_step(batch, traced), jit_compile=True
+            )
+        outputs = traced.compiled_step(data)
+        # Outside XLA, which cannot write a batch of a new size into a variable.
+        guard_state.keep_tripped_batch(self.model, traced, data, compiled=False)
+        return outputs
+
+    def _train_step(self, data, traced):
+        model, plan = self.model, traced.plan
         if plan.probe is None and plan.guard is None:
             return type(model).train_step(model, data)
         if has_own_train_step(model):
@@ -262,7 +275,7 @@ class ProbingStep:
                 # input tensors copies nothing to the host. (With several
                 # steps per execution only the last step's outputs return.)
                 outputs[replay.BATCH_OUTPUT] = data
-            else:
+            elif not plan.compiles_step_inside:
                 guard_state.keep_tripped_batch(model, traced, data)
         return outputs
 

@@ -171,18 +171,36 @@ def test_clean_run_raises_no_alarm_and_trains_like_plain_fit(jit_compile):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_steps_per_execution_keeps_the_tripped_batch_or_says_it_did_not(jit_compile):
+def test_steps_per_execution_keeps_the_tripped_batch(jit_compile):
     x, y = _data()
     x[BAD_ROW, 0] = 0.0  # step 2: the middle of the first execution of 4 steps
     model = _sequential(keras.layers.Lambda(keras.ops.log, name="middle"))
     report = _fit(model, x, y, jit_compile, steps_per_execution=4)
     assert (report.step, report.kind, report.batch_index) == (2, "loss", None)
-    if jit_compile:
-        assert (report.born_in, report.replayed) == (None, None)
-        assert "steps_per_execution=4 and jit_compile=True" in report.replay_note
-    else:  # the tripped step's own batch, not the execution's last one
-        assert _born(report) == (2, "forward", "middle", "Lambda") and report.replayed
-        assert report.born_inf_count == 1
+    # The tripped step's own batch, not the execution's last one; under XLA
+    # the step compiles its own body and the batch is kept outside it.
+    assert _born(report) == (2, "forward", "middle", "Lambda") and report.replayed
+    assert report.born_inf_count == 1
+    assert model.optimizer.iterations.numpy() == 2  # steps 2 and 3 applied nothing
+
+
+@pytest.mark.parametrize("with_probe", [False, True])
+def test_guard_under_xla_with_steps_per_execution_trains_like_plain_fit(with_probe):
+    x, y = _data()
+    models = []
+    for _ in range(2):
+        keras.utils.set_random_seed(0)  # the extra layer is made before _sequential seeds
+        models.append(_sequential(keras.layers.Dense(4, name="extra")))
+    guarded, plain = models
+    guard = kgrad.NonFiniteGuard()
+    callbacks = [kgrad.GradientProbe(every_n_steps=2)] if with_probe else []
+    for model, extra in ((guarded, [guard, *callbacks]), (plain, [])):
+        model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=True, steps_per_execution=3)
+        model.fit(x, y, batch_size=BATCH, shuffle=False, epochs=2, verbose=0, callbacks=extra)
+    assert guard.reports == []
+    assert guarded.optimizer.iterations.numpy() == plain.optimizer.iterations.numpy() > 0
+    for got, want in zip(guarded.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_a_replay_that_does_not_reproduce_the_trip_says_so():

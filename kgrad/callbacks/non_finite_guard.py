@@ -180,9 +180,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
                                      "supported yet: the report is what each ProbeTape's check saw.")
         elif data is None:
             fields["replay_note"] = (
-                f"Not replayed: with steps_per_execution={spe} and jit_compile=True the guard "
-                "does not keep the tripped step's batch (XLA cannot write it into a variable); "
-                "fit with steps_per_execution=1 or jit_compile=False to locate the NaN."
+                f"Not replayed: with steps_per_execution={spe} the guard keeps the tripped "
+                "step's batch in variables, which cannot hold inputs that are not numbers "
+                "(strings); fit with steps_per_execution=1 to locate the NaN."
             )
         elif self.replay:
             fields.update(self._replay_fields(report, data))

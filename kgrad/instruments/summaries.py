@@ -98,7 +98,7 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
     for base, names in calls.items():
         if coupled:
             reason = (
-                f"not defined: {', '.join(coupled)} (BatchNormalization in training mode) "
+                f"not defined: {_names(coupled)} (BatchNormalization in training mode) "
                 "couples the examples of the batch"
             )
             results[base] = PerExampleNorms(None, None, {}, reason)
@@ -202,3 +202,22 @@ def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unsc
         builder.add_scalar("global/noise_batch_sq_norm", tf.add_n(model_batch))
     builder.add_scalar("global/batch_size", rows)
     return {name: result.reason for name, result in results.items() if result.reason}
+
+def _names(names, shown=3):
+    """``'a', 'b', 'c' and 4 more``: a list a person reads on one line."""
+    quoted = ", ".join(repr(name) for name in names[:shown])
+    return quoted if len(names) <= shown else f"{quoted} and {len(names) - shown} more"
+
+
+def describe_unsupported(reasons):
+    """What `add_per_example_summaries` returned, one clause per reason naming a few of its layers.
+
+    Example:
+
+    >>> describe_unsupported({"a": "why", "b": "why", "c": "other"})
+    "'a', 'b': why; 'c': other"
+    """
+    layers = {}
+    for layer, reason in reasons.items():
+        layers.setdefault(reason, []).append(layer)
+    return "; ".join(f"{_names(names)}: {reason}" for reason, names in layers.items())
