@@ -162,6 +162,23 @@ def _all_statistics_configs():
     ]
 
 
+def _instruments_only(every_n_steps, time_target):
+    """The cheapest probe with the instruments (`INSTRUMENTS_ONLY`) at ``every_n_steps``."""
+    return Config(
+        name=f"probe_instruments_n{every_n_steps}",
+        label=f"GradientProbe(layers='all', every_n_steps={every_n_steps}, {INSTRUMENTS_ONLY})",
+        family="kgrad",
+        jit_compile=False,
+        every_n_steps=every_n_steps,
+        make_callbacks=_probe(
+            every_n_steps, histograms=False, instruments=["per_example"], capture=["weight_gradients"]
+        ),
+        time_target=time_target,
+        memory_target=MEMORY_TARGET,
+        quick=False,
+    )
+
+
 def _plain(name, label, jit_compile=False):
     return Config(name, label, "baseline", jit_compile, 1, _no_callbacks, quick=not jit_compile)
 
@@ -189,19 +206,7 @@ def all_configs():
         # Issue 22's target: the instruments at every 16 steps, in the
         # cheapest probe that computes them (the weight-gradient norms beside
         # them, no histograms), as Cockpit's 1.04x is for its cheapest one.
-        Config(
-            name="probe_instruments_n16",
-            label=f"GradientProbe(layers='all', every_n_steps=16, {INSTRUMENTS_ONLY})",
-            family="kgrad",
-            jit_compile=False,
-            every_n_steps=16,
-            make_callbacks=_probe(
-                16, histograms=False, instruments=["per_example"], capture=["weight_gradients"]
-            ),
-            time_target=_INSTRUMENTS_TARGET,
-            memory_target=MEMORY_TARGET,
-            quick=False,
-        ),
+        _instruments_only(16, time_target=_INSTRUMENTS_TARGET),
         # No target: the instruments beside the default statistics.
         Config(
             name="probe_instruments_full_n16",
@@ -217,18 +222,7 @@ def all_configs():
         # instruments' time goes, and the peak memory of the instruments at
         # N=16 is measured here (N changes how often the probed step runs,
         # not what it allocates). No time target.
-        Config(
-            name="probe_instruments_n1",
-            label=f"GradientProbe(layers='all', every_n_steps=1, {INSTRUMENTS_ONLY})",
-            family="kgrad",
-            jit_compile=False,
-            every_n_steps=1,
-            make_callbacks=_probe(
-                1, histograms=False, instruments=["per_example"], capture=["weight_gradients"]
-            ),
-            memory_target=MEMORY_TARGET,
-            quick=False,
-        ),
+        _instruments_only(1, time_target=None),
         # The default guard: the every-step sentinel (the loss and the weight
         # gradients); the replay runs on a trip only, never in a timed run.
         _guard_config("guard", "NonFiniteGuard() alone: the sentinel (loss + weight gradients)", {},
