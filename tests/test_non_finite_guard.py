@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import kgrad
 import kgrad.stats
+from fit_helpers import sqrt_at_zero_loss
 
 BATCH = 4
 
@@ -122,14 +123,7 @@ def test_nan_born_in_the_loss_gradient_is_reported_as_prediction_gradient(jit_co
     x, y = _data()
     y[8:12] = 1000.0  # batch 2 turns on the sqrt-at-zero term of the loss
 
-    def loss(y_true, y_pred):
-        # Finite forward everywhere; d/dŷ of sqrt(ŷ * 0) is Inf * 0 = NaN on
-        # the marked batch only, and it reaches every weight gradient.
-        marked = keras.ops.cast(y_true > 100.0, "float32")
-        return keras.ops.mean(keras.ops.square(y_true - y_pred) * (1.0 - marked)) + keras.ops.mean(
-            keras.ops.sqrt(y_pred * 0.0 + (1.0 - marked))
-        )
-
+    loss = sqrt_at_zero_loss
     model = _model(lambda t: keras.ops.tanh(t))
     model.compile(keras.optimizers.SGD(0.01), loss, jit_compile=jit_compile)
     guard = kgrad.NonFiniteGuard(watch="all")
