@@ -18,6 +18,7 @@ model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(32, activation="
 model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(True))
 smoother = kgrad.NoiseScaleSmoother(decay=0.98)
 
+
 def on_probe(record):                                      # every 2nd step, on the host
     s = record.scalars
     smoother.update(s["global/noise_example_sq_norm_mean"], s["global/noise_batch_sq_norm"],
@@ -25,6 +26,7 @@ def on_probe(record):                                      # every 2nd step, on 
     if record.step % 128 == 0:  # B_simple is None while no signal is left to estimate
         b_simple, snr = smoother.b_simple or float("nan"), smoother.snr or float("nan")
         print(f"step {record.step}: B_simple {b_simple:.0f}, SNR {snr:.2f}")
+
 
 probe = kgrad.GradientProbe(log_dir, every_n_steps=2, capture=["weight_gradients"],
                             histograms=False, instruments=["per_example"], on_probe=on_probe)

@@ -13,7 +13,6 @@ def _in_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-
 def _check_bucket_count(bucket_count):
     if isinstance(bucket_count, bool) or not isinstance(bucket_count, int) or bucket_count < 1:
         raise ValueError(

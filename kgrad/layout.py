@@ -27,6 +27,7 @@ _MODEL_REGEX = r"(global/grad_norm|pred_grad_norm/.*|input_grad_norm/.*)$"
 # only `tag`): each chart's "Toggle y-axis log scale" button turns it on.
 _NOTE = "every layer on one log scale: the kgrad tab; log y here: each chart's line-weight button"
 
+
 def custom_scalar_layout(scalar_tags):
     """The custom-scalars dashboard layout for a run with these scalar tags.
 

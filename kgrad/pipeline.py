@@ -337,4 +337,3 @@ def _model_inputs(model):
         return tf.nest.flatten(model.inputs or [])
     except (AttributeError, ValueError):  # subclassed models have no inputs
         return []
-

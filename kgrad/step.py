@@ -127,9 +127,8 @@ class ProbingStep:
                 pipeline = ProbePipeline(
                     self.model, plan.probe, plan.record_capacity, self.model.optimizer
                 )
-            # The function is traced later, reading `_running.plan`.
+            # The function is traced on its first call (`run`), reading `_running.plan`.
             traced = _Traced(plan, None, pipeline)
-            self._running = traced
             traced.function = make_function()
         if main:
             self._current = traced
@@ -294,8 +293,8 @@ class ProbingStep:
         )
 
     def _guard_state_for_tape(self, name, names, on_trip_only):
-        state = self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only)
-        return state
+        self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only)
+        return self._running.tape_guard_states[name]
 
     def _tape_layers(self):
         guard = self._running.plan.guard

@@ -34,6 +34,7 @@ from kgrad import stats
 from kgrad.config import check_statistics
 from kgrad.tag_selection import ALL_MOMENTS, scalar_selected, selected
 
+
 class SummaryBuilder:
     """Accumulates named on-device summaries in a fixed order.
 

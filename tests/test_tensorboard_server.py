@@ -60,9 +60,9 @@ def logged(tmp_path_factory):
     return {"log_dir": str(log_dir), "records": records}
 
 
-
 # No proxy: the server is on loopback whatever http_proxy says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 
 def _get_json(base, path, **params):
     url = f"{base}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")

@@ -203,6 +203,7 @@ def add_per_example_summaries(builder, model, probe, layer_inputs, weights, unsc
     builder.add_scalar("global/batch_size", rows)
     return {name: result.reason for name, result in results.items() if result.reason}
 
+
 def _names(names, shown=3):
     """``'a', 'b', 'c' and 4 more``: a list a person reads on one line."""
     quoted = ", ".join(repr(name) for name in names[:shown])
