@@ -32,8 +32,21 @@ _LOCAL = threading.local()
 
 
 def active_collection():
-    """The collection of the ``train_step`` being traced in this thread, or ``None``."""
+    """The collection of the ``train_step`` being traced (or replayed) in this thread, or ``None``."""
     return getattr(_LOCAL, "collection", None)
+
+
+def set_active_collection(collection):
+    """Makes ``collection`` (or ``None``) the one the ProbeTapes of this thread report to."""
+    if collection is not None and active_collection() is not None:
+        raise RuntimeError("kgrad: a probed train_step ran inside another one.")
+    _LOCAL.collection = collection
+
+
+def unique_name(counts, name):
+    """``name``, or ``name#2``, ``name#3``... when ``counts`` (updated) saw it before."""
+    counts[name] = counts.get(name, 0) + 1
+    return name if counts[name] == 1 else f"{name}#{counts[name]}"
 
 
 class TapeCollection:
@@ -52,17 +65,18 @@ class TapeCollection:
         self._probe_now = probe_now
         self._pipeline_for = pipeline_for
         self._guard_state_for = guard_state_for
-        self._optimizers = _candidate_optimizers(model)
+        self._optimizers = candidate_optimizers(model)
         self._entries = []  # (pipeline, weights, scalars, histograms, iterations before)
         self._tapes = []
         self._names = {}
         self._checks = []  # guard: (tape name, weights, GuardState, tensors) not yet applied
         self._guard_states = []
 
+    #: Not the replay's `kgrad.own_step_replay.ReplayCollection`: tapes capture what they were asked.
+    captures_everything = False
+
     def __enter__(self):
-        if active_collection() is not None:
-            raise RuntimeError("kgrad: a probed train_step ran inside another one.")
-        _LOCAL.collection = self
+        set_active_collection(self)
         if self._plan.guard is not None:
             # The step applies its updates itself: each optimizer's `apply`
             # is guarded by the check of the tape whose weights it updates.
@@ -71,7 +85,7 @@ class TapeCollection:
         return self
 
     def __exit__(self, exc_type, *exc_info):
-        _LOCAL.collection = None
+        set_active_collection(None)
         for optimizer in self._optimizers:
             optimizer.__dict__.pop("apply", None)
         if exc_type is None and self._checks:
@@ -97,7 +111,7 @@ class TapeCollection:
 
     def gradient(self, tape, target, sources, output_gradients, unconnected_gradients):
         """``tape.gradient``, with the full pass and summaries on probed steps."""
-        name = self._unique(tape.name)
+        name = unique_name(self._names, tape.name)
         self._tapes.append(name)
         plan = self._plan
         pipeline = None if plan.probe is None else self._pipeline_for(name, tape.model)
@@ -192,11 +206,6 @@ class TapeCollection:
             else:
                 tf.cond(self._probe_now, write, tf.no_op)
 
-    def _unique(self, name):
-        count = self._names.get(name, 0) + 1
-        self._names[name] = count
-        return name if count == 1 else f"{name}#{count}"
-
     def _applying_optimizer(self, name, weights):
         # Built by now: a Keras optimizer builds on its first apply, which ran
         # in this trace if it did not run before.
@@ -254,8 +263,9 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
     return outputs
 
 
-def _candidate_optimizers(model):
-    candidates = [model.optimizer] + [
+def candidate_optimizers(model):
+    """The model's compiled optimizer and every optimizer that is an attribute of it, each once."""
+    candidates = [getattr(model, "optimizer", None)] + [
         value for value in vars(model).values() if isinstance(value, keras.optimizers.Optimizer)
     ]
     unique = []

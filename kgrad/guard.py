@@ -94,12 +94,15 @@ class NonFiniteReport:
             first seen non-finite, or ``None``.
         born_step: For ``born_in="weights"``, the step whose update made
             the weight non-finite (the last update applied); else ``step``.
+        born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape`
+            (its logged name) whose pass the value was born in; else ``None``.
         batch_index: The batch within the epoch (``None`` when unknown, with
             ``steps_per_execution > 1``).
         replayed: ``True`` if the replay reproduced the trip, ``False`` if it
             did not (then the fields above are ``None`` and the sentinel's
             fields are what is known), ``None`` if there was no replay.
-        replay_note: Why there is no replay or it did not reproduce the trip.
+        replay_note: Why there is no replay or it did not reproduce the
+            trip, or what may make the replay differ from the step.
         reproduce: The three lines of Python that replay the step from the
             files of ``NonFiniteGuard(dump_dir=...)``, or ``None``.
     """
@@ -124,6 +127,7 @@ class NonFiniteReport:
     born_input_range: object = None
     born_inside: object = None
     born_step: object = None
+    born_tape: object = None
     batch_index: object = None
     replayed: object = None
     replay_note: object = None

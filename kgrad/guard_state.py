@@ -198,14 +198,17 @@ class TrippedBatch:
 
     With ``steps_per_execution > 1`` only the last step's outputs come back,
     so the tripped step keeps its own batch in variables of any batch size,
-    written once, in the branch of a trip (a clean step writes nothing).
+    written once, in the branch of a trip (a clean step writes nothing),
+    with the states of the model's seed generators right after it (the
+    steps after it draw on; the replay rewinds them, `kgrad.replay_seeds`).
     Graph mode only: XLA cannot assign a variable a tensor of a new shape.
 
     Args:
         data: The step's data (a structure of tensors), for the variables' dtypes and shapes.
+        generators: The model's `keras.random.SeedGenerator`s.
     """
 
-    def __init__(self, data):
+    def __init__(self, data, generators=()):
         self._structure = data
         self.variables = [
             tf.Variable(
@@ -216,21 +219,29 @@ class TrippedBatch:
             )
             for leaf in tf.nest.flatten(data)
         ]
+        self._generators = list(generators)
+        self.seeds = [
+            tf.Variable(tf.zeros(generator.state.shape, generator.state.dtype), trainable=False,
+                        name="kgrad_guard_seed")
+            for generator in self._generators
+        ]
         self.kept = tf.Variable(False, trainable=False, name="kgrad_guard_batch_kept")
 
     def keep_if(self, condition, data):
-        """Graph code: writes ``data`` into the variables when ``condition`` holds."""
+        """Graph code: writes ``data`` and the seed states into the variables when ``condition`` holds."""
 
         def keep():
             for variable, leaf in zip(self.variables, tf.nest.flatten(data)):
                 variable.assign(leaf)
+            for variable, generator in zip(self.seeds, self._generators):
+                variable.assign(generator.state.value)
             self.kept.assign(True)
             return tf.constant(True)
 
         tf.cond(condition, keep, lambda: tf.constant(False))
 
     def read(self):
-        """Host side: the kept batch (device tensors, same structure as the data), or ``None``.
+        """Host side: ``(batch, seed states)`` kept (the batch as device tensors), or ``None``.
 
         Re-arms the keeper: the next trip (``action="warn"``) keeps its own batch.
         """
@@ -238,34 +249,39 @@ class TrippedBatch:
             return None
         self.kept.assign(False)
         values = [tf.identity(variable) for variable in self.variables]
-        return tf.nest.pack_sequence_as(self._structure, values)
+        return tf.nest.pack_sequence_as(self._structure, values), [seed.numpy() for seed in self.seeds]
 
     def reset(self, everything=False):
         """Forgets the kept batch (``everything`` for the same call as `GuardState.reset`)."""
         self.kept.assign(False)
 
 
-def keep_tripped_batch(model, traced, data, compiled=None):
+def keep_tripped_batch(model, traced, data, tripped, compiled=None):
     """Graph code: the batch of the step that trips, kept in ``traced.tripped_batch``.
 
     Args:
+        tripped: The guard's flag after this step (a bool tensor).
         compiled: Whether this code is compiled by XLA (default: the
             model's ``jit_compile``, unless it runs eagerly).
 
     Returns:
-        ``False`` (nothing kept) under XLA or for data that are not all
-        numbers (strings), else ``True``.
+        ``None`` when the batch is kept, else why it cannot be: under XLA,
+        or for data that are not all numbers (strings).
     """
+    from kgrad.replay_seeds import seed_generators
+
     if compiled is None:
         compiled = model.jit_compile and not model.run_eagerly
-    if compiled or not all(
-        leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)
-    ):
-        return False
+    if compiled:
+        return "XLA cannot write a batch into a variable"
+    if not all(leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)):
+        return "variables cannot hold inputs that are not numbers (strings)"
     if traced.tripped_batch is None:
-        traced.tripped_batch = replicas.create_variables(model, lambda: TrippedBatch(data))
+        traced.tripped_batch = replicas.create_variables(
+            model, lambda: TrippedBatch(data, seed_generators(model))
+        )
     # The first step that finds the guard tripped is the one that tripped it
     # (the steps after it see the same optimizer step: nothing was applied).
     kept = traced.tripped_batch
-    kept.keep_if(tf.logical_and(traced.guard_state.tripped, tf.logical_not(kept.kept)), data)
-    return True
+    kept.keep_if(tf.logical_and(tripped, tf.logical_not(kept.kept)), data)
+    return None

@@ -67,12 +67,16 @@ def _birth(born_in, name, kind, path, counts, input_range, **extra):
     }
 
 
-def _in_data(probe, targets, sample_weight):
-    """A non-finite input, target or sample weight: the NaN arrived with the data."""
+def in_data(inputs, targets, sample_weight):
+    """A non-finite input, target or sample weight: the NaN arrived with the data.
+
+    Returns:
+        The ``born_*`` fields of the first non-finite part, or ``None``.
+    """
     parts = []
-    if probe.input is not None:
-        leaves = tf.nest.flatten(probe.input)
-        names = io_names(probe.input, "input")
+    if inputs is not None:
+        leaves = tf.nest.flatten(inputs)
+        names = io_names(inputs, "input")
         parts += [(name if len(names) == 1 else f"input/{name}", leaf) for name, leaf in zip(names, leaves)]
     parts += [("target", targets), ("sample_weight", sample_weight)]
     for name, structure in parts:
@@ -143,7 +147,8 @@ def _in_backward(probe, describe):
     return None
 
 
-def _in_weights(weights):
+def in_weights(weights):
+    """The first non-finite weight (an earlier update made it so), as ``born_*`` fields, or ``None``."""
     for weight in weights or ():
         counts = _counts(weight)
         if any(counts):
@@ -151,7 +156,8 @@ def _in_weights(weights):
     return None
 
 
-def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weight_gradients=None):
+def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weight_gradients=None,
+           check_weights=True):
     """Where a probed step's first NaN/Inf was born, as `NonFiniteReport` fields.
 
     Checked in this order: the model's weights (made non-finite by an
@@ -169,6 +175,9 @@ def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weigh
         loss: The loss tensor, if it was computed.
         targets, sample_weight: The batch's targets and sample weights.
         weight_gradients: ``dict`` weight path -> gradient, checked last.
+        check_weights: Whether to check the model's weights (a replay checks
+            them before its forward pass, which changes BatchNormalization's
+            statistics).
 
     Returns:
         A ``dict`` of ``born_*`` fields, or ``None`` if everything is finite.
@@ -189,8 +198,8 @@ def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weigh
     """
     describe = _operations(model)
     found = (
-        _in_weights(model.weights if model is not None else None)
-        or _in_data(probe, targets, sample_weight)
+        (in_weights(model.weights) if model is not None and check_weights else None)
+        or in_data(probe.input, targets, sample_weight)
         or _in_forward(probe, describe, loss)
         or _in_backward(probe, describe)
     )

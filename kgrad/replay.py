@@ -13,7 +13,8 @@ into a non-finite dJ/d(input), from the loss down.
 
 import numpy as np
 
-from kgrad.locate import locate
+from kgrad.locate import in_weights, locate
+from kgrad.replay_seeds import with_the_step_seeds
 
 #: Key of the step's batch in the outputs of a guarded train step;
 #: `kgrad.step.ProbingStep.take_outputs` keeps it for the replay.
@@ -36,7 +37,9 @@ def _from_named(prefix, arrays):
         return arrays[prefix]
     listed = sorted((int(key[len(prefix) + 1:-1]), key) for key in arrays if key.startswith(f"{prefix}["))
     if listed:
-        return [arrays[key] for _, key in listed]
+        # A tuple, as Keras passes a step its inputs (`pack_x_y_sample_weight`
+        # would take a list of inputs for ``(x, y)``).
+        return tuple(arrays[key] for _, key in listed)
     keyed = {key[len(prefix) + 1:]: arrays[key] for key in arrays if key.startswith(f"{prefix}.")}
     return keyed or None
 
@@ -48,8 +51,8 @@ def unpack_batch(batch):
 
     >>> import numpy as np
     >>> x, y, sample_weight = unpack_batch({"x[0]": np.ones(2), "x[1]": np.zeros(2), "y": np.ones(2)})
-    >>> len(x), y.shape, sample_weight
-    (2, (2,), None)
+    >>> type(x).__name__, len(x), y.shape, sample_weight
+    ('tuple', 2, (2,), None)
     """
     if isinstance(batch, dict) and any(key == "x" or key.startswith(("x[", "x.")) for key in batch):
         arrays = dict(batch)
@@ -59,37 +62,56 @@ def unpack_batch(batch):
     return keras.utils.unpack_x_y_sample_weight(batch)
 
 
-def replay_fields(model, batch):
+def replay_fields(model, batch, seeds_after=None):
     """Runs one training step's forward and backward pass again, eagerly, and `locate`s its NaN.
 
-    Nothing is applied: the weights stay as they are, and the non-trainable
-    state the forward pass changes (BatchNormalization statistics, seeds,
-    the compiled loss's trackers) is put back.
+    Nothing is applied: the weights stay as they are, and the state the
+    replay changes (BatchNormalization statistics, seed generators, the
+    compiled loss's trackers) is put back. A random layer draws what the
+    tripped step drew (`kgrad.replay_seeds`). A model with its own
+    ``train_step`` is replayed by `kgrad.own_step_replay`.
+
+    Args:
+        seeds_after: The model's seed-generator states right after the
+            tripped step, if later steps drew on (see `with_the_step_seeds`).
 
     Returns:
-        The ``born_*`` fields of `locate`, or ``None`` if the replay was finite.
+        ``(born, note)``: the ``born_*`` fields of `locate` (``None`` if the
+        replay was finite), and what may make the replay differ from the step.
     """
+    from kgrad.custom_step import has_own_train_step
+
+    if has_own_train_step(model):
+        from kgrad.own_step_replay import replay_own_step
+
+        return replay_own_step(model, batch, seeds_after)
+    x, y, sample_weight = unpack_batch(batch)
+    return with_the_step_seeds(model, lambda: _replay_once(model, x, y, sample_weight), seeds_after)
+
+
+def _replay_once(model, x, y, sample_weight):
     from kgrad import forward
     from kgrad.tape import ProbeTape
 
-    x, y, sample_weight = unpack_batch(batch)
-    # Metrics too: the compiled loss updates a multi-output model's per-output loss trackers.
-    state = list({id(v): v for v in [*model.non_trainable_variables, *model.metrics_variables]}.values())
-    saved = [variable.numpy() for variable in state]
-    try:
-        with ProbeTape(model, layers="all", watch_inputs=True, persistent=True,
-                       record_inputs=True, _integer_inputs="skip") as tape:
-            prediction = forward._forward(model, x)
-            loss = model._compute_loss(
-                x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True
-            )
-        weights = model.trainable_weights
-        gradients = tape.gradient(loss, weights)
-    finally:
-        for variable, value in zip(state, saved):
-            variable.assign(value)
+    born = in_weights(model.weights)  # before the forward pass updates any statistic
+    if born is not None:
+        return born
+    with ProbeTape(model, layers="all", watch_inputs=True, persistent=True,
+                   record_inputs=True, _integer_inputs="skip") as tape:
+        prediction = forward._forward(model, x)
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True
+        )
+    weights = model.trainable_weights
+    gradients = tape.gradient(loss, weights)
     return locate(tape.probe, model, loss, y, sample_weight,
-                  {weight.path: gradient for weight, gradient in zip(weights, gradients)})
+                  {weight.path: gradient for weight, gradient in zip(weights, gradients)},
+                  check_weights=False)
+
+
+def join_notes(*notes):
+    """The notes that are not ``None``, in one string (or ``None``)."""
+    return " ".join(note for note in notes if note) or None
 
 
 def replay_step(model, batch, step=None):
@@ -117,7 +139,7 @@ def replay_step(model, batch, step=None):
     """
     from kgrad.guard import NonFiniteReport
 
-    born = replay_fields(model, batch)
+    born, note = replay_fields(model, batch)
     if born is None:
         return None
     kinds = {"forward": "activation", "backward": "grad", "data": "input", "weights": "weight"}
@@ -126,7 +148,8 @@ def replay_step(model, batch, step=None):
         step=step, tensor=f"{kind}/{born['born_at']}", layer=born["born_at"], kind=kind,
         pass_="backward" if born["born_in"] == "backward" else "forward",
         nan_count=born["born_nan_count"], inf_count=born["born_inf_count"], last_finite_step=None,
-        last_finite_norm=None, last_summaries={}, non_finite={}, replayed=True, **born,
+        last_finite_norm=None, last_summaries={}, non_finite={}, replayed=True,
+        **{**born, "replay_note": join_notes(born.get("replay_note"), note)},
     )
 
 
@@ -170,6 +193,8 @@ def describe_birth(report):
                  "data": "with the input data", "weights": "in the weights"}[report.born_in]
         verb = "arrived" if report.born_in == "data" else "was born"
         inside = f", at the kgrad.tap {report.born_inside!r} inside it" if report.born_inside else ""
+        if report.born_tape is not None:
+            inside += f", in the pass of ProbeTape {report.born_tape!r}"
         lines.append(
             f"Replayed: the first NaN/Inf {verb} {where} at {report.born_at!r} ({report.born_type}, "
             f"path {report.born_path!r}{inside}): {report.born_nan_count} NaN and "

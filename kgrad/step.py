@@ -47,6 +47,7 @@ class _Traced:
     guard_state: object = None
     tripped_batch: object = None  # `guard_state.TrippedBatch`, with several steps per execution
     compiled_step: object = None  # the step's own XLA function (`StepPlan.compiles_step_inside`)
+    batch_not_kept: object = None  # why no batch is kept for the replay (`keep_tripped_batch`)
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
     tape_guard_states: dict = dataclasses.field(default_factory=dict)
 
@@ -206,7 +207,9 @@ class ProbingStep:
             )
         outputs = traced.compiled_step(data)
         # Outside XLA, which cannot write a batch of a new size into a variable.
-        guard_state.keep_tripped_batch(self.model, traced, data, compiled=False)
+        guard_state.keep_tripped_batch(
+            self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT], compiled=False
+        )
         return outputs
 
     def _train_step(self, data, traced):
@@ -214,7 +217,7 @@ class ProbingStep:
         if plan.probe is None and plan.guard is None:
             return type(model).train_step(model, data)
         if has_own_train_step(model):
-            return self._own_train_step(data)
+            return self._keeping_the_batch(self._own_train_step(data), traced, data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         forward.build_if_needed(model, data)
         probe_now = self._probe_now()
@@ -269,21 +272,39 @@ class ProbingStep:
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
             outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.tripped.read_value()}
-            if plan.steps_per_execution == 1:
-                # For the replay of a tripped step: returning the step's own
-                # input tensors copies nothing to the host. (With several
-                # steps per execution only the last step's outputs return.)
-                outputs[replay.BATCH_OUTPUT] = data
-            elif not plan.compiles_step_inside:
-                guard_state.keep_tripped_batch(model, traced, data)
+            outputs = self._keeping_the_batch(outputs, traced, data)
+        return outputs
+
+    def _keeping_the_batch(self, outputs, traced, data):
+        """``outputs`` of a guarded step, and the step's batch kept for the replay of a trip."""
+        plan = traced.plan
+        if plan.guard is None:
+            return outputs
+        if plan.steps_per_execution == 1:
+            # Returning the step's own input tensors copies nothing to the
+            # host. (With several steps per execution only the last step's
+            # outputs return.)
+            return {**outputs, replay.BATCH_OUTPUT: data}
+        if not plan.compiles_step_inside or has_own_train_step(self.model):
+            traced.batch_not_kept = guard_state.keep_tripped_batch(
+                self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT]
+            )
         return outputs
 
     def tripped_batch(self):
-        """The data of the step that tripped the guard, or ``None`` if not kept (reads the device)."""
+        """``(data, seed states)`` of the step that tripped the guard (reads the device).
+
+        The seed states are ``None`` when they are the model's own now; the
+        whole is ``None`` when the batch was not kept (see `batch_not_kept`).
+        """
         if self.guard_batch is not None:
-            return self.guard_batch
+            return self.guard_batch, None
         kept = None if self._running is None else self._running.tripped_batch
         return None if kept is None else kept.read()
+
+    def batch_not_kept(self):
+        """Why the latest execution kept no batch for the guard's replay, or ``None``."""
+        return None if self._running is None else self._running.batch_not_kept
 
     def _own_train_step(self, data):
         """The model's own ``train_step``, its ProbeTapes reporting to the pipelines."""

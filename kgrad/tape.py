@@ -151,19 +151,26 @@ class ProbeTape(tf.GradientTape):
         self._recorder = Recorder(self, model, watch_inputs, _integer_inputs)
         self._open_contexts = None
         self._probe = None
+        self._replaying = False
         self._shortcut_calls = []
 
     def __enter__(self):
-        self._recorder = Recorder(
-            self, self._model, self._recorder._watch_inputs, self._recorder._integer_inputs
-        )
+        watch_inputs, integer_inputs = self._recorder._watch_inputs, self._recorder._integer_inputs
         self._probe = None
+        self._replaying = False
         collection = custom_step.active_collection()
         if collection is not None:
             # A probed train_step traces both backward passes in a tf.cond
             # (the probed and the plain one): the tape must allow two.
             self._persistent = True
             self._record_inputs = self._record_inputs or collection.records_layer_inputs
+            if collection.captures_everything:
+                # The guard's replay of a tripped step: every operation, its
+                # inputs and the model's float inputs, whatever was asked.
+                self._replaying = True
+                self._operations, self._keep = selection.resolve_selection(self._model, "all")
+                watch_inputs, integer_inputs = True, "skip"
+        self._recorder = Recorder(self, self._model, watch_inputs, integer_inputs)
         stack = contextlib.ExitStack()
         stack.enter_context(
             taps.intercept(self._model, self._operations, self._recorder, self._keep)
@@ -211,6 +218,8 @@ class ProbeTape(tf.GradientTape):
         return self._probe
 
     def _check_forward_pass(self):
+        if self._replaying:
+            return  # the traced step passed these checks; the replay widened the capture
         recorder = self._recorder
         # A VAE's step calls `self.encoder` and `self.decoder`, never `self`:
         # their layers are still the model's, and are captured.

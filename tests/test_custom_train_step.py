@@ -399,11 +399,13 @@ def test_guard_on_a_gan_names_the_tape_and_layer_and_skips_only_the_bad_update(m
         assert (report.step, report.kind, report.layer, report.pass_) == (
             2, "input", "discriminator/input", "forward"
         )
-    else:  # the sentinel: the discriminator tape's loss; no replay of an own train_step yet
+    else:  # the sentinel: the discriminator tape's loss or weight gradients
         # Whether the loss or a weight gradient is seen first differs between graph and XLA here.
         assert report.step == 2 and report.kind in ("loss", "weight_grad")
         assert report.layer.startswith("discriminator/")
-        assert report.replayed is None and "not supported yet" in report.replay_note
+        # The replay finds it in the step's batch: x = (real, noise), real first.
+        assert (report.replayed, report.born_in, report.born_at) == (True, "data", "input/input_0")
+        assert (report.born_nan_count, report.born_inf_count) == (1, 0)
     assert report.nan_count > 0
     # The discriminator's bad update was not applied: its weights are those
     # after the first two steps; the generator's step 2 was finite and applied.
@@ -426,3 +428,70 @@ def test_guard_and_probe_together_on_a_gan_train_like_plain_fit(tmp_path):
         np.testing.assert_allclose(weight.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
     logs = kgrad.read_logs(tmp_path)
     assert logs["generator/kgrad"]["scalars"]["grad_norm/g_hidden"].steps.tolist() == [0, 2]
+
+
+class LogGAN(DeterministicGAN):
+    """The GAN with a ``log`` of the noise first in its generator: a zero in the noise is -inf there."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = keras.Sequential([
+            keras.Input((3,)),
+            keras.layers.Lambda(keras.ops.log, name="g_log"),
+            keras.layers.Dense(2, name="g_out"),  # the fakes are infinite
+        ], name="generator")
+
+
+@pytest.mark.parametrize("mode,steps_per_execution", [("eager", 1), ("graph", 1), ("xla", 1), ("graph", 3)])
+def test_the_replay_of_a_gan_step_names_the_generator_layer_where_the_value_was_born(
+    mode, steps_per_execution
+):
+    real, _ = _gan_data(steps=5)
+    noise = np.random.default_rng(4).uniform(0.5, 1.5, size=(BATCH * 5, 3)).astype("float32")
+    noise[2 * BATCH + 1, 0] = 0.0  # step 2: log(0) = -inf in the generator
+    keras.utils.set_random_seed(2)
+    gan = LogGAN()
+    gan.compile(steps_per_execution=steps_per_execution, **MODES[mode])
+    guard = kgrad.NonFiniteGuard()
+    gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    # The sentinel saw the discriminator's loss go non-finite (the fakes are
+    # made before its tape opens); the replay follows the value to its birth.
+    assert report.step == 2 and report.layer.startswith("discriminator/")
+    born = (report.replayed, report.born_in, report.born_at, report.born_type, report.born_tape)
+    assert born == (True, "forward", "g_log", "Lambda", "generator")
+    assert (report.born_nan_count, report.born_inf_count, report.born_input_range[0]) == (0, 1, 0.0)
+    assert "'discriminator' received it before" in report.replay_note
+    assert "in the pass of ProbeTape 'generator'" in str(report)
+    assert all(name.split("/")[1] == "discriminator" for name in report.non_finite)
+    assert all(np.isfinite(weight.numpy()).all() for weight in gan.weights)
+
+
+def test_an_own_step_under_xla_with_several_steps_per_execution_says_why_it_is_not_replayed():
+    real, noise = _gan_data(steps=6)
+    real[2 * BATCH, 0] = np.nan
+    gan = _gan("xla")
+    gan.compile(steps_per_execution=3, **MODES["xla"])
+    guard = kgrad.NonFiniteGuard()
+    gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert report.step == 2 and report.replayed is None
+    assert "XLA cannot write a batch into a variable" in report.replay_note
+
+
+def test_a_gan_step_that_trips_two_tapes_is_one_warning_and_its_dump_replays(tmp_path):
+    real, _ = _gan_data(steps=5)
+    noise = np.random.default_rng(4).uniform(0.5, 1.5, size=(BATCH * 5, 3)).astype("float32")
+    noise[2 * BATCH + 1, 0] = 0.0  # both tapes of step 2 go non-finite
+    keras.utils.set_random_seed(2)
+    gan = LogGAN()
+    gan.compile(**MODES["graph"])
+    guard = kgrad.NonFiniteGuard(action="warn", dump_dir=tmp_path)
+    with pytest.warns(RuntimeWarning, match="kgrad.NonFiniteGuard") as caught:
+        gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    caught = [w for w in caught if "kgrad.NonFiniteGuard" in str(w.message)]
+    assert len(caught) == 1 and [(r.step, r.batch_index, r.born_at) for r in guard.reports] == [(2, 2, "g_log")]
+    batch = dict(np.load(tmp_path / "step_2.npz"))
+    np.testing.assert_array_equal(batch["x[1]"], noise[2 * BATCH : 3 * BATCH])
+    replayed = kgrad.replay_step(gan, batch, step=2)  # the dump's batch, replayed on the model
+    assert (replayed.born_in, replayed.born_at, replayed.born_tape) == ("forward", "g_log", "generator")

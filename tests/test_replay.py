@@ -315,7 +315,34 @@ def test_the_replay_changes_no_weight_statistic_or_metric():
     model.compile(keras.optimizers.SGD(0.01), ["mse", "mse"])
     model.fit(x[:8], [y[:8], y[:8]], batch_size=BATCH, verbose=0)  # builds metrics and statistics
     before = [v.numpy().copy() for v in [*model.variables, *model.metrics_variables]]
-    born = replay_fields(model, (x[8:12], (y[8:12], y[8:12])))
-    assert (born["born_in"], born["born_at"]) == ("forward", "middle")
+    born, note = replay_fields(model, (x[8:12], (y[8:12], y[8:12])))
+    assert (born["born_in"], born["born_at"], note) == ("forward", "middle", None)
     for was, variable in zip(before, [*model.variables, *model.metrics_variables]):
         np.testing.assert_array_equal(variable.numpy(), was)
+
+
+@pytest.mark.parametrize("jit_compile,steps_per_execution", [(False, 1), (True, 1), (False, 3), (True, 3)])
+def test_a_dropout_mask_that_makes_the_nan_is_drawn_again_by_the_replay(jit_compile, steps_per_execution):
+    # log(Dropout(x)) is -inf wherever the mask drops a unit: which step
+    # trips, and where, depends on the masks drawn; the replay must draw the
+    # tripped step's own (the layer's seed generator has moved on since).
+    x, y = _data()
+    model = _sequential(keras.layers.Dropout(0.03, seed=3, name="drop"),
+                        keras.layers.Lambda(keras.ops.log, name="middle"))
+    report = _fit(model, x, y, jit_compile, steps_per_execution=steps_per_execution)
+    if jit_compile:
+        # XLA picks its own random algorithm: the eager replay draws another mask, and says so.
+        assert report.replayed is False and "ran under XLA" in report.replay_note
+        assert "'drop'" in report.replay_note and "did not reproduce the trip" in report.replay_note
+        return
+    assert report.step > 0  # not the first step, so the generator had moved on
+    assert (report.replayed, report.born_in, report.born_at, report.born_input_range[0]) == (
+        True, "forward", "middle", 0.0
+    )
+    # As many -inf as units the tripped step's mask dropped, counted from that mask.
+    dropout, first = keras.layers.Dropout(0.03, seed=3), _first()
+    dropped = [
+        int((dropout(first(x[i:i + BATCH]), training=True).numpy() == 0).sum())
+        for i in range(0, len(x), BATCH)
+    ]
+    assert dropped[report.step] == report.born_inf_count > 0 and not any(dropped[:report.step])

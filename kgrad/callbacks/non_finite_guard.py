@@ -135,26 +135,29 @@ class NonFiniteGuard(keras.callbacks.Callback):
         # read from the device: testing it costs no device access.
         if tripped is None or not bool(tripped):
             return
-        report = state = None
+        report = None
         # One state for the model, or one per ProbeTape of its own train_step.
-        for tape, candidate in self._step.guard_states().items():
+        states = self._step.guard_states()
+        for tape, candidate in states.items():
             report = candidate.read_report(functools.partial(self._latest_summaries, tape))
             if report is not None:
-                state = candidate
                 if tape is not None:  # a ProbeTape of the model's own train_step
                     report = dataclasses.replace(
-                        report, layer=f"{tape}/{report.layer}", tensor=f"{report.kind}/{tape}/{report.layer}"
+                        report, layer=f"{tape}/{report.layer}", tensor=_in_tape(report.tensor, tape),
+                        non_finite={_in_tape(name, tape): count for name, count in report.non_finite.items()},
                     )
                 break
         if report is None:
             return
-        report = self._replayed(report, batch, own_step=tape is not None)
+        report = self._replayed(report, batch)
         self.reports.append(report)
         self.report = self.report or report
         if self.log_dir is not None:
             write_guard_report(self.log_dir, report)
         if self.action == "warn":
-            state.reset()
+            # Every tape of the step that tripped: one report for the step.
+            for state in states.values():
+                state.reset()
             warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=2)
             return
         self.model.stop_training = True
@@ -168,47 +171,48 @@ class NonFiniteGuard(keras.callbacks.Callback):
         )
         print(f"kgrad.NonFiniteGuard stopped training: {report} {weights}", file=sys.stderr)
 
-    def _replayed(self, report, batch, own_step):
+    def _replayed(self, report, batch):
         """``report`` with where the NaN was born (`kgrad.replay`), and the dump's three lines."""
         # With several steps per execution, Keras gives the execution's last
         # batch index, not the tripped step's.
         spe = self.model.steps_per_execution
         fields = {"batch_index": batch if spe == 1 else None}
-        data = None if own_step else self._step.tripped_batch()
-        if own_step:
-            fields["replay_note"] = ("The replay of a model with its own train_step is not "
-                                     "supported yet: the report is what each ProbeTape's check saw.")
-        elif data is None:
+        kept = self._step.tripped_batch()
+        data, seeds_after = (None, None) if kept is None else kept
+        if data is None:
+            reason = self._step.batch_not_kept() or "the step's batch was not kept"
             fields["replay_note"] = (
-                f"Not replayed: with steps_per_execution={spe} the guard keeps the tripped "
-                "step's batch in variables, which cannot hold inputs that are not numbers "
-                "(strings); fit with steps_per_execution=1 to locate the NaN."
+                f"Not replayed: with steps_per_execution={spe} the guard keeps the tripped step's "
+                f"batch in variables, and here {reason}; fit with steps_per_execution=1 to locate "
+                "the NaN."
             )
         elif self.replay:
-            fields.update(self._replay_fields(report, data))
-        if self.dump_dir is not None and data is not None and not own_step:
+            fields.update(self._replay_fields(report, data, seeds_after))
+        if self.dump_dir is not None and data is not None:
             lines, note = replay_module.dump(self.model, data, self.dump_dir, report.step)
             fields["reproduce"] = lines
             if note:
-                notes = [fields.get("replay_note"), f"Not dumped: {note}."]
-                fields["replay_note"] = " ".join(filter(None, notes))
+                fields["replay_note"] = replay_module.join_notes(
+                    fields.get("replay_note"), f"Not dumped: {note}."
+                )
         return dataclasses.replace(report, **fields)
 
-    def _replay_fields(self, report, data):
+    def _replay_fields(self, report, data, seeds_after):
         try:
-            born = replay_module.replay_fields(self.model, data)
+            born, note = replay_module.replay_fields(self.model, data, seeds_after)
         except Exception as error:  # noqa: BLE001 - the sentinel's report stands
             return {"replayed": False,
                     "replay_note": f"The replay failed ({type(error).__name__}: {error}); "
                                    "the report is what the every-step check saw."}
         if born is None:
-            return {"replayed": False, "replay_note": (
+            return {"replayed": False, "replay_note": replay_module.join_notes(
                 f"The replay of step {report.step} was finite: it did not reproduce the trip (a "
-                "random layer, e.g. Dropout, drew differently?); the report is what the "
-                "every-step check saw.")}
+                "random draw that is not from the model's seed generators, or a value that "
+                "changed since?); the report is what the every-step check saw.", note)}
         if born["born_in"] == "weights":
             born["born_step"] = report.last_finite_step
-        return {**born, "replayed": True}
+        note = replay_module.join_notes(born.get("replay_note"), note)
+        return {**born, "replayed": True, "replay_note": note}
 
     def _latest_summaries(self, tape, layer, last_finite_step):
         """Summaries of ``layer`` (of ``tape``) from the latest probed step that was finite."""
@@ -224,3 +228,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
         return {
             tag: value for tag, value in finite[-1].scalars.items() if tag.endswith(suffix)
         }
+
+
+def _in_tape(tensor, tape):
+    """``"<kind>/<layer>"`` of a ProbeTape's check as ``"<kind>/<tape>/<layer>"``."""
+    kind, _, layer = tensor.partition("/")
+    return f"{kind}/{tape}/{layer}"
