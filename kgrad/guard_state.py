@@ -256,24 +256,22 @@ class TrippedBatch:
         self.kept.assign(False)
 
 
-def keep_tripped_batch(model, traced, data, tripped, compiled=None):
-    """Graph code: the batch of the step that trips, kept in ``traced.tripped_batch``.
+def keep_tripped_batch(model, traced, data, tripped):
+    """Graph code, outside XLA: the batch of the step that trips, kept in ``traced.tripped_batch``.
+
+    Under XLA the step compiles its own body and this runs after it
+    (`kgrad.plan.StepPlan.compiles_step_inside`): XLA cannot write a batch
+    of a new size into a variable.
 
     Args:
         tripped: The guard's flag after this step (a bool tensor).
-        compiled: Whether this code is compiled by XLA (default: the
-            model's ``jit_compile``, unless it runs eagerly).
 
     Returns:
-        ``None`` when the batch is kept, else why it cannot be: under XLA,
-        or for data that are not all numbers (strings).
+        ``None`` when the batch is kept, else why it cannot be (data that are
+        not all numbers: strings).
     """
     from kgrad.replay_seeds import seed_generators
 
-    if compiled is None:
-        compiled = model.jit_compile and not model.run_eagerly
-    if compiled:
-        return "XLA cannot write a batch into a variable"
     if not all(leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)):
         return "variables cannot hold inputs that are not numbers (strings)"
     if traced.tripped_batch is None:

@@ -199,7 +199,7 @@ class ProbingStep:
     def train_step(self, data):
         """Keras' ``train_step`` (or the model's own), with the probe on selected steps."""
         traced = self._running
-        if not traced.plan.compiles_step_inside or has_own_train_step(self.model):
+        if not traced.plan.compiles_step_inside:
             return self._train_step(data, traced)
         if traced.compiled_step is None:
             traced.compiled_step = tf.function(
@@ -207,8 +207,8 @@ class ProbingStep:
             )
         outputs = traced.compiled_step(data)
         # Outside XLA, which cannot write a batch of a new size into a variable.
-        guard_state.keep_tripped_batch(
-            self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT], compiled=False
+        traced.batch_not_kept = guard_state.keep_tripped_batch(
+            self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT]
         )
         return outputs
 
@@ -285,7 +285,7 @@ class ProbingStep:
             # host. (With several steps per execution only the last step's
             # outputs return.)
             return {**outputs, replay.BATCH_OUTPUT: data}
-        if not plan.compiles_step_inside or has_own_train_step(self.model):
+        if not plan.compiles_step_inside:  # else kept outside the compiled step (`train_step`)
             traced.batch_not_kept = guard_state.keep_tripped_batch(
                 self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT]
             )
