@@ -4,7 +4,9 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import replicas, stats
-from kgrad.guard import FORWARD_KINDS, NonFiniteReport, split_name
+from kgrad.guard import FORWARD_KINDS, TRIPPED_OUTPUT, NonFiniteReport, split_name
+from kgrad.replay import BATCH_OUTPUT
+from kgrad.replay_seeds import seed_generators
 from kgrad.replicas import state_variable, sum_over_replicas
 
 
@@ -270,8 +272,6 @@ def keep_tripped_batch(model, traced, data, tripped):
         ``None`` when the batch is kept, else why it cannot be (data that are
         not all numbers: strings).
     """
-    from kgrad.replay_seeds import seed_generators
-
     if not all(leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)):
         return "variables cannot hold inputs that are not numbers (strings)"
     if traced.tripped_batch is None:
@@ -283,3 +283,22 @@ def keep_tripped_batch(model, traced, data, tripped):
     kept = traced.tripped_batch
     kept.keep_if(tf.logical_and(tripped, tf.logical_not(kept.kept)), data)
     return None
+
+
+def keeping_the_batch(model, traced, outputs, data):
+    """Graph code: ``outputs`` of a guarded step, with its batch kept for the replay of a trip.
+
+    With one step per execution the step returns its own input tensors
+    (`kgrad.replay.BATCH_OUTPUT`), which copies nothing to the host; with
+    several, only the last step's outputs return, so `keep_tripped_batch`
+    writes the tripped step's into variables (under XLA after the compiled
+    step, in `kgrad.step.ProbingStep.train_step`).
+    """
+    plan = traced.plan
+    if plan.guard is None:
+        return outputs
+    if plan.steps_per_execution == 1:
+        return {**outputs, BATCH_OUTPUT: data}
+    if not plan.compiles_step_inside:
+        traced.batch_not_kept = keep_tripped_batch(model, traced, data, outputs[TRIPPED_OUTPUT])
+    return outputs

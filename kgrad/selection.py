@@ -130,3 +130,21 @@ def _resolve_list(model, layers, argument, named, canonical):
             )
         selected[name] = operation
     return selected
+
+
+def captured_layers(model, plan):
+    """What the probing step's `kgrad.ProbeTape` captures for a `kgrad.plan.StepPlan`: ``layers=``.
+
+    The probe's layers, the guard's when it checks layers, or their union.
+    """
+    guard = plan.guard
+    if guard is not None and not guard.checks_layers:
+        guard = None  # the sentinel (loss, weight gradients) needs no activation captured
+    parts = [part.layers for part in (plan.probe, guard) if part is not None]
+    if not parts:
+        return []
+    if len(parts) == 1 or parts[0] is parts[1]:
+        return parts[0]
+    # Probe and guard watch different layers: capture the union.
+    wanted = {id(operation) for layers in parts for operation in resolve_layers(model, layers).values()}
+    return lambda operation: id(operation) in wanted

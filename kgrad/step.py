@@ -217,14 +217,14 @@ class ProbingStep:
         if plan.probe is None and plan.guard is None:
             return type(model).train_step(model, data)
         if has_own_train_step(model):
-            return self._keeping_the_batch(self._own_train_step(data), traced, data)
+            return guard_state.keeping_the_batch(model, traced, self._own_train_step(data), data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         forward.build_if_needed(model, data)
         probe_now = self._probe_now()
         step = tf.identity(model.optimizer.iterations)
         with ProbeTape(
             model,
-            layers=self._tape_layers(),
+            layers=selection.captured_layers(model, plan),
             watch_inputs=plan.probe is not None and plan.probe.captures("input_gradient"),
             persistent=True,
             record_inputs=plan.probe is not None and "per_example" in plan.probe.instruments,
@@ -272,23 +272,7 @@ class ProbingStep:
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
             outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.tripped.read_value()}
-            outputs = self._keeping_the_batch(outputs, traced, data)
-        return outputs
-
-    def _keeping_the_batch(self, outputs, traced, data):
-        """``outputs`` of a guarded step, and the step's batch kept for the replay of a trip."""
-        plan = traced.plan
-        if plan.guard is None:
-            return outputs
-        if plan.steps_per_execution == 1:
-            # Returning the step's own input tensors copies nothing to the
-            # host. (With several steps per execution only the last step's
-            # outputs return.)
-            return {**outputs, replay.BATCH_OUTPUT: data}
-        if not plan.compiles_step_inside:  # else kept outside the compiled step (`train_step`)
-            traced.batch_not_kept = guard_state.keep_tripped_batch(
-                self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT]
-            )
+            outputs = guard_state.keeping_the_batch(model, traced, outputs, data)
         return outputs
 
     def tripped_batch(self):
@@ -316,23 +300,6 @@ class ProbingStep:
     def _guard_state_for_tape(self, name, names, on_trip_only):
         self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only)
         return self._running.tape_guard_states[name]
-
-    def _tape_layers(self):
-        guard = self._running.plan.guard
-        if guard is not None and not guard.checks_layers:
-            guard = None  # the sentinel (loss, weight gradients) needs no activation captured
-        parts = [part.layers for part in (self._running.plan.probe, guard) if part is not None]
-        if not parts:
-            return []
-        if len(parts) == 1 or parts[0] is parts[1]:
-            return parts[0]
-        # Probe and guard watch different layers: capture the union.
-        wanted = {
-            id(operation)
-            for layers in parts
-            for operation in selection.resolve_layers(self.model, layers).values()
-        }
-        return lambda operation: id(operation) in wanted
 
     def _prediction_gradient(self, y, y_pred, sample_weight):
         """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
