@@ -110,7 +110,8 @@ def _in_forward(probe, describe, loss):
         return _birth("forward", name, "kgrad.tap", name, counts, None)
     if carried is not None:
         note = (f"Its input was already non-finite: the value was born before {carried[0]!r}, "
-                "in an operation the tape does not capture.")
+                "in an operation the tape does not capture (a TensorFlow op in a train_step "
+                "or a call: mark its result with kgrad.tap(name, tensor) to have it named).")
         return _birth("forward", *carried, replay_note=note)
     if loss is not None and any(_counts(loss)):
         return _birth("forward", "loss", "loss", "loss", _counts(loss), _finite_range(probe.prediction))

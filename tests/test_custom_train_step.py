@@ -523,3 +523,35 @@ def test_a_clean_gan_under_xla_with_several_steps_per_execution_trains_like_plai
     assert guard.reports == [] and guarded.g_optimizer.iterations.numpy() == 6
     for weight, expected in zip(guarded.weights, plain.weights):
         np.testing.assert_allclose(weight.numpy(), expected.numpy(), rtol=1e-5, atol=1e-7)
+
+
+class TappedVAE(DeterministicVAE):
+    """The VAE with its standard deviation, a TensorFlow op of the step, marked with kgrad.tap."""
+
+    def loss_of(self, x, epsilon):
+        z_mean, z_log_var = self.encoder(x)
+        std = kgrad.tap("std", tf.exp(0.5 * z_log_var))
+        reconstruction = self.decoder(z_mean + std * epsilon)
+        kl = -0.5 * tf.reduce_sum(1 + z_log_var - tf.square(z_mean) - tf.exp(z_log_var), axis=1)
+        return tf.reduce_mean(tf.reduce_sum(tf.square(x - reconstruction), axis=1)) + tf.reduce_mean(kl)
+
+
+@pytest.mark.parametrize("model_class", [DeterministicVAE, TappedVAE])
+def test_the_replay_of_a_vae_step_names_the_tap_or_says_the_value_came_from_outside(model_class):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(BATCH * 3, FEATURES)).astype("float32")
+    x[BATCH + 2] = [-1e5, 0, 0, 0]  # step 1: its z_log_var is ~1e3, exp(0.5 * z_log_var) overflows
+    epsilon = rng.normal(size=(BATCH * 3, 2)).astype("float32")
+    keras.utils.set_random_seed(5)
+    vae = model_class()
+    vae.compile(keras.optimizers.SGD(0.01), jit_compile=False)
+    guard = kgrad.NonFiniteGuard()
+    vae.fit((x, epsilon), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.replayed, report.born_in, report.born_tape) == (1, True, "forward", "vae")
+    if model_class is TappedVAE:
+        assert (report.born_at, report.born_type, report.born_nan_count) == ("std", "kgrad.tap", 0)
+        assert report.born_inf_count > 0
+    else:  # the exp is a TensorFlow op of the step, which no tape captures
+        assert report.born_at == "dec_out" and "born before 'dec_out'" in report.replay_note
+        assert "kgrad.tap" in report.replay_note
