@@ -27,6 +27,7 @@ from keras.src import backend as keras_backend
 
 from kgrad import guard as guard_module
 from kgrad.branching import join_sparse, split_sparse
+from kgrad.pipeline import inverse_loss_scale, scales_loss
 
 _LOCAL = threading.local()
 
@@ -56,7 +57,8 @@ class TapeCollection:
         model: The model whose ``train_step`` runs.
         plan: The `kgrad.plan.StepPlan`.
         probe_now: Scalar bool tensor: whether this step is probed.
-        pipeline_for: ``fn(name, tape_model) -> ProbePipeline``.
+        pipeline_for: ``fn(name, tape_model, scaler) -> ProbePipeline``; ``scaler``: the
+            optimizer whose ``scale_loss`` scaled the tape's loss, or ``None``.
     """
 
     def __init__(self, model, plan, probe_now, pipeline_for, guard_state_for=None):
@@ -69,14 +71,20 @@ class TapeCollection:
         self._entries = []  # (pipeline, weights, scalars, histograms, iterations before)
         self._tapes = []
         self._names = {}
-        self._checks = []  # guard: (tape name, weights, GuardState, tensors) not yet applied
+        self._checks = []  # guard: (tape name, weights, GuardState, tensors, scaler) not yet applied
         self._guard_states = []
+        self._scaled_by = {}  # id(scaled loss) -> the optimizer whose scale_loss made it
 
     #: Not the replay's `kgrad.own_step_replay.ReplayCollection`: tapes capture what they were asked.
     captures_everything = False
 
     def __enter__(self):
         set_active_collection(self)
+        for optimizer in self._optimizers:
+            if scales_loss(optimizer):
+                # Which loss a tape differentiates was scaled, and by which
+                # optimizer: its statistics are then divided back.
+                object.__setattr__(optimizer, "scale_loss", self._noting_scaled(optimizer))
         if self._plan.guard is not None:
             # The step applies its updates itself: each optimizer's `apply`
             # is guarded by the check of the tape whose weights it updates.
@@ -88,6 +96,7 @@ class TapeCollection:
         set_active_collection(None)
         for optimizer in self._optimizers:
             optimizer.__dict__.pop("apply", None)
+            optimizer.__dict__.pop("scale_loss", None)
         if exc_type is None and self._checks:
             raise ValueError(
                 f"kgrad.NonFiniteGuard: the gradients of ProbeTape {self._checks[0][0]!r} in the "
@@ -95,6 +104,16 @@ class TapeCollection:
                 "the model, so the guard cannot keep a non-finite update out of the weights. "
                 "Apply them with an optimizer that is an attribute of the model."
             )
+
+    def _noting_scaled(self, optimizer):
+        scale_loss = optimizer.scale_loss
+
+        def noting_scale_loss(loss):
+            scaled = scale_loss(loss)
+            self._scaled_by[id(scaled)] = optimizer
+            return scaled
+
+        return noting_scale_loss
 
     @property
     def records_layer_inputs(self):
@@ -114,7 +133,8 @@ class TapeCollection:
         name = unique_name(self._names, tape.name)
         self._tapes.append(name)
         plan = self._plan
-        pipeline = None if plan.probe is None else self._pipeline_for(name, tape.model)
+        scaler = self._scaled_by.get(id(target))  # the optimizer that scaled the loss, if one did
+        pipeline = None if plan.probe is None else self._pipeline_for(name, tape.model, scaler)
         flat_sources = tf.nest.flatten(sources)
         where = [index for index, source in enumerate(flat_sources) if isinstance(source, keras.Variable)]
         weights = [flat_sources[index] for index in where]
@@ -140,7 +160,7 @@ class TapeCollection:
         if plan.guard is not None:
             # The check needs every step's activations and gradients.
             gradients = tape.probed_gradient(target, flat_sources, *arguments)
-            self._add_check(name, tape, target, [gradients[index] for index in where], weights)
+            self._add_check(name, tape, target, [gradients[index] for index in where], weights, scaler)
             summaries = None
             if pipeline is not None:
                 summaries = summarized(gradients) if plan.probes_every_step else tf.cond(
@@ -155,7 +175,7 @@ class TapeCollection:
             self._entries.append((pipeline, weights, *summaries, iterations))
         return tf.nest.pack_sequence_as(sources, gradients)
 
-    def _add_check(self, name, tape, target, gradients, weights):
+    def _add_check(self, name, tape, target, gradients, weights, scaler):
         guard = self._plan.guard
         if guard.layers is not None:
             raise ValueError(
@@ -169,7 +189,7 @@ class TapeCollection:
         )
         state = self._guard_state_for(name, [tensor_name for tensor_name, _ in watched], on_trip_only)
         self._guard_states.append(state)
-        self._checks.append((name, weights, state, [tensor for _, tensor in watched]))
+        self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler))
 
     def _guarded(self, optimizer, apply):
         def guarded_apply(grads, trainable_variables=None):
@@ -184,10 +204,11 @@ class TapeCollection:
             if not optimizer.built:  # as Keras' apply does, outside the branch below
                 with keras_backend.name_scope(optimizer.name, caller=optimizer):
                     optimizer.build(variables)
-            _, _, state, tensors = check
+            _, _, state, tensors, scaler = check
             state.guarded_apply(
                 tensors, tf.identity(optimizer.iterations),
                 lambda: apply(grads, variables), self._plan.guard.halt_updates,
+                inverse_loss_scale(scaler),
             )
 
         return guarded_apply

@@ -10,6 +10,10 @@ from kgrad.replay_seeds import seed_generators
 from kgrad.replicas import state_variable, sum_over_replicas
 
 
+#: Kinds of checked tensors that loss scaling multiplies (see `GuardState.guarded_apply`).
+SCALED_KINDS = frozenset({"loss", "weight_grad", "grad", "input_grad"})
+
+
 class GuardState:
     """Device variables of the guard, and the graph code that fills them.
 
@@ -29,7 +33,7 @@ class GuardState:
         self.last_finite_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_last_step")
         self.last_finite_half_squares = state_variable(tf.zeros([count]), "kgrad_guard_last_squares")
 
-    def guarded_apply(self, tensors, step, apply, halt_updates):
+    def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None):
         """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
 
         Graph code: runs inside the train step, every step. A clean step costs
@@ -40,10 +44,15 @@ class GuardState:
         NaN or Inf. The tensors of ``on_trip_only`` names are zero-argument
         callables, called only when another tensor of the step is non-finite.
 
+        ``inverse_scale`` (a scalar tensor, or ``None``): 1 / the loss scale
+        the step's loss was multiplied by (mixed precision); the norms kept
+        for the report are then those of the true loss and its gradients.
+
         Returns:
             A boolean tensor: whether ``apply`` ran.
         """
         every_step = [t for name, t in zip(self.names, tensors) if name not in self.on_trip_only]
+        unscale = self._unscale_half_squares(inverse_scale)
         # Half sums of squares (`tf.nn.l2_loss`, one kernel each): non-finite
         # whenever an element is; the host doubles them for the norms.
         # Summed over replicas: every replica then takes the same branch and
@@ -56,7 +65,7 @@ class GuardState:
             clean = tf.logical_and(clean, tf.logical_not(self.tripped))
 
         def record_clean():
-            self.last_finite_half_squares.assign(self._spread(half_squares))
+            self.last_finite_half_squares.assign(self._spread(unscale(half_squares)))
             self.last_finite_step.assign(tf.cast(step, tf.int64))
             return tf.constant(True)
 
@@ -75,7 +84,7 @@ class GuardState:
                 # No NaN or Inf, only squares that overflowed: a clean step,
                 # whose update is applied; its norms are kept as they are
                 # (Inf), and the host reports them as unknown.
-                self.last_finite_half_squares.assign(self._spread(half_squares))
+                self.last_finite_half_squares.assign(self._spread(unscale(half_squares)))
                 self.last_finite_step.assign(tf.cast(step, tf.int64))
                 return tf.constant(True)
 
@@ -104,6 +113,18 @@ class GuardState:
         # branches cost the MobileNet ~170 MB of peak memory).
         tf.cond(may_apply, update, tf.no_op)
         return may_apply
+
+    def _unscale_half_squares(self, inverse_scale):
+        """``fn(half squares of the every-step tensors) -> those of the unscaled loss's tensors``."""
+        if inverse_scale is None:
+            return lambda half_squares: half_squares
+        # The loss and the gradients were multiplied by the scale; inputs,
+        # activations and dJ/dŷ (of the compiled loss) were not.
+        scaled = [
+            split_name(name)[0] in SCALED_KINDS for name in self.names if name not in self.on_trip_only
+        ]
+        factors = tf.where(tf.constant(scaled), tf.square(tf.cast(inverse_scale, tf.float32)), 1.0)
+        return lambda half_squares: half_squares * factors
 
     def _spread(self, every_step_values):
         """Values of the every-step tensors, at their places among ``names`` (0 elsewhere)."""

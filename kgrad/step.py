@@ -189,11 +189,15 @@ class ProbingStep:
         self._counter.assign_add(1)
         return probe_now
 
-    def _pipeline_for_tape(self, name, tape_model):
+    def _pipeline_for_tape(self, name, tape_model, scaler):
         pipelines = self._running.tape_pipelines
         if name not in pipelines:
             plan = self._running.plan
-            pipelines[name] = ProbePipeline(tape_model, plan.probe, plan.record_capacity, name=name)
+            # With the optimizer that scaled the tape's loss, if one did: the
+            # statistics are of the true loss (`ProbePipeline._unscale`).
+            pipelines[name] = ProbePipeline(
+                tape_model, plan.probe, plan.record_capacity, scaler, name=name
+            )
         return pipelines[name]
 
     def train_step(self, data):

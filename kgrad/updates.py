@@ -14,6 +14,7 @@ import tensorflow as tf
 from kgrad import guard as guard_module
 from kgrad import selection
 from kgrad.branching import join_sparse, split_sparse
+from kgrad.pipeline import inverse_loss_scale
 
 
 def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_gradient, probe_now, step):
@@ -86,9 +87,11 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     def apply():
         model.optimizer.apply_gradients(zip(gradients, weights))
 
-    # After the summaries, which read the weights before the update.
+    # After the summaries, which read the weights before the update; the
+    # loss scale is read before the update changes it.
     current.guard_state.guarded_apply(
-        [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates
+        [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates,
+        inverse_loss_scale(model.optimizer),
     )
     return summaries
 
