@@ -8,7 +8,8 @@ opens captures every layer, nested layer, ``keras.ops`` node and `kgrad.tap`
 of its model, with their inputs, whatever the tape was asked to capture;
 each ``tape.gradient`` takes the one backward pass over them and
 `kgrad.locate.locate` names where the first NaN/Inf was born. No optimizer
-applies anything, and every variable the step changes is put back.
+applies anything or scales the loss (mixed precision: the replay
+differentiates the true loss), and every variable the step changes is put back.
 
 The replay starts from the weights as the guard left them: the tripped
 tape's update was skipped, but a tape that ran *after* it in the same step
@@ -21,6 +22,7 @@ import tensorflow as tf
 
 from kgrad import custom_step
 from kgrad.locate import in_data, in_weights, locate
+from kgrad.pipeline import scales_loss
 from kgrad.replay_seeds import with_the_step_seeds
 
 
@@ -46,12 +48,17 @@ class ReplayCollection:
         for optimizer in self._optimizers:
             # The replay only looks: a skipped update is the guard's; none here.
             object.__setattr__(optimizer, "apply", _apply_nothing)
+            if scales_loss(optimizer):
+                # The true loss: an overflow of the scaled float16 gradients is
+                # the loss scaler's signal, not where a NaN was born.
+                object.__setattr__(optimizer, "scale_loss", _unscaled)
         return self
 
     def __exit__(self, *exc_info):
         custom_step.set_active_collection(None)
         for optimizer in self._optimizers:
             optimizer.__dict__.pop("apply", None)
+            optimizer.__dict__.pop("scale_loss", None)
 
     def gradient(self, tape, target, sources, output_gradients, unconnected_gradients):
         """The tape's one backward pass over its sources and every captured tensor; locates a NaN."""
@@ -101,6 +108,10 @@ class ReplayCollection:
 
 def _apply_nothing(grads, trainable_variables=None):
     return None
+
+
+def _unscaled(loss):
+    return loss
 
 
 def replay_own_step(model, batch, seeds_after=None):

@@ -220,6 +220,7 @@ def test_the_guard_reports_norms_of_the_true_loss_whatever_the_loss_scale(mixed_
         _fit_with_scale(make_model, scale, x, y, [guard])
         reports.append(guard.report)
     assert [(r.step, r.kind, r.last_finite_step) for r in reports] == [(2, "loss", 1)] * 2
+    assert [(r.replayed, r.born_in, r.born_nan_count) for r in reports] == [(True, "data", 1)] * 2
     # The loss of step 1, as a float32 mean of squares (not ~16 or ~4096 times it).
     np.testing.assert_allclose(reports[0].last_finite_norm, reports[1].last_finite_norm, rtol=1e-3)
     assert 0.05 < reports[0].last_finite_norm < 20
