@@ -77,12 +77,20 @@ def describe_tag(tag):
     return "kgrad"
 
 
+#: The `kgrad.NonFiniteReport` fields of the replay, written with the report as they are.
+_REPLAY_FIELDS = (
+    "born_in", "born_at", "born_type", "born_path", "born_tape", "born_nan_count", "born_inf_count",
+    "born_input_range", "born_inside", "born_step", "batch_index", "replayed", "replay_note", "reproduce",
+)
+
+
 def write_guard_report(log_dir, report):
     """Writes a tripped guard's `kgrad.NonFiniteReport` to ``<log_dir>/kgrad``.
 
     One text summary at the bad step, tag `GUARD_REPORT_TAG`, holding JSON:
     the report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
-    ``[[tensor, nan, inf], ...]``, no ``last_summaries``) and ``"message"``,
+    ``[[tensor, nan, inf], ...]``, the replay's ``born_*`` fields, no
+    ``last_summaries``) and ``"message"``,
     the text the guard prints. The kgrad tab shows it on its NaN/Inf timeline;
     TensorBoard's Text tab shows it too.
     """
@@ -102,6 +110,8 @@ def write_guard_report(log_dir, report):
         "last_finite_step": report.last_finite_step,
         "last_finite_norm": report.last_finite_norm,
         "non_finite": [[name, nan, inf] for name, (nan, inf) in report.non_finite.items()],
+        # Where the replay found it born, for tools that read the logs.
+        **{name: getattr(report, name) for name in _REPLAY_FIELDS},
     }
     tensor = tensor_pb2.TensorProto(
         dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[json.dumps(fields).encode("utf-8")]

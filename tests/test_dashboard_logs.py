@@ -169,6 +169,8 @@ def test_summary_has_the_guard_report_and_the_nonfinite_timeline(dashboard_logs)
     (guard,) = summary["guard"]
     assert guard["step"] == GUARD_TRIP_STEP and guard["nan_count"] + guard["inf_count"] >= 1
     assert "Non-finite values at step 5" in guard["message"]
+    # The replay's fields, as the report has them (a NaN input: it arrived with the data).
+    assert (guard["born_in"], guard["replayed"], guard["batch_index"]) == ("data", True, GUARD_TRIP_STEP)
     json.dumps(summary, allow_nan=False)  # standard JSON: NaN became null
 
 
