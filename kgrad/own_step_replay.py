@@ -127,13 +127,13 @@ def replay_own_step(model, batch, seeds_after=None):
     Returns:
         ``(born, note)`` as `kgrad.replay.replay_fields`.
     """
-    from kgrad.replay import join_notes, unpack_batch
+    from kgrad.replay import is_dump, join_notes, unpack_batch
 
     x, y, sample_weight = unpack_batch(batch)
     born = in_weights(model.weights) or in_data(x, y, sample_weight)
     if born is not None:
         return born, None
-    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if isinstance(batch, dict) else batch
+    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
 
     def once():
         collection = ReplayCollection(model)

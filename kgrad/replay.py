@@ -44,6 +44,11 @@ def _from_named(prefix, arrays):
     return keyed or None
 
 
+def is_dump(batch):
+    """Whether ``batch`` is the dict of a dumped ``.npz`` (keys ``x``, ``x[0]``, ``x.name``...)."""
+    return isinstance(batch, dict) and any(key == "x" or key.startswith(("x[", "x.")) for key in batch)
+
+
 def unpack_batch(batch):
     """``(x, y, sample_weight)`` of a step's data, or of a dict loaded from a dumped ``.npz``.
 
@@ -54,7 +59,7 @@ def unpack_batch(batch):
     >>> type(x).__name__, len(x), y.shape, sample_weight
     ('tuple', 2, (2,), None)
     """
-    if isinstance(batch, dict) and any(key == "x" or key.startswith(("x[", "x.")) for key in batch):
+    if is_dump(batch):
         arrays = dict(batch)
         return tuple(_from_named(prefix, arrays) for prefix in ("x", "y", "sample_weight"))
     import keras

@@ -14,11 +14,6 @@ global ``tf.random.*``, ``keras.random.*`` without a seed) cannot be
 rewound: a replay that does not reproduce the trip says so.
 """
 
-import numpy as np
-
-#: What one ordered draw adds to a Keras SeedGenerator's state.
-_DRAW = np.array([0, 1])
-
 
 def seed_generators(model):
     """The `keras.random.SeedGenerator`s of ``model``, its layers and nested models, each once."""
