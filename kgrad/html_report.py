@@ -20,6 +20,7 @@ import re
 from kgrad.dashboard import views
 from kgrad.dashboard.events import find_runs, read_run
 from kgrad.report import is_kgrad_run
+from kgrad.report_table import nonfinite_cell
 
 _STATIC = os.path.join(os.path.dirname(__file__), "dashboard", "static")
 #: The tab's modules, in dependency order, inlined into one module script.
@@ -130,7 +131,7 @@ def _static_tables(data):
                 html.escape(row["layer"]),
                 _number(row["grad_norm"]),
                 _number(row["zero_fraction"]),
-                str(row["nonfinite"]),
+                nonfinite_cell(row["nonfinite"], row["nonfinite_norms"]),
                 html.escape(flags.upper() or "ok"),
             ]
             out.append(
@@ -146,6 +147,8 @@ def _static_tables(data):
 def _number(value, spec=".3g"):
     if value is None:
         return "-"
+    if isinstance(value, str):  # a logged NaN/Inf ("NaN", "Inf"), as `views` sends it
+        return value
     return repr(float(value)) if spec == "r" else format(value, spec)
 
 

@@ -164,11 +164,7 @@ class ProbePipeline:
         # From the per-weight norms of the moments: no second pass over the gradients.
         builder.add_scalar(
             "global/grad_norm",
-            lambda moments, tensors: stats.combined_norm(
-                tf.gather(moments[:, 0], indices),
-                tf.gather(moments[:, 6], indices),
-                [tensors[index] for index in indices],
-            ),
+            lambda moments, tensors: stats.combined_norm(tf.gather(moments[:, 0], indices)),
         )
 
     def _ensure_snapshots(self, weights):

@@ -15,7 +15,7 @@ dJ/d(layer output). Flags:
 - ``dead``: at least ``dead_fraction`` of the layer's latest activations are
   exactly zero (e.g. ReLUs that never fire).
 - ``nonfinite``: a NaN or Inf was counted in the layer's activations or
-  gradients on any probed step.
+  gradients, or its gradient norm was NaN or Inf, on any probed step.
 """
 
 import dataclasses
@@ -89,13 +89,18 @@ class LayerHealth:
 
     Attributes:
         layer: The layer name used in the tags (``grad_norm/<layer>``).
-        grad_norm: Gradient norm at the last probed step.
+        grad_norm: Gradient norm at the last probed step (NaN or Inf when
+            that norm was: then ``nonfinite_norms`` > 0).
         trend: Geometric mean of the gradient norm over the last third of the
             probes divided by the one over the first third (NaN for < 2 probes).
         ratio_to_max: ``grad_norm`` over the largest ``grad_norm`` in the run.
         zero_fraction: Fraction of exactly-zero activations, last probe.
         update_ratio: ‖Δw‖ / ‖w‖ over the layer's logged weights (kernels by default), last probe.
-        nonfinite: NaN/Inf values counted over all probes and tensors.
+        nonfinite: NaN/Inf values counted over all probes and tensors
+            (the counts logged: ``statistics="default"`` counts those of
+            dJ/d(layer output), not those of dJ/dw).
+        nonfinite_norms: Probed steps on which the gradient norm was NaN or
+            Inf (it is when any element is, counted or not).
         flags: The raised flags, a subset of `FLAGS` in that order.
         first_flagged: ``(flag, step)`` for each raised flag: the first probed
             step at which that flag held on that step's values (the flags
@@ -111,6 +116,7 @@ class LayerHealth:
     nonfinite: int
     flags: tuple
     first_flagged: tuple = ()
+    nonfinite_norms: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +205,7 @@ def run_health(run, run_logs, thresholds):
             update_ratio=_update_ratio(scalars, weights),
             nonfinite=_nonfinite_count(scalars, layer, weights),
             flags=(),
+            nonfinite_norms=_nonfinite_norms(gradients[layer]),
         )
         flags = layer_flags(row, thresholds)
         first = first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_step)
@@ -214,7 +221,7 @@ def run_health(run, run_logs, thresholds):
 def layer_flags(row, thresholds):
     """The flags of one `LayerHealth` under ``thresholds``, in `FLAGS` order."""
     raised = {
-        "nonfinite": row.nonfinite > 0 or math.isinf(row.grad_norm),
+        "nonfinite": row.nonfinite > 0 or row.nonfinite_norms > 0,
         "exploding": row.grad_norm > thresholds.exploding_norm,
         "vanishing": row.ratio_to_max < thresholds.vanishing_ratio,
         "dead": row.zero_fraction >= thresholds.dead_fraction,
@@ -251,7 +258,7 @@ def first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_
             held["vanishing"].append(step)
         if norm > thresholds.exploding_norm:
             held["exploding"].append(step)
-        if math.isinf(norm):
+        if not math.isfinite(norm):  # a logged NaN/Inf norm (not logged steps are absent)
             held["nonfinite"].append(step)
     zero = _series(scalars, f"activation_zero_fraction/{layer}")
     if zero is not None:
@@ -356,6 +363,10 @@ def _update_ratio(scalars, weights):
     update = math.sqrt(float(np.sum(np.square(ratio * np.maximum(norm, 1e-12)))))
     total = math.sqrt(float(np.sum(np.square(norm))))
     return update / total if total > 0 else math.nan
+
+
+def _nonfinite_norms(series):
+    return 0 if series is None else int(np.sum(~np.isfinite(series.values)))
 
 
 def _nonfinite_count(scalars, layer, weights):

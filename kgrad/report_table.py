@@ -34,12 +34,12 @@ def format_run(run):
     cells = [_COLUMNS] + [
         (
             layer.layer,
-            _number(layer.grad_norm, ".1e"),
+            _number(layer.grad_norm, ".1e", logged=layer.nonfinite_norms > 0),
             "-" if math.isnan(layer.trend) else f"x{layer.trend:.2f}",
             _number(layer.ratio_to_max, ".1e"),
             _number(layer.zero_fraction, ".2f"),
             _number(layer.update_ratio, ".1e"),
-            str(layer.nonfinite),
+            nonfinite_cell(layer.nonfinite, layer.nonfinite_norms),
             " ".join(flag.upper() for flag in layer.flags) or "ok",
         )
         for layer in run.layers
@@ -67,5 +67,27 @@ def format_report(runs, thresholds):
     return "\n\n".join(parts)
 
 
-def _number(value, spec):
-    return "-" if math.isnan(value) else format(value, spec)
+def nonfinite_cell(nonfinite, nonfinite_norms):
+    """The NaN/Inf cell of a layer: its count, or, when none was counted, its NaN/Inf norms.
+
+    ``statistics="default"`` logs dJ/dw's norm but not its NaN/Inf count: a
+    norm that was NaN/Inf is said, not shown as a count of 0.
+
+    Args:
+        nonfinite: `kgrad.report.LayerHealth.nonfinite`.
+        nonfinite_norms: `kgrad.report.LayerHealth.nonfinite_norms`.
+
+    Example:
+
+    >>> from kgrad.report_table import nonfinite_cell
+    >>> nonfinite_cell(12, 1), nonfinite_cell(0, 2), nonfinite_cell(0, 0)
+    ('12', 'norm (2 steps)', '0')
+    """
+    if nonfinite == 0 and nonfinite_norms > 0:
+        return f"norm ({nonfinite_norms} step{'s' if nonfinite_norms != 1 else ''})"
+    return str(nonfinite)
+
+
+def _number(value, spec, logged=False):
+    # NaN is "not logged" unless the norm was logged as NaN.
+    return "nan" if logged and math.isnan(value) else "-" if math.isnan(value) else format(value, spec)

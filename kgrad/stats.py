@@ -1,9 +1,12 @@
 """Pure on-device summaries of a tensor, all compilable by XLA.
 
 Every function takes tensors and returns tensors; nothing here reads values to
-the host, writes files or keeps state. Statistics are computed in float32 over
-the *finite* elements; non-finite elements are counted separately, so a single
-NaN does not hide the shape of the rest of the distribution.
+the host, writes files or keeps state. Statistics are computed in float32. The
+L2 norm is the norm of every element, NaN or Inf when one is (as
+``tf.norm``'s: a norm read alone must not look finite); the mean, std, min,
+max and histogram are of the *finite* elements, and non-finite elements are
+counted separately, so a single NaN does not hide the shape of the rest of
+the distribution.
 """
 
 import functools
@@ -46,8 +49,9 @@ def moments(x):
         x: A tensor of any float dtype and shape.
 
     Returns:
-        A ``[7]`` float32 tensor: L2 norm, mean, standard deviation
-        (population, ``ddof=0``), min and max of the finite elements,
+        A ``[7]`` float32 tensor: the L2 norm of all elements (NaN when
+        one is NaN, else Inf when one is Inf), then the mean, standard
+        deviation (population, ``ddof=0``), min and max of the finite elements,
         fraction of all elements that are exactly zero, and the count of
         non-finite (NaN or Inf) elements. Min and max are 0 when there is no
         finite element. Values beyond the float32 range count as non-finite.
@@ -164,6 +168,12 @@ def summarize_many(tensors, bucket_count=None):
         return tf.stack([summary[0] for summary in summaries]), histograms
 
     moments, histograms = tf.cond(tf.reduce_all(simple), every_tensor_simple, some_tensors_need_care)
+    # The norm of a tensor holding NaN or Inf is NaN or Inf, whatever its
+    # finite elements: the plain sum of squares already says which (an
+    # overflowing square only adds Inf to an Inf). A norm is often written
+    # without its non-finite count beside it (``statistics="default"``).
+    norms = tf.where(moments[:, 6] > 0, tf.sqrt(plain.squares), moments[:, 0])
+    moments = tf.concat([norms[:, tf.newaxis], moments[:, 1:]], axis=1)
     return moments, None if bucket_count is None else histograms
 
 
@@ -242,39 +252,29 @@ def global_norm(tensors):
     return _norm(tf.stack(norms))
 
 
-def combined_norm(norms, nonfinite_counts, tensors):
-    """`global_norm` of ``tensors`` from their own norms, without another pass.
+def combined_norm(norms):
+    """`global_norm` of tensors from their own norms, without another pass.
 
     Args:
-        norms: Float32 scalars (a list or a vector), the L2 norm of the
-            finite elements of each tensor (``moments(t)[0]``).
-        nonfinite_counts: Float32 scalars (a list or a vector), each
-            tensor's non-finite count.
-        tensors: The tensors themselves; read again only when one holds
-            NaN or Inf, so that the result is NaN or Inf as `global_norm`'s.
+        norms: Float32 scalars (a list or a vector), the L2 norm of each
+            tensor (``moments(t)[0]``, NaN or Inf when the tensor holds one).
+
+    Returns:
+        A float32 scalar: 0 for no norms, NaN when a norm is NaN, else Inf
+        when one is Inf, as `global_norm` of the tensors themselves.
 
     Example:
 
     >>> import tensorflow as tf
     >>> from kgrad import stats
     >>> tensors = [tf.constant([3.0]), tf.constant([[4.0]])]
-    >>> moments = [stats.moments(t) for t in tensors]
-    >>> float(stats.combined_norm([m[0] for m in moments], [m[6] for m in moments], tensors))
+    >>> float(stats.combined_norm([stats.moments(t)[0] for t in tensors]))
     5.0
     """
-    if not tensors:
-        return tf.constant(0.0)
-
-    def non_finite():
-        # NaN if any element is NaN, else Inf: the plain sum of all squares
-        # says which (an overflowing square only adds Inf to an Inf).
-        return tf.sqrt(tf.add_n([sum_of_squares(t) for t in tensors]))
-
-    return tf.cond(
-        tf.reduce_any(tf.convert_to_tensor(nonfinite_counts) > 0),
-        non_finite,
-        lambda: _norm(tf.convert_to_tensor(norms)),
-    )
+    norms = tf.reshape(tf.convert_to_tensor(norms, tf.float32), [-1])
+    # `_norm` rescales by the largest norm, so that norms beyond 1e19 still
+    # combine; a NaN or Inf is left to propagate.
+    return _norm(norms)
 
 
 def count_nonfinite(x):

@@ -471,6 +471,29 @@ def test_the_replay_of_a_gan_step_names_the_generator_layer_where_the_value_was_
     assert all(np.isfinite(weight.numpy()).all() for weight in gan.weights)
 
 
+def test_a_nan_weight_gradient_is_logged_as_a_nan_norm_and_reported_nonfinite(tmp_path):
+    # The discriminator's dJ/d(output) stays finite (the infinite fakes enter
+    # its first kernel's gradient only), so no count written by default sees
+    # it: the norm itself must be NaN, not the norm of the finite elements (0).
+    real, _ = _gan_data(steps=4)
+    noise = np.random.default_rng(4).uniform(0.5, 1.5, size=(BATCH * 4, 3)).astype("float32")
+    noise[2 * BATCH + 1, 0] = 0.0
+    keras.utils.set_random_seed(2)
+    gan = LogGAN()
+    gan.compile(**MODES["graph"])
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1)
+    callbacks = [probe, kgrad.NonFiniteGuard()]
+    gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
+    scalars = kgrad.read_logs(str(tmp_path))["discriminator/kgrad"]["scalars"]
+    assert scalars["grad_nonfinite/d_hidden"].values.tolist() == [0.0, 0.0, 0.0]
+    norms = scalars["weight_grad_norm/d_hidden/kernel"]
+    assert norms.steps.tolist() == [0, 1, 2] and np.isfinite(norms.values[:2]).all()
+    assert np.isnan(norms.values[2]) and np.isnan(scalars["global/grad_norm"].values[2])
+    (health,) = kgrad.health_report({"d": {"scalars": scalars, "histograms": {}}})
+    d_hidden = next(row for row in health.layers if row.layer == "d_hidden")
+    assert d_hidden.flags == ("nonfinite",) and d_hidden.first_flagged == (("nonfinite", 2),)
+
+
 def test_an_own_step_under_xla_with_several_steps_per_execution_is_compiled_and_replayed():
     real, noise = _gan_data(steps=6)
     real[2 * BATCH, 0] = np.nan

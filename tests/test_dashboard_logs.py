@@ -171,6 +171,15 @@ def test_summary_has_the_guard_report_and_the_nonfinite_timeline(dashboard_logs)
     assert "Non-finite values at step 5" in guard["message"]
     # The replay's fields, as the report has them (a NaN input: it arrived with the data).
     assert (guard["born_in"], guard["replayed"], guard["batch_index"]) == ("data", True, GUARD_TRIP_STEP)
+    # The tripped step's dJ/dw is NaN: its norm is said as NaN (not "not logged", not small).
+    health = {row["layer"]: row for row in summary["health"]}
+    for layer in ("hidden", "out"):
+        assert health[layer]["grad_norm"] == "NaN" and health[layer]["nonfinite_norms"] == 1
+        assert "nonfinite" in health[layer]["flags"] and "vanishing" not in health[layer]["flags"]
+    norms = [entry for entry in summary["nonfinite"] if entry["norm"]]
+    tags = {entry["tag"] for entry in norms}
+    assert tags >= {"weight_grad_norm/hidden/kernel", "weight_grad_norm/out/kernel"}
+    assert all(entry["steps"] == [GUARD_TRIP_STEP] and entry["counts"] == ["NaN"] for entry in norms)
     json.dumps(summary, allow_nan=False)  # standard JSON: NaN became null
 
 

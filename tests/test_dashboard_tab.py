@@ -219,6 +219,11 @@ def test_tripped_guard_shows_on_the_nonfinite_timeline(tab):
     assert report.get_attribute("data-guard-step") == str(GUARD_TRIP_STEP)
     assert f"tripped at step {GUARD_TRIP_STEP}" in report.text
     assert column.find_elements("css selector", ".timeline-row .mark")
+    # The NaN dJ/dw of the tripped step, as the health table and the timeline say it.
+    norms = [cell.text for cell in column.find_elements("css selector", ".health td.col-grad_norm")]
+    assert norms == ["NaN", "NaN"]
+    rows = [row.get_attribute("data-tag") for row in column.find_elements("css selector", ".timeline-row")]
+    assert "weight_grad_norm/hidden/kernel" in rows
 
 
 def test_html_in_layer_names_renders_as_text(tab):

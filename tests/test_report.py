@@ -94,6 +94,30 @@ def test_nonfinite_counts_add_over_probes_and_tensors():
     assert layers["d"].flags == ("nonfinite",)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nan_or_inf_norm_without_a_count_is_nonfinite_not_vanishing(bad):
+    # statistics="default" writes dJ/dw's norm and no NaN/Inf count: the norm
+    # is NaN/Inf when an element is, and must be read as that, not as small.
+    layers, run = one_run(
+        {
+            "grad_norm/d": series(1.0, 1.0, 1.0),
+            "grad_nonfinite/d": series(0.0, 0.0, 0.0),
+            "weight_grad_norm/m/d/kernel": series(1.0, bad, 1.0),
+            "grad_norm/e": series(1.0, 1.0, 1.0),
+            "weight_grad_norm/m/e/kernel": series(1.0, 1.0, bad),
+        }
+    )
+    d, e = layers["d"], layers["e"]
+    assert (d.nonfinite, d.nonfinite_norms, e.nonfinite_norms) == (0, 1, 1)
+    assert d.flags == ("nonfinite",) and d.first_flagged == (("nonfinite", 10),)
+    assert "nonfinite" in e.flags and "vanishing" not in e.flags
+    assert (math.isnan(e.grad_norm) if math.isnan(bad) else e.grad_norm == math.inf)
+    table = report_table.format_run(run).splitlines()
+    (row_e,) = [line for line in table if line.startswith("e ")]
+    assert ("nan" if math.isnan(bad) else "inf") in row_e.split()
+    assert "norm (1 step)" in row_e
+
+
 @pytest.mark.parametrize(
     "latest, zero_fraction, nonfinite, expected",
     [

@@ -26,7 +26,8 @@ def _numpy_moments(values):
     flat = np.asarray(values, dtype=np.float64).ravel()
     finite = flat[np.isfinite(flat)]
     return {
-        "norm": np.linalg.norm(finite),
+        # The norm of all elements: NaN or Inf when one is (as np.linalg.norm's).
+        "norm": np.linalg.norm(flat) if flat.size else 0.0,
         "mean": finite.mean(),
         "std": finite.std(),
         "min": finite.min(),
@@ -53,7 +54,10 @@ def test_moments_match_numpy_over_finite_elements(dtype, mode):
 
 def test_moments_of_only_non_finite_elements():
     got = stats.moments(tf.constant([NAN, INF, -INF])).numpy()
-    np.testing.assert_array_equal(got, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0])
+    assert np.isnan(got[0])
+    np.testing.assert_array_equal(got[1:], [0.0, 0.0, 0.0, 0.0, 0.0, 3.0])
+    got = stats.moments(tf.constant([1.0, INF, -INF])).numpy()
+    assert got[0] == INF and got[6] == 2.0 and got[4] == 1.0
 
 
 def test_moments_of_an_empty_tensor_are_zero_not_nan():
@@ -351,7 +355,7 @@ def test_combined_norm_equals_global_norm_also_when_not_finite(mode, bad, expect
 
     def combined(tensors):
         moments = [stats.moments(t) for t in tensors]
-        return stats.combined_norm([m[0] for m in moments], [m[6] for m in moments], tensors)
+        return stats.combined_norm([m[0] for m in moments])
 
     got = float(_compiled(combined, mode)(tensors))
     reference = float(stats.global_norm(tensors))

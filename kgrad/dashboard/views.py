@@ -193,14 +193,19 @@ class RunView:
 
 
 def _health_row(row):
+    grad_norm = row.grad_norm
+    if row.nonfinite_norms and not math.isfinite(grad_norm):
+        # Logged so (JSON has no NaN/Inf; `clean` would make it "not logged").
+        grad_norm = "NaN" if math.isnan(grad_norm) else "Inf" if grad_norm > 0 else "-Inf"
     return {
         "layer": row.layer,
-        "grad_norm": row.grad_norm,
+        "grad_norm": grad_norm,
         "trend": row.trend,
         "ratio_to_max": row.ratio_to_max,
         "zero_fraction": row.zero_fraction,
         "update_ratio": row.update_ratio,
         "nonfinite": row.nonfinite,
+        "nonfinite_norms": row.nonfinite_norms,
         "flags": list(row.flags),
         "first_flagged": {flag: step for flag, step in row.first_flagged},
     }
@@ -225,27 +230,42 @@ MAX_TIMELINE_STEPS = 1000
 
 
 def nonfinite_timeline(scalars, layers):
-    """Every ``*_nonfinite/*`` tag that counted NaN/Inf: its layer row, steps and counts."""
+    """Where NaN/Inf was seen: its layer row, steps and counts (or norms).
+
+    Every ``*_nonfinite/*`` tag that counted NaN/Inf, with its counts; and
+    every norm tag without such a count beside it (``statistics="default"``
+    counts no dJ/dw) whose logged norm was NaN/Inf, with ``"NaN"`` or
+    ``"Inf"`` for counts and ``"norm": True``.
+    """
     owner = {}
     for layer, weights in layers.items():
         owner[layer] = layer
         owner.update({weight: layer for weight in weights})
     timeline = []
     for tag, series in scalars.items():
-        if NONFINITE_MARK not in tag:
+        kind, _, name = tag.partition("/")
+        if NONFINITE_MARK in tag:
+            bad, kind, counts = np.flatnonzero(series.values > 0), kind[: -len("_nonfinite")], None
+        elif kind.endswith("_norm") and f"{kind[: -len('_norm')]}{NONFINITE_MARK}{name}" not in scalars:
+            bad, kind, counts = np.flatnonzero(~np.isfinite(series.values)), kind[: -len("_norm")], "norm"
+        else:
             continue
-        bad = np.flatnonzero(series.values > 0)
         if bad.size:
-            kind, _, name = tag.partition("/")
             shown = bad[:MAX_TIMELINE_STEPS]  # the first ones: where NaN/Inf began
+            values = series.values[shown]
             timeline.append(
                 {
                     "tag": tag,
-                    "kind": kind[: -len("_nonfinite")],
+                    "kind": kind if counts is None else f"{kind} norm",
                     "layer": owner.get(name, name),
                     "steps": series.steps[shown].tolist(),
-                    "counts": series.values[shown].tolist(),
+                    "counts": values.tolist() if counts is None else [_nonfinite_text(v) for v in values],
+                    "norm": counts is not None,
                     "bad_steps": int(bad.size),
                 }
             )
     return timeline
+
+
+def _nonfinite_text(value):
+    return "NaN" if math.isnan(value) else "Inf" if value > 0 else "-Inf"

@@ -23,7 +23,12 @@ function cellText(row, key) {
   if (key === "layer") return row.layer;
   if (key === "flags") return flagText(row);
   if (key === "trend") return row.trend === null ? "–" : `×${formatNumber(row.trend, 2)}`;
-  if (key === "nonfinite") return String(row.nonfinite);
+  if (key === "nonfinite") {
+    // The default statistics count dJ/d(output)'s NaN/Inf, not dJ/dw's: say its NaN/Inf norm instead of 0.
+    if (row.nonfinite === 0 && row.nonfinite_norms > 0) return `norm (${row.nonfinite_norms} step${row.nonfinite_norms === 1 ? "" : "s"})`;
+    return String(row.nonfinite);
+  }
+  if (key === "grad_norm" && typeof row.grad_norm === "string") return row.grad_norm; // a logged NaN/Inf
   if (key === "zero_fraction") return row.zero_fraction === null ? "–" : row.zero_fraction.toFixed(2);
   return formatNumber(row[key], 2);
 }
@@ -65,7 +70,7 @@ export function timelineView(summary) {
       const slot = Math.round((400 * (step - first)) / (last - first));
       if (seen.has(slot)) return;
       seen.add(slot);
-      const mark = el("span", { class: "mark", "data-step": step, title: `step ${step}: ${entry.counts[index]} NaN/Inf` });
+      const mark = el("span", { class: "mark", "data-step": step, title: entry.norm ? `step ${step}: norm ${entry.counts[index]}` : `step ${step}: ${entry.counts[index]} NaN/Inf` });
       mark.style.left = position(step);
       track.append(mark);
     });
