@@ -137,7 +137,9 @@ def added_ops_table(baseline, profile, top):
         f"(baseline {baseline.cpu_ms_per_step:.2f}, ratio "
         f"{profile.cpu_ms_per_step / baseline.cpu_ms_per_step:.2f}); op time "
         f"{profile.op_ms_per_step:.2f} ms per step (baseline {baseline.op_ms_per_step:.2f}), "
-        f"{total_added / 1000:+.2f} ms of which:",
+        f"{total_added / 1000:+.2f} ms of which are below; "
+        f"{sum(profile.op_count_per_step.values()):.0f} ops run per step "
+        f"(baseline {sum(baseline.op_count_per_step.values()):.0f}):",
         "",
         "| op type | baseline, µs/step | this, µs/step | added, µs/step "
         "| share of added op time | runs/step |",

@@ -46,11 +46,14 @@ class ShortcutCall:
         value: The loss tensor the call returned (per example or element).
         plain_loss: ``fn(output) -> value``: the same loss computed from the
             probabilities themselves (no shortcut), differentiable in ``output``.
+        logits: The logits the loss was computed from (``output``'s
+            ``_keras_logits``, or its Softmax/Sigmoid op's input).
     """
 
     output: object
     value: object
     plain_loss: object
+    logits: object = None
 
 
 class _Recording:
@@ -92,18 +95,20 @@ def _recording_for_this_graph():
     return None
 
 
-def _takes_shortcut(name, output, from_logits):
+def _shortcut_logits(name, output, from_logits):
+    """The logits Keras computes the loss from instead of ``output``, or ``None``."""
     if from_logits or not tf.is_tensor(output):
-        return False
+        return None
     logits, _ = _ORIGINALS["_get_logits"](output, False, _OP_TYPES[name], name)
-    return logits is not output
+    return None if logits is output else logits
 
 
 def _wrap(name, original):
     @functools.wraps(original)
     def cross_entropy(target, output, from_logits=False, *args, **kwargs):
         value = original(target, output, from_logits, *args, **kwargs)
-        if _RECORDINGS and _takes_shortcut(name, output, from_logits):
+        logits = _shortcut_logits(name, output, from_logits) if _RECORDINGS else None
+        if logits is not None:
             entry = _recording_for_this_graph()
             if entry is not None:
                 entry.tape.watch(value)
@@ -113,6 +118,7 @@ def _wrap(name, original):
                     plain_loss=lambda probabilities: original(
                         target, probabilities, False, *args, **kwargs
                     ),
+                    logits=logits,
                 ))
         return value
 

@@ -33,10 +33,10 @@ import warnings
 import keras
 import tensorflow as tf
 
-from kgrad import replicas, stats
+from kgrad import norms, replicas
 from kgrad.state import ProbeState
 from kgrad.summaries import SummaryBuilder, io_names
-from kgrad.tag_selection import written_scalars
+from kgrad.tag_selection import weight_tags_written
 
 
 class ProbePipeline:
@@ -146,13 +146,22 @@ class ProbePipeline:
         return lambda tensor: tf.cast(tensor, tf.float32)
 
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
-        snapshots = self._ensure_snapshots(weights)
         paths = [model_relative_path(self.model, weight) for weight in weights]
-        values = [tf.cast(weight.value, tf.float32) for weight in weights]
-        builder.add_scalars(
-            [f"weight_norm/{path}" for path in paths],
-            tf.sqrt(2.0 * tf.stack([tf.nn.l2_loss(value) for value in values])),
-        )
+        # ‖w‖ and the update ratio only of the weights whose dJ/dw norm is
+        # written (by default not of biases): one snapshot copy, one norm and
+        # one norm of the change less per weight that nobody reads.
+        tracked = [
+            (weight, path)
+            for weight, path, gradient in zip(weights, paths, gradients)
+            if weight_tags_written(self.config.statistics, gradient)
+        ]
+        snapshots = self._ensure_snapshots([weight for weight, _ in tracked])
+        values = [tf.cast(weight.value, tf.float32) for weight, _ in tracked]
+        if tracked:
+            builder.add_scalars(
+                [f"weight_norm/{path}" for _, path in tracked],
+                tf.sqrt(2.0 * tf.stack([tf.nn.l2_loss(value) for value in values])),
+            )
         for value, snapshot in zip(values, snapshots):
             snapshot.assign(value)
         indices = []
@@ -164,7 +173,7 @@ class ProbePipeline:
         # From the per-weight norms of the moments: no second pass over the gradients.
         builder.add_scalar(
             "global/grad_norm",
-            lambda moments, tensors: stats.combined_norm(tf.gather(moments[:, 0], indices)),
+            lambda moments, tensors: norms.combined_norm(tf.gather(moments[:, 0], indices)),
         )
 
     def _ensure_snapshots(self, weights):
@@ -225,13 +234,21 @@ class ProbePipeline:
             ``(written, step, scalars, histograms)``, see `ProbeState.write`.
         """
         scalar_names, histogram_names = self.names
+        tracked = []
         if self.config.captures("weight_gradients"):
-            paths = [model_relative_path(self.model, weight) for weight in weights]
-            # ‖w‖ before the update is already among the scalars.
+            # The weights whose ‖w‖ before the update is among the scalars
+            # (see `_add_weight_gradients`), in the order of their snapshots.
+            written = set(scalar_names)
+            for weight in weights:
+                path = model_relative_path(self.model, weight)
+                if f"weight_norm/{path}" in written:
+                    tracked.append((weight, path))
+        if tracked:
+            paths = [path for _, path in tracked]
             before = tf.gather(scalars, [scalar_names.index(f"weight_norm/{path}") for path in paths])
             changes = tf.sqrt(tf.stack([
-                stats.sum_of_squares(tf.cast(weight.value, tf.float32) - snapshot.value())
-                for weight, snapshot in zip(weights, self._snapshots)
+                norms.sum_of_squares(tf.cast(weight.value, tf.float32) - snapshot.value())
+                for (weight, _), snapshot in zip(tracked, self._snapshots)
             ]))
             # A weight that was all zeros (a bias at step 0) is compared with
             # its new value, which is all of its change: ratio 1.
@@ -247,9 +264,6 @@ class ProbePipeline:
             skipped = tf.equal(self.optimizer.iterations, step)
             scalars = tf.concat([scalars, tf.cast(skipped, tf.float32)[tf.newaxis]], axis=0)
             scalar_names = scalar_names + ["global/loss_scale_skipped"]
-        # Rows that `statistics` does not write (per-weight tags of biases by
-        # default) were needed above for the update ratios; they stop here.
-        scalar_names, scalars = written_scalars(self.config.statistics, scalar_names, scalars)
         state = self._ensure_state(scalar_names, histogram_names)
         return state.write(step, scalars, histograms, where=where)
 
@@ -314,9 +328,9 @@ def _add_prediction_gradient(builder, model, gradient):
     names = io_names(gradient, "output", getattr(model, "output_names", None))
     for name, tensor in zip(names, gradients):
         builder.add_tensor("pred_grad", name, tensor)
-        norms = stats.example_norms(tensor)
-        builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(norms))
-        builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(norms))
+        example = norms.example_norms(tensor)
+        builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(example))
+        builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(example))
 
 
 def _float_input_names(model, x):

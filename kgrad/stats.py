@@ -3,10 +3,10 @@
 Every function takes tensors and returns tensors; nothing here reads values to
 the host, writes files or keeps state. Statistics are computed in float32. The
 L2 norm is the norm of every element, NaN or Inf when one is (as
-``tf.norm``'s: a norm read alone must not look finite); the mean, std, min,
-max and histogram are of the *finite* elements, and non-finite elements are
-counted separately, so a single NaN does not hide the shape of the rest of
-the distribution.
+``tf.norm``'s: a norm read alone must not look finite; `kgrad.norms` has the
+norms on their own); the mean, std, min, max and histogram are of the
+*finite* elements, and non-finite elements are counted separately, so a
+single NaN does not hide the shape of the rest of the distribution.
 """
 
 import functools
@@ -31,15 +31,6 @@ def _count(mask):
     # Counted as integers: a float32 sum of ones stops growing at 2**24, which
     # an activation gradient of a real network easily exceeds.
     return tf.cast(tf.reduce_sum(tf.cast(mask, tf.int32)), tf.float32)
-
-
-def _safe_scale(values, axis=None):
-    # Squares of exploding gradients (|g| > 1e19) overflow float32; dividing
-    # by the largest magnitude first keeps norms and std finite.
-    # Inf and NaN are left to propagate as they would without scaling.
-    scale = tf.reduce_max(tf.abs(values), axis=axis, keepdims=axis is not None)
-    usable = tf.logical_and(scale > 0, tf.math.is_finite(scale))
-    return tf.where(usable, scale, tf.ones_like(scale))
 
 
 def moments(x):
@@ -175,106 +166,6 @@ def summarize_many(tensors, bucket_count=None):
     norms = tf.where(moments[:, 6] > 0, tf.sqrt(plain.squares), moments[:, 0])
     moments = tf.concat([norms[:, tf.newaxis], moments[:, 1:]], axis=1)
     return moments, None if bucket_count is None else histograms
-
-
-def sum_of_squares(x):
-    """``sum(x²)`` in float32, in one pass over ``x`` with no temporary.
-
-    ``tf.nn.l2_loss`` is one fused kernel; ``reduce_sum(square(x))`` is two
-    passes and a tensor the size of ``x``.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad import stats
-    >>> float(stats.sum_of_squares(tf.constant([3.0, 4.0])))
-    25.0
-    """
-    return 2.0 * tf.nn.l2_loss(tf.cast(x, tf.float32))
-
-
-def l2_norm(x):
-    """The L2 norm of all of ``x``, in float32, in one pass (see `sum_of_squares`).
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad import stats
-    >>> float(stats.l2_norm(tf.constant([[3.0], [4.0]])))
-    5.0
-    """
-    return tf.sqrt(sum_of_squares(x))
-
-
-def _norm(x, axis=None):
-    scale = _safe_scale(x, axis)
-    norm = tf.norm(x / scale, axis=axis, keepdims=axis is not None) * scale
-    return norm if axis is None else tf.squeeze(norm, axis)
-
-
-def example_norms(x):
-    """L2 norm of each example (row) of ``x``; a ``[batch]`` float32 tensor.
-
-    Exact also for gradients too large to square in float32.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad import stats
-    >>> stats.example_norms(tf.constant([[3.0, 4.0], [0.0, 1.0]])).numpy().tolist()
-    [5.0, 1.0]
-    """
-    x = tf.cast(x, tf.float32)
-    batch = tf.shape(x)[0]
-    return _norm(tf.reshape(x, [batch, -1]), axis=1)
-
-
-def global_norm(tensors):
-    """The L2 norm of all ``tensors`` taken together, in float32.
-
-    Args:
-        tensors: A list of tensors of any float dtype and shape.
-
-    Returns:
-        A float32 scalar, ``sqrt(sum of all squares)``; 0 for an empty list,
-        Inf or NaN when an element is.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad import stats
-    >>> float(stats.global_norm([tf.constant([3.0]), tf.constant([[4.0]])]))
-    5.0
-    """
-    if not tensors:
-        return tf.constant(0.0)
-    norms = [_norm(tf.reshape(tf.cast(t, tf.float32), [-1])) for t in tensors]
-    return _norm(tf.stack(norms))
-
-
-def combined_norm(norms):
-    """`global_norm` of tensors from their own norms, without another pass.
-
-    Args:
-        norms: Float32 scalars (a list or a vector), the L2 norm of each
-            tensor (``moments(t)[0]``, NaN or Inf when the tensor holds one).
-
-    Returns:
-        A float32 scalar: 0 for no norms, NaN when a norm is NaN, else Inf
-        when one is Inf, as `global_norm` of the tensors themselves.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad import stats
-    >>> tensors = [tf.constant([3.0]), tf.constant([[4.0]])]
-    >>> float(stats.combined_norm([stats.moments(t)[0] for t in tensors]))
-    5.0
-    """
-    norms = tf.reshape(tf.convert_to_tensor(norms, tf.float32), [-1])
-    # `_norm` rescales by the largest norm, so that norms beyond 1e19 still
-    # combine; a NaN or Inf is left to propagate.
-    return _norm(norms)
 
 
 def count_nonfinite(x):

@@ -30,9 +30,12 @@ What is written depends on ``statistics=``: see `kgrad.tag_selection`.
 
 import tensorflow as tf
 
-from kgrad import stats
+from kgrad import norms, stats
 from kgrad.config import check_statistics
 from kgrad.tag_selection import ALL_MOMENTS, scalar_selected, selected
+
+
+_NORM = stats.MOMENT_NAMES.index("norm")
 
 
 class SummaryBuilder:
@@ -41,7 +44,8 @@ class SummaryBuilder:
     Tensors are summarized together when the scalars or histograms are
     first asked for (`kgrad.stats.summarize_many`: straight-line kernels per
     tensor, one branch for all of them; with ``statistics="default"``, one
-    call for the tensors with a histogram and one for the others).
+    call for the tensors with a histogram, one for the others, and
+    `kgrad.norms.norms_many` for those of which only the norm is written).
 
     Args:
         histograms: Whether tensors also get a histogram.
@@ -63,6 +67,7 @@ class SummaryBuilder:
         self._scalar_blocks = []
         self.histogram_names = []
         self._histogram_indices = []  # tensors with a histogram, in name order
+        self._norm_only = set()  # tensors of which at most the norm is written
         self._tensors = []
         self._summaries = None
 
@@ -83,6 +88,8 @@ class SummaryBuilder:
         if self._histograms and histogram:
             self.histogram_names.append(f"{kind}_hist/{name}")
             self._histogram_indices.append(index)
+        elif set(columns) <= {_NORM}:
+            self._norm_only.add(index)
         return index
 
     def add_scalar(self, tag, value):
@@ -91,7 +98,10 @@ class SummaryBuilder:
         ``moments`` are the ``[n, 7]`` moments of the added tensors, and
         ``tensors`` the tensors themselves, in `add_tensor` order: a callable
         reads them from its arguments, not from its closure, so that it also
-        works on the tensors of `with_inputs`.
+        works on the tensors of `with_inputs`. The row of a tensor of which
+        at most the norm is written (no histogram; see
+        `kgrad.tag_selection.selected`) holds only its norm, NaN elsewhere:
+        of those, a callable reads the norm.
         """
         self._check_open()
         if not scalar_selected(self._statistics, tag):
@@ -155,6 +165,7 @@ class SummaryBuilder:
         other.scalar_names = list(self.scalar_names)
         other.histogram_names = list(self.histogram_names)
         other._histogram_indices = list(self._histogram_indices)
+        other._norm_only = set(self._norm_only)
         other._tensors = inputs[: len(self._tensors)]
         scalar_tensors = iter(inputs[len(self._tensors) :])
         other._scalar_blocks = [
@@ -174,20 +185,29 @@ class SummaryBuilder:
     def _summarize_tensors(self):
         """``(moments [n, 7], histograms [len(histogram_names), k, 3] or None)``."""
         tensors, with_histogram = self._tensors, self._histogram_indices
-        if not with_histogram or len(with_histogram) == len(tensors):
-            # Every tensor or none: one call, as before there was a choice.
-            return stats.summarize_many(tensors, self._bucket_count if with_histogram else None)
         # Histograms are most of a probed step's cost: only the written ones
-        # are computed. Per tensor, the moments are those of a single call.
+        # are computed. A tensor of which only the norm is written (a bias's
+        # gradient, for the global norm; a kernel's without its histogram)
+        # gets one kernel, not five (`kgrad.norms.norms_many`). Per tensor,
+        # the values are those of a single call.
         chosen = set(with_histogram)
-        others = [index for index in range(len(tensors)) if index not in chosen]
-        moments_with, histograms = stats.summarize_many(
-            [tensors[index] for index in with_histogram], self._bucket_count
-        )
-        moments_without, _ = stats.summarize_many([tensors[index] for index in others])
-        position = {index: place for place, index in enumerate(with_histogram + others)}
+        norm_only = [index for index in range(len(tensors)) if index in self._norm_only]
+        others = [index for index in range(len(tensors)) if index not in chosen | self._norm_only]
+        parts, histograms = [], None
+        if with_histogram:
+            moments, histograms = stats.summarize_many(
+                [tensors[index] for index in with_histogram], self._bucket_count
+            )
+            parts.append(moments)
+        if others:
+            parts.append(stats.summarize_many([tensors[index] for index in others])[0])
+        if norm_only:
+            parts.append(_norm_rows(norms.norms_many([tensors[index] for index in norm_only])))
+        if len(parts) == 1:
+            return parts[0], histograms
+        position = {index: place for place, index in enumerate(with_histogram + others + norm_only)}
         order = [position[index] for index in range(len(tensors))]
-        return tf.gather(tf.concat([moments_with, moments_without], axis=0), order), histograms
+        return tf.gather(tf.concat(parts, axis=0), order), histograms
 
     def scalars(self):
         """All scalars as one ``[n]`` float32 vector, in ``scalar_names`` order."""
@@ -224,6 +244,12 @@ class SummaryBuilder:
         if not self.histogram_names:
             return tf.zeros([0, self._bucket_count, 3])
         return self._summarize()[1]
+
+
+def _norm_rows(tensor_norms):
+    """``[n, 7]`` rows of moments holding only ``tensor_norms``: NaN in the columns not computed."""
+    missing = tf.fill([tf.shape(tensor_norms)[0], len(stats.MOMENT_NAMES) - 1], float("nan"))
+    return tf.concat([tensor_norms[:, tf.newaxis], missing], axis=1)
 
 
 def io_names(structure, prefix, keras_names=None):

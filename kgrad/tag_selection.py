@@ -23,14 +23,13 @@ of the tags written are the same under both settings.
 
 `kgrad.summaries.SummaryBuilder` drops the rows that are not written before
 they enter its scalars and histograms (histograms not written are not
-computed); `written_scalars` drops the per-weight tags that a step adds after
-the builder, before the record is buffered.
+computed, nor the moments of a tensor of which only the norm is written);
+`weight_tags_written` says of which weights a step computes ``weight_norm/``
+and ``update_ratio/`` at all.
 """
 
-import tensorflow as tf
 
 from kgrad import stats
-from kgrad.config import check_statistics
 
 #: Under ``statistics="default"``: the moments each kind of tensor writes.
 #: Kinds not listed write all of them.
@@ -49,8 +48,6 @@ DEFAULT_MOMENTS = {
 DEFAULT_HISTOGRAMS = ("grad", "pred_grad", "input_grad", "weight_grad", "example_grad_norm")
 #: Under ``statistics="default"``: scalar tags (prefixes) left out.
 DEFAULT_DROPPED_SCALARS = ("pred_grad_example_norm_mean/", "pred_grad_example_norm_max/")
-# Per-weight tags, written for the weights whose dJ/dw norm is written.
-_WEIGHT_SCALARS = ("weight_norm/", "update_ratio/")
 #: Every column of a row of moments.
 ALL_MOMENTS = tuple(range(len(stats.MOMENT_NAMES)))
 
@@ -72,43 +69,19 @@ def scalar_selected(statistics, tag):
     return statistics == "all" or not tag.startswith(DEFAULT_DROPPED_SCALARS)
 
 
-def written_scalars(statistics, scalar_names, scalars):
-    """The scalars of a record that ``statistics`` writes, before they are buffered.
+def weight_tags_written(statistics, gradient):
+    """Whether ``statistics`` writes ``weight_norm/`` and ``update_ratio/`` of a weight.
 
-    The builder keeps every ``weight_norm/`` (the update ratios are computed
-    from them after the step); under ``"default"`` this drops the
-    ``weight_norm/`` and ``update_ratio/`` of weights whose
-    ``weight_grad_norm/`` is not written (biases), so that fewer numbers
-    reach the host.
-
-    Args:
-        statistics: One of `kgrad.config.STATISTICS`.
-        scalar_names: Tags of ``scalars``, in order.
-        scalars: A ``[len(scalar_names)]`` float32 tensor.
-
-    Returns:
-        ``(names, scalars)``: a list of tags and their ``[n]`` tensor (the
-        arguments themselves when nothing is dropped).
+    Under ``"all"``, of every weight; under ``"default"``, of the weights
+    whose ``weight_grad_norm/`` is written (``gradient`` is not ``None`` and
+    has two or more dimensions): a bias's norm and update are not read.
 
     Example:
 
     >>> import tensorflow as tf
-    >>> from kgrad.tag_selection import written_scalars
-    >>> names = ["weight_grad_norm/d/kernel", "weight_norm/d/kernel", "weight_norm/d/bias"]
-    >>> kept, values = written_scalars("default", names, tf.constant([1.0, 2.0, 3.0]))
-    >>> kept, values.numpy().tolist()
-    (['weight_grad_norm/d/kernel', 'weight_norm/d/kernel'], [1.0, 2.0])
+    >>> weight_tags_written("default", tf.zeros([3])), weight_tags_written("all", None)
+    (False, True)
     """
-    check_statistics(statistics)
     if statistics == "all":
-        return scalar_names, scalars
-    present = set(scalar_names)
-
-    def written(tag):
-        prefix = next((p for p in _WEIGHT_SCALARS if tag.startswith(p)), None)
-        return prefix is None or "weight_grad_norm/" + tag[len(prefix) :] in present
-
-    kept = [index for index, tag in enumerate(scalar_names) if written(tag)]
-    if len(kept) == len(scalar_names):
-        return scalar_names, scalars
-    return [scalar_names[index] for index in kept], tf.gather(scalars, kept)
+        return True
+    return gradient is not None and bool(selected(statistics, "weight_grad", gradient)[0])

@@ -33,6 +33,10 @@ class ProbeResult:
         unconnected: Names of the activations the differentiated target does
             not depend on; their ``gradients`` are zeros (or ``None``, see
             ``gradients``).
+        logits_gradients: ``dict`` name -> dJ/d(logits), for the captured
+            softmax/sigmoid outputs whose cross-entropy Keras computed from
+            the logits inside the tape's block: the gradient of the tensor
+            the softmax or sigmoid was applied to.
 
     Example:
 
@@ -55,6 +59,7 @@ class ProbeResult:
     prediction: object
     unconnected: frozenset = frozenset()
     layer_inputs: dict = dataclasses.field(default_factory=dict)
+    logits_gradients: dict = dataclasses.field(default_factory=dict)
 
 
 class ProbeTape(tf.GradientTape):
@@ -301,20 +306,32 @@ class ProbeTape(tf.GradientTape):
         inputs = self._recorder.watched_inputs()
         position = {id(tensor): index for index, tensor in enumerate(captured)}
         shortcuts = [call for call in self._shortcut_calls if id(call.output) in position]
+        # dJ/d(logits) of each captured output whose cross-entropy took the
+        # shortcut: the backward pass computes it on its way to the weights,
+        # so a pre-activation gradient (`kgrad.instruments`) need not be
+        # chained back through the probabilities (a softmax the plain step
+        # never computes).
+        logits = {}
+        for call in shortcuts:
+            logits.setdefault(position[id(call.output)], call.logits)
+        logits_indices = sorted(logits)
         every_gradient = super().gradient(
             target,
-            flat_sources + captured + inputs + [call.value for call in shortcuts],
+            flat_sources + captured + inputs + [call.value for call in shortcuts]
+            + [logits[index] for index in logits_indices],
             output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients,
         )
         user_part = every_gradient[: len(flat_sources)]
         probe_part = every_gradient[len(flat_sources) : len(flat_sources) + len(captured) + len(inputs)]
+        shortcut_part = every_gradient[len(flat_sources) + len(captured) + len(inputs) :]
+        value_gradients, logits_part = shortcut_part[: len(shortcuts)], shortcut_part[len(shortcuts) :]
         activation_gradients = _zeros_for_none(probe_part[: len(captured)], captured)
         hidden = set()  # activations whose dJ/d(activation) the tape cannot see
         for index, tensor in enumerate(captured):
             if probe_part[index] is None and logits_shortcut.has_logits_shortcut(tensor):
                 hidden.add(index)
-        for call, value_gradient in zip(shortcuts, every_gradient[len(every_gradient) - len(shortcuts):]):
+        for call, value_gradient in zip(shortcuts, value_gradients):
             if value_gradient is None:
                 continue  # that loss is not part of the target
             index = position[id(call.output)]
@@ -325,6 +342,11 @@ class ProbeTape(tf.GradientTape):
         for index in sorted(hidden):
             activation_gradients[index] = None
             _warn_hidden_gradient(names[index])
+        logits_gradients = {
+            names[index]: gradient
+            for index, gradient in zip(logits_indices, logits_part)
+            if gradient is not None
+        }
         input_gradients = _zeros_for_none(probe_part[len(captured) :], inputs)
         self._probe = ProbeResult(
             activations=dict(zip(names, captured)),
@@ -338,6 +360,7 @@ class ProbeTape(tf.GradientTape):
             unconnected=frozenset(
                 name for name, gradient in zip(names, probe_part) if gradient is None
             ),
+            logits_gradients=logits_gradients,
         )
         return tf.nest.pack_sequence_as(sources, user_part)
 

@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad import demo, layout
+from kgrad import demo, layout, norms
 from kgrad.config import ProbeConfig
 from kgrad.summaries import SummaryBuilder
-from kgrad.tag_selection import written_scalars
+from kgrad.tag_selection import weight_tags_written
 
 STATS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
 # The demo's MLP: 8 hidden Dense layers and an output, a kernel and a bias each.
@@ -185,27 +185,52 @@ def test_builder_without_histograms_and_the_keyword_default():
     assert SummaryBuilder(True, 5)._statistics == "all"
 
 
-def test_written_scalars_drop_the_weight_tags_of_unwritten_weight_gradients():
-    names = [
-        "weight_grad_norm/d/kernel",
-        "weight_norm/d/kernel",
-        "weight_norm/d/bias",
-        "update_ratio/d/kernel",
-        "update_ratio/d/bias",
-        "global/grad_norm",
-    ]
-    values = tf.range(6, dtype=tf.float32)
-    kept, kept_values = written_scalars("default", names, values)
-    assert kept == [
-        "weight_grad_norm/d/kernel",
-        "weight_norm/d/kernel",
-        "update_ratio/d/kernel",
-        "global/grad_norm",
-    ]
-    assert kept_values.numpy().tolist() == [0.0, 1.0, 3.0, 5.0]
-    assert written_scalars("all", names, values) == (names, values)
-    with pytest.raises(ValueError, match="statistics='most'"):
-        written_scalars("most", names, values)
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), 1e30])
+def test_a_tensor_of_which_only_the_norm_is_written_gets_one_kernel_and_the_same_norm(bad):
+    # A kernel's gradient without its histogram, and a bias's, which only
+    # enters the global norm: the norm of every element, as under "all".
+    rng = np.random.default_rng(1)
+    kernel = rng.normal(size=(3, 3)).astype(np.float32)
+    if bad is not None:
+        kernel[1, 2] = bad  # 1e30: squares beyond float32, the rescaled branch
+    bias = rng.normal(size=(3,)).astype(np.float32)
+
+    def builder_for(statistics):
+        builder = SummaryBuilder(False, 5, statistics=statistics)
+        indices = [
+            builder.add_tensor("weight_grad", "d/kernel", tf.constant(kernel)),
+            builder.add_tensor("weight_grad", "d/bias", tf.constant(bias)),
+        ]
+        builder.add_scalar(
+            "global/grad_norm",
+            lambda moments, _: norms.combined_norm(tf.gather(moments[:, 0], indices)),
+        )
+        return builder
+
+    default = builder_for("default")
+    written = dict(zip(default.scalar_names, default.scalars().numpy().tolist()))
+    every = builder_for("all")
+    reference = dict(zip(every.scalar_names, every.scalars().numpy().tolist()))
+    assert list(written) == ["weight_grad_norm/d/kernel", "global/grad_norm"]
+    in_float64 = np.linalg.norm(np.float64(kernel))
+    expected_global = np.sqrt(in_float64**2 + np.sum(np.float64(bias) ** 2))
+    np.testing.assert_allclose(
+        [written["weight_grad_norm/d/kernel"], written["global/grad_norm"]],
+        [in_float64, expected_global], rtol=1e-6,
+    )
+    for tag, value in written.items():
+        np.testing.assert_allclose(value, reference[tag], rtol=1e-6, err_msg=tag)
+    # One kernel per tensor: none of the other moments' reductions is traced.
+    graph = tf.function(lambda: builder_for("default").scalars()).get_concrete_function().graph
+    op_types = {op.type for op in graph.get_operations()}
+    assert op_types.isdisjoint({"Sign", "Min"}), sorted(op_types)
+
+
+def test_weight_tags_are_written_of_the_weights_whose_gradient_norm_is():
+    kernel, bias = tf.zeros([3, 2]), tf.zeros([2])
+    assert weight_tags_written("default", kernel) and not weight_tags_written("default", bias)
+    assert not weight_tags_written("default", None)
+    assert all(weight_tags_written("all", gradient) for gradient in (kernel, bias, None))
 
 
 def test_layout_has_at_most_eight_exact_tags_per_chart(demo_runs):

@@ -1,5 +1,7 @@
 """Per-example gradient norms against a brute-force per-example GradientTape loop (float64)."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -17,9 +19,12 @@ from kgrad.summaries import SummaryBuilder
 
 @pytest.fixture(autouse=True)
 def _float64():
+    # The dtype policy too: Keras fixes it from floatx the first time it is read.
     keras.config.set_floatx("float64")
+    keras.mixed_precision.set_global_policy("float64")
     yield
     keras.config.set_floatx("float32")
+    keras.mixed_precision.set_global_policy("float32")
 
 
 def _per_example_losses(loss_fn, y, prediction, sample_weight):
@@ -266,7 +271,9 @@ def test_mixed_precision_unscaled_in_float32():
         model = sequential_cnn()
         model(x.astype("float32"))
     finally:
-        keras.mixed_precision.set_global_policy("float32")
+        # The float64 of this module's other tests (set by the fixture).
+        keras.config.set_floatx("float64")
+        keras.mixed_precision.set_global_policy("float64")
     model.set_weights(reference_model.get_weights())
     scale = 1024.0
     with kgrad.ProbeTape(model, layers="all") as tape:
@@ -305,17 +312,89 @@ def test_regularization_losses_are_left_out_of_the_batch_gradient():
     np.testing.assert_allclose(result.batch_gradients["kernel"][0], kernel_gradient - penalty_gradient)
 
 
+def _cross_entropy_from_probabilities(y, probabilities):
+    # By hand, not Keras': the loss reaches the softmax output on the tape (no logits shortcut).
+    return -tf.math.log(tf.gather(probabilities, tf.cast(y, tf.int32), batch_dims=1))
+
+
 @pytest.mark.parametrize("jit_compile", [None, True])
-def test_softmax_output_under_cross_entropy(jit_compile):
-    # Keras computes the loss from the logits: the tape gives the true dJ/dŷ
-    # and the per-example norms go back through the softmax.
+@pytest.mark.parametrize(
+    "loss", ["sparse_categorical_crossentropy", _cross_entropy_from_probabilities],
+    ids=["keras_from_the_logits", "by_hand_from_the_probabilities"],
+)
+def test_softmax_output_under_cross_entropy(jit_compile, loss):
+    # Keras computes its loss from the logits: dJ/dz is the tape's dJ/d(logits).
+    # By hand, the loss reaches the probabilities: dJ/dz goes back through the softmax.
     model = keras.Sequential([
         keras.Input((4,)), keras.layers.Dense(5, activation="relu"),
         keras.layers.Dense(3, activation="softmax", name="probabilities"),
     ])
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(6, 4)), rng.integers(0, 3, size=(6,))
-    check(model, x, y, "sparse_categorical_crossentropy", jit_compile=jit_compile)
+    check(model, x, y, loss, jit_compile=jit_compile)
+
+
+@pytest.mark.parametrize("jit_compile", [None, True])
+def test_sigmoid_output_under_binary_cross_entropy(jit_compile):
+    model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(5, activation="tanh"),
+        keras.layers.Dense(2, activation="sigmoid", name="probabilities"),
+    ])
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(6, 4)), rng.integers(0, 2, size=(6, 2)).astype("float64")
+    check(model, x, y, "binary_crossentropy", jit_compile=jit_compile)
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
+def test_the_tape_gives_dj_dlogits_of_an_output_whose_keras_loss_took_the_shortcut(activation):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation=activation, name="out")])
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(5, 4))
+    if activation == "softmax":
+        y = rng.integers(0, 3, size=(5,))
+        keras_loss, targets = keras.losses.SparseCategoricalCrossentropy(), np.eye(3)[y]
+    else:
+        y = rng.integers(0, 2, size=(5, 3)).astype("float64")
+        keras_loss, targets = keras.losses.BinaryCrossentropy(), y
+    with kgrad.ProbeTape(model) as tape:
+        loss = keras_loss(y, model(x))
+    tape.gradient(loss, model.trainable_weights)
+    logits = x @ model.layers[0].kernel.numpy() + model.layers[0].bias.numpy()
+    if activation == "softmax":
+        probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        expected = (probabilities - targets) / len(x)
+    else:
+        expected = (1 / (1 + np.exp(-logits)) - targets) / targets.size
+    np.testing.assert_allclose(tape.probe.logits_gradients["out"], expected, rtol=1e-10, atol=1e-15)
+    # A loss of the probabilities themselves takes no shortcut: no dJ/d(logits).
+    with kgrad.ProbeTape(model) as tape:
+        loss = tf.reduce_mean(tf.square(model(x)))
+    tape.gradient(loss, model.trainable_weights)
+    assert tape.probe.logits_gradients == {}
+
+
+def test_the_norms_of_a_softmax_layer_come_from_the_tapes_dj_dlogits():
+    # Not from the probabilities: doubling dJ/d(logits) quadruples the last
+    # layer's squared norms and leaves the layer before it alone.
+    model = keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(5, activation="relu", name="hidden"),
+        keras.layers.Dense(3, activation="softmax", name="probabilities"),
+    ])
+    rng = np.random.default_rng(8)
+    x, y = rng.normal(size=(6, 4)), rng.integers(0, 3, size=(6,))
+    with kgrad.ProbeTape(model, layers="all") as tape:
+        inputs = record_layer_inputs(tape)
+        loss = keras.losses.SparseCategoricalCrossentropy()(y, model(x))
+    tape.gradient(loss, model.trainable_weights)
+    assert set(tape.probe.logits_gradients) == {"probabilities"}
+    doubled = dataclasses.replace(
+        tape.probe, logits_gradients={"probabilities": 2 * tape.probe.logits_gradients["probabilities"]}
+    )
+    plain, changed = (probe_per_example_norms(model, probe, inputs) for probe in (tape.probe, doubled))
+    np.testing.assert_allclose(
+        changed["probabilities"].sq_norms["kernel"], 4 * plain["probabilities"].sq_norms["kernel"], rtol=1e-12
+    )
+    np.testing.assert_array_equal(changed["hidden"].sq_norms["kernel"], plain["hidden"].sq_norms["kernel"])
 
 
 _MIRRORED_SCRIPT = """

@@ -315,62 +315,7 @@ def test_histogram_rejects_a_bad_bucket_count(bucket_count):
         stats.histogram(tf.ones([3]), bucket_count)
 
 
-# --- norms and non-finite counts -------------------------------------------------
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_example_norms_match_numpy(mode):
-    values = np.random.default_rng(2).normal(size=(4, 3, 2)).astype(np.float32)
-    values[1] *= 1e20  # would overflow if squared directly
-    got = _compiled(stats.example_norms, mode)(tf.constant(values)).numpy()
-    expected = np.linalg.norm(values.astype(np.float64).reshape(4, -1), axis=1)
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
-
-
-def test_example_norms_keep_non_finite_rows_non_finite():
-    got = stats.example_norms(tf.constant([[1.0, INF], [NAN, 0.0], [3.0, 4.0]])).numpy()
-    assert got[0] == INF and np.isnan(got[1]) and got[2] == 5.0
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_global_norm_matches_numpy(mode):
-    rng = np.random.default_rng(3)
-    arrays = [rng.normal(size=(3, 2)), rng.normal(size=(5,)) * 1e20, rng.normal(size=(2, 2, 2))]
-    tensors = [tf.constant(a, tf.float32) for a in arrays]
-    got = _compiled(stats.global_norm, mode)(tensors).numpy()
-    expected = np.sqrt(sum(np.sum(np.float64(np.float32(a)) ** 2) for a in arrays))
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(
-    "bad, expected",
-    [([NAN], "nan"), ([INF], "inf"), ([-INF, NAN], "nan"), ([INF, 3e30], "inf"), ([], "finite")],
-)
-def test_combined_norm_equals_global_norm_also_when_not_finite(mode, bad, expected):
-    rng = np.random.default_rng(4)
-    arrays = [rng.normal(size=(3, 2)).astype("float32"), (rng.normal(size=(5,)) * 1e20).astype("float32")]
-    arrays.append(np.array([1.0, *bad], "float32"))
-    tensors = [tf.constant(a) for a in arrays]
-
-    def combined(tensors):
-        moments = [stats.moments(t) for t in tensors]
-        return stats.combined_norm([m[0] for m in moments])
-
-    got = float(_compiled(combined, mode)(tensors))
-    reference = float(stats.global_norm(tensors))
-    if expected == "nan":
-        assert np.isnan(got) and np.isnan(reference)
-    elif expected == "inf":
-        assert got == INF and reference == INF
-    else:
-        np.testing.assert_allclose(got, reference, rtol=1e-6)
-
-
-def test_global_norm_of_nothing_is_zero_and_of_mixed_dtypes_is_float32():
-    assert float(stats.global_norm([])) == 0.0
-    got = stats.global_norm([tf.constant([3.0], tf.float16), tf.constant([4.0], tf.float64)])
-    assert got.dtype == tf.float32 and float(got) == 5.0
+# --- non-finite counts -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -51,6 +51,18 @@ _FROM_OUTPUT = {
 }
 
 
+class _PreActivation:
+    """Passed as a factor function's ``output``: its ``delta`` already is dJ/dz."""
+
+    def __repr__(self):
+        return "PRE_ACTIVATION"
+
+
+#: ``output=PRE_ACTIVATION``: ``delta`` is dJ/d(pre-activation), e.g. the tape's
+#: dJ/d(logits) of a softmax output (`kgrad.ProbeResult.logits_gradients`).
+PRE_ACTIVATION = _PreActivation()
+
+
 def _pre_activation_gradient(layer, compute_z, output, delta):
     """dJ/dz from dJ/d(activation(z)): the recorded output is after the activation.
 
@@ -58,11 +70,11 @@ def _pre_activation_gradient(layer, compute_z, output, delta):
         layer: The layer, for its ``activation``.
         compute_z: ``fn() -> z``, recomputing the pre-activation (one more
             forward product), called only when ``output`` cannot serve.
-        output: The layer's recorded output, or ``None``.
-        delta: dJ/d(output), in the compute dtype.
+        output: The layer's recorded output, ``None``, or `PRE_ACTIVATION`.
+        delta: dJ/d(output) (dJ/dz with `PRE_ACTIVATION`), in the compute dtype.
     """
     activation = getattr(layer, "activation", None)
-    if activation is None or activation is keras.activations.linear:
+    if output is PRE_ACTIVATION or activation is None or activation is keras.activations.linear:
         return delta
     if output is not None and activation in _FROM_OUTPUT:
         return _FROM_OUTPUT[activation](tf.cast(output, delta.dtype), delta)
@@ -309,7 +321,8 @@ def factors_for(layer, a, delta, output=None):
     """The factored per-example gradients of one call, by weight attribute name.
 
     ``output`` (the call's recorded output, optional) spares recomputing the
-    pre-activation for ReLU, tanh, sigmoid and softmax.
+    pre-activation for ReLU, tanh, sigmoid and softmax; `PRE_ACTIVATION` says
+    that ``delta`` is dJ/d(pre-activation) already.
 
     Raises:
         Unsupported: With the reason, for layers not supported or not defined.

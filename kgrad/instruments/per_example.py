@@ -58,7 +58,8 @@ class PerExampleNorms:
     reason: str = None
 
 
-def per_example_sq_norms(layer, inputs, output_gradients, unscale=None, outputs=None):
+def per_example_sq_norms(layer, inputs, output_gradients, unscale=None, outputs=None,
+                         pre_activation_gradients=None):
     """‖∇_w ℓ_i‖² for each trainable weight ``w`` of ``layer`` and each example i.
 
     Args:
@@ -71,6 +72,10 @@ def per_example_sq_norms(layer, inputs, output_gradients, unscale=None, outputs=
         outputs: Optional, the layer's outputs, same structure: with them, the
             pre-activation gradient of a ReLU, tanh, sigmoid or softmax layer
             comes from the output, without recomputing the pre-activation.
+        pre_activation_gradients: Optional, same structure: dJ/d(pre-activation)
+            of the calls that have it (``None`` for the others), used instead
+            of going back through the activation, e.g. the tape's dJ/d(logits)
+            of a softmax output (`kgrad.ProbeResult.logits_gradients`).
 
     Returns:
         A `PerExampleNorms`; its ``reason`` says why when the layer is not
@@ -88,6 +93,10 @@ def per_example_sq_norms(layer, inputs, output_gradients, unscale=None, outputs=
     """
     calls = _calls(inputs, output_gradients)
     outputs = [None] * len(calls) if outputs is None else [c[1] for c in _calls(inputs, outputs)]
+    if pre_activation_gradients is not None:
+        given = [c[1] for c in _calls(inputs, pre_activation_gradients)]
+        calls = [(a, delta if pre is None else pre) for (a, delta), pre in zip(calls, given)]
+        outputs = [out if pre is None else _factors.PRE_ACTIVATION for out, pre in zip(outputs, given)]
     unscale = unscale or (lambda tensor: tf.cast(tensor, _factors.compute_dtype(tensor)))
     variables = {
         key: getattr(layer, key)

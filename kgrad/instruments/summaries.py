@@ -110,8 +110,25 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
             deltas = [output_gradients.get(name, probe.gradients.get(name)) for name in names]
             inputs = [layer_inputs[name] for name in names]
             outputs = [probe.activations[name] for name in names]
-            results[base] = per_example_sq_norms(operations[base], inputs, deltas, unscale, outputs)
+            pre_activation = [
+                _logits_gradient(operations[base], probe, name) if name not in output_gradients else None
+                for name in names
+            ]
+            results[base] = per_example_sq_norms(
+                operations[base], inputs, deltas, unscale, outputs, pre_activation
+            )
     return results
+
+
+def _logits_gradient(layer, probe, name):
+    """dJ/dz of a softmax/sigmoid layer from the tape, when its loss took Keras' logits shortcut.
+
+    The logits behind ``activation(z)`` are the layer's own ``z`` only when
+    the activation is the layer's (``Dense(..., activation="softmax")``).
+    """
+    if getattr(layer, "activation", None) not in (keras.activations.softmax, keras.activations.sigmoid):
+        return None
+    return probe.logits_gradients.get(name)
 
 
 def _relative_path(model, weight):
