@@ -190,9 +190,9 @@ class SummaryBuilder:
         # gradient, for the global norm; a kernel's without its histogram)
         # gets one kernel, not five (`kgrad.norms.norms_many`). Per tensor,
         # the values are those of a single call.
-        chosen = set(with_histogram)
         norm_only = [index for index in range(len(tensors)) if index in self._norm_only]
-        others = [index for index in range(len(tensors)) if index not in chosen | self._norm_only]
+        apart = set(with_histogram) | self._norm_only
+        others = [index for index in range(len(tensors)) if index not in apart]
         parts, histograms = [], None
         if with_histogram:
             moments, histograms = stats.summarize_many(
