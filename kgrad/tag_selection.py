@@ -28,7 +28,6 @@ computed, nor the moments of a tensor of which only the norm is written);
 and ``update_ratio/`` at all.
 """
 
-
 from kgrad import stats
 
 #: Under ``statistics="default"``: the moments each kind of tensor writes.
