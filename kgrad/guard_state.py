@@ -37,8 +37,9 @@ class GuardState:
         """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
 
         Graph code: runs inside the train step, every step. A clean step costs
-        one sum of squares per tensor and two branches: the check and the
-        update. ``apply`` runs when every tensor is finite and, with
+        one sum of squares per tensor, two branches (the check and the
+        update) and two small selects (the record of the last finite step).
+        ``apply`` runs when every tensor is finite and, with
         ``halt_updates``, no earlier step of the execution tripped; it also
         runs on a step whose sums overflowed but whose exact counts find no
         NaN or Inf. The tensors of ``on_trip_only`` names are zero-argument
@@ -64,11 +65,6 @@ class GuardState:
         if halt_updates:
             clean = tf.logical_and(clean, tf.logical_not(self.tripped))
 
-        def record_clean():
-            self.last_finite_half_squares.assign(self._spread(unscale(half_squares)))
-            self.last_finite_step.assign(tf.cast(step, tf.int64))
-            return tf.constant(True)
-
         def locate():
             computed = [t() if name in self.on_trip_only else t for name, t in zip(self.names, tensors)]
             counts = sum_over_replicas(tf.stack([stats.count_nonfinite(t) for t in computed]))
@@ -80,19 +76,11 @@ class GuardState:
                 self.tripped.assign(True)
                 return tf.constant(False)
 
-            def overflowed_only():
-                # No NaN or Inf, only squares that overflowed: a clean step,
-                # whose update is applied; its norms are kept as they are
-                # (Inf), and the host reports them as unknown.
-                self.last_finite_half_squares.assign(self._spread(unscale(half_squares)))
-                self.last_finite_step.assign(tf.cast(step, tf.int64))
-                return tf.constant(True)
-
             first_trip = tf.logical_and(really_bad, tf.logical_not(self.tripped))
+            # No NaN or Inf, only squares that overflowed: a clean step,
+            # whose update is applied.
             return tf.cond(
-                first_trip,
-                record_trip,
-                lambda: tf.cond(really_bad, lambda: tf.constant(False), overflowed_only),
+                first_trip, record_trip, lambda: tf.logical_not(really_bad)
             )
 
         def not_clean():
@@ -102,7 +90,18 @@ class GuardState:
             # nothing and keeps the last finite step from before the trip.
             return tf.cond(self.tripped, lambda: tf.constant(False), locate)
 
-        may_apply = tf.cond(clean, record_clean, not_clean)
+        # A clean step's branch holds nothing: the record of a finite step
+        # is two small selects after it, not writes inside a branch that
+        # runs every step (see benchmarks/RESULTS.md, "The guard's branches").
+        may_apply = tf.cond(clean, lambda: tf.constant(True), not_clean)
+        # Every applied step is a finite one (an overflowed sum is kept as
+        # Inf, which the host reports as unknown).
+        self.last_finite_half_squares.assign(
+            tf.where(may_apply, self._spread(unscale(half_squares)), self.last_finite_half_squares)
+        )
+        self.last_finite_step.assign(
+            tf.where(may_apply, tf.cast(step, tf.int64), self.last_finite_step)
+        )
 
         def update():
             apply()
@@ -293,8 +292,9 @@ def keep_tripped_batch(model, traced, data, tripped):
         ``None`` when the batch is kept, else why it cannot be (data that are
         not all numbers: strings).
     """
-    if not all(leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in tf.nest.flatten(data)):
-        return "variables cannot hold inputs that are not numbers (strings)"
+    reason = _why_variables_cannot_hold(data)
+    if reason is not None:
+        return reason
     if traced.tripped_batch is None:
         traced.tripped_batch = replicas.create_variables(
             model, lambda: TrippedBatch(data, seed_generators(model))
@@ -306,19 +306,36 @@ def keep_tripped_batch(model, traced, data, tripped):
     return None
 
 
+def _why_variables_cannot_hold(data):
+    """Why `TrippedBatch` cannot keep ``data``, or ``None`` when it can."""
+    leaves = tf.nest.flatten(data)
+    if not all(isinstance(leaf, tf.Tensor) and leaf.shape.rank for leaf in leaves):
+        return "variables cannot hold inputs that are not dense batched tensors (ragged, sparse)"
+    if not all(leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in leaves):
+        return "variables cannot hold inputs that are not numbers (strings)"
+    return None
+
+
 def keeping_the_batch(model, traced, outputs, data):
     """Graph code: ``outputs`` of a guarded step, with its batch kept for the replay of a trip.
 
-    With one step per execution the step returns its own input tensors
-    (`kgrad.replay.BATCH_OUTPUT`), which copies nothing to the host; with
-    several, only the last step's outputs return, so `keep_tripped_batch`
-    writes the tripped step's into variables (under XLA after the compiled
-    step, in `kgrad.step.ProbingStep.train_step`).
+    The tripped step's batch is written into variables (`keep_tripped_batch`,
+    in a branch that runs on a trip only; under XLA with several steps per
+    execution after the compiled step, in `kgrad.step.ProbingStep.train_step`).
+    With one step per execution, where variables cannot take it (a step
+    compiled by XLA, which cannot write a batch of a new size into a
+    variable; strings; ragged tensors), the step returns its own input
+    tensors instead (`kgrad.replay.BATCH_OUTPUT`), which copies nothing to
+    the host but costs every step: each output of Keras' train function
+    costs it host time per step (measured on the benchmark MLP: ~1-3% of a
+    step for the batch).
     """
     plan = traced.plan
     if plan.guard is None:
         return outputs
-    if plan.steps_per_execution == 1:
+    if plan.steps_per_execution == 1 and (
+        bool(model.jit_compile and not model.run_eagerly) or _why_variables_cannot_hold(data) is not None
+    ):
         return {**outputs, BATCH_OUTPUT: data}
     if not plan.compiles_step_inside:
         traced.batch_not_kept = keep_tripped_batch(model, traced, data, outputs[TRIPPED_OUTPUT])

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import keras
 import numpy as np
@@ -10,7 +11,10 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from kgrad import guard_state
+from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.locate import locate
+from kgrad.replay import BATCH_OUTPUT
 from fit_helpers import sqrt_at_zero_loss
 
 BATCH = 4
@@ -183,6 +187,69 @@ def test_steps_per_execution_keeps_the_tripped_batch(jit_compile):
     assert _born(report) == (2, "forward", "middle", "Lambda") and report.replayed
     assert report.born_inf_count == 1
     assert model.optimizer.iterations.numpy() == 2  # steps 2 and 3 applied nothing
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_with_warn_each_trip_replays_its_own_batch(jit_compile):
+    x, y = _data()
+    x[BAD_ROW, 0] = 0.0  # batch 2
+    x[21, 2] = 0.0  # batch 5
+    model = _sequential(keras.layers.Lambda(keras.ops.log, name="middle"))
+    guard = kgrad.NonFiniteGuard(action="warn")
+    with pytest.warns(RuntimeWarning, match="Non-finite values at step"):
+        _fit(model, x, y, jit_compile, guard=guard)
+    # Skipped updates do not advance the step: batch 5 runs at step 4.
+    assert [(r.step, r.batch_index) for r in guard.reports] == [(2, 2), (4, 5)]
+    assert [_born(r) for r in guard.reports] == [
+        (2, "forward", "middle", "Lambda"), (4, "forward", "middle", "Lambda"),
+    ]
+    assert all(r.replayed and r.born_inf_count == 1 for r in guard.reports)
+
+
+class _Traced:
+    """The parts of a traced guarded step that `keeping_the_batch` reads and writes."""
+
+    def __init__(self, steps_per_execution=1):
+        self.plan = types.SimpleNamespace(
+            guard=kgrad.NonFiniteGuard().config, steps_per_execution=steps_per_execution,
+            compiles_step_inside=False,
+        )
+        self.tripped_batch = self.batch_not_kept = None
+
+
+@pytest.mark.parametrize(
+    "data, jit_compile, returned",
+    [
+        ((np.ones((4, 3), "float32"), np.ones((4, 1), "float32")), False, False),
+        ((np.ones((4, 3), "float32"), np.ones((4, 1), "float32")), True, True),
+        ((np.array([["a"], ["b"]]), np.ones((2, 1), "float32")), False, True),
+        ((tf.ragged.constant([[1.0], [2.0, 3.0]]), np.ones((2, 1), "float32")), False, True),
+    ],
+    ids=["numbers", "xla", "strings", "ragged"],
+)
+def test_the_batch_is_returned_only_where_variables_cannot_keep_it(data, jit_compile, returned):
+    # Each output of Keras' train function costs host time every step: a
+    # clean step returns its batch only where a variable cannot take it.
+    model = _sequential()
+    model.compile("sgd", "mse", jit_compile=jit_compile)
+    traced = _Traced()
+    tripped = tf.Variable(False)
+
+    @tf.function
+    def step(data):
+        outputs = {"loss": tf.constant(0.0), TRIPPED_OUTPUT: tripped.read_value()}
+        return guard_state.keeping_the_batch(model, traced, outputs, data)
+
+    outputs = step(data)
+    assert (BATCH_OUTPUT in outputs) == returned
+    assert (traced.tripped_batch is None) == returned
+    if not returned:
+        assert traced.tripped_batch.read() is None  # clean: nothing written
+        tripped.assign(True)
+        step(data)
+        kept, _ = traced.tripped_batch.read()
+        for got, want in zip(tf.nest.flatten(kept), tf.nest.flatten(data)):
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("with_probe", [False, True])
