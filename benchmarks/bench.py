@@ -40,6 +40,9 @@ class Settings:
     max_warmup_cpu: float
     seed: int = 0
     distinct_batches: int = 50
+    #: Steps of a sample, ending mid-epoch (`ConfigRunner.run_steps`); ``None``:
+    #: samples of whole epochs, as many as ``sample_cpu`` asks for.
+    sample_steps: int = None
 
 
 def make_inputs(spec, settings):
@@ -90,9 +93,10 @@ class ModelBench:
             base = self.results[configs_module.BASELINE]
             if base["status"] != "ok":
                 raise RuntimeError(f"The baseline of {self.spec.name} failed: {base['note']}")
-            self.epochs_per_sample = timing.epochs_per_sample(
-                base["calibration_epoch_cpu"], self.settings.sample_cpu
-            )
+            if self.settings.sample_steps is None:
+                self.epochs_per_sample = timing.epochs_per_sample(
+                    base["calibration_epoch_cpu"], self.settings.sample_cpu
+                )
             self._plan_pairs()
             self._settle()
             # Tracing leaves large object graphs behind; without this, the
@@ -193,8 +197,15 @@ class ModelBench:
             and self.results.get(config.baseline, {}).get("status") == "ok"
         ]
 
+    @property
+    def steps_per_sample(self):
+        """Steps of one timed sample."""
+        if self.settings.sample_steps is not None:
+            return self.settings.sample_steps
+        return self.epochs_per_sample * self.settings.steps_per_epoch
+
     def _plan_pairs(self):
-        k, settings = self.epochs_per_sample, self.settings
+        k, settings = self.steps_per_sample / self.settings.steps_per_epoch, self.settings
         for name in self._timed_configs():
             config = self.configs[name]
             own = k * (self.results[name]["calibration_epoch_cpu"] or 0.0)
@@ -215,7 +226,11 @@ class ModelBench:
     def _timed_rounds(self):
         k = self.epochs_per_sample
         rounds = max([self.results[n]["pairs_planned"] for n in self._timed_configs()] or [0])
-        self._say(f"timing: {rounds} rounds, samples of {k} epoch(s) x {self.settings.steps_per_epoch} steps")
+        shape = (
+            f"{k} epoch(s) x {self.settings.steps_per_epoch} steps"
+            if self.settings.sample_steps is None else f"{self.settings.sample_steps} steps"
+        )
+        self._say(f"timing: {rounds} rounds, samples of {shape}")
         for round_index in range(rounds):
             for baseline in (configs_module.BASELINE, configs_module.BASELINE_XLA):
                 members = [
@@ -250,17 +265,21 @@ class ModelBench:
                 )
 
     def _sample(self, name, epochs):
+        """A timed turn of ``name``: ``epochs`` epochs, or one sample of `Settings.sample_steps`."""
         if name is None:
             return None
         runner = self.runners[name]
-        sample = runner.run(epochs)
+        if self.settings.sample_steps is None:
+            sample = runner.run(epochs)
+        else:
+            sample = runner.run_steps(self.settings.sample_steps)
         if sample is None and self.results[name]["status"] == "ok":
             self.results[name].update(status="error", note=_describe_error(runner.error))
             self._say(f"error in {name}: {self.results[name]['note']}")
         return sample
 
     def _summarize(self):
-        steps = self.epochs_per_sample * self.settings.steps_per_epoch
+        steps = self.steps_per_sample
         for result in self.results.values():
             pairs = result["pairs"]
             result["cpu_ratio"] = timing.ratio_summary([p["cpu"] / p["baseline_cpu"] for p in pairs])

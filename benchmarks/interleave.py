@@ -8,7 +8,9 @@ long ``fit`` in its own thread, and the threads take turns: a thread trains
 main thread) gives it the next turn. Only one thread runs at a time, so
 ``time.process_time()`` (CPU time of the whole process) measured over a turn
 is the cost of that turn: the other threads are blocked and the dataset does
-no prefetching or autotuning in the background.
+no prefetching or autotuning in the background. A turn is a number of whole
+epochs (`ConfigRunner.run`) or of steps (`ConfigRunner.run_steps`: it ends
+after a step, in the middle of an epoch).
 """
 
 import dataclasses
@@ -81,6 +83,7 @@ class ConfigRunner:
         self._done = threading.Semaphore(0)
         self._thread = None
         self._epochs_left = 0
+        self._steps_left = None  # a turn of steps (`run_steps`), else None
         self._warming = False
         self._cpu_limit = None
         self._finishing = False
@@ -118,6 +121,20 @@ class ConfigRunner:
         if not self.alive:
             return None
         self._epochs_left = epochs
+        self._go.release()
+        self._wait()
+        return self._sample if self.error is None else None
+
+    def run_steps(self, steps):
+        """Trains ``steps`` more steps, stopping mid-epoch; returns their `Sample` (``None`` on error).
+
+        Short turns taken in turn share the machine's state (a core that
+        vanishes for a second hits every configuration alike): many short
+        pairs resolve smaller differences than a few long ones.
+        """
+        if not self.alive:
+            return None
+        self._steps_left = steps
         self._go.release()
         self._wait()
         return self._sample if self.error is None else None
@@ -169,6 +186,12 @@ class ConfigRunner:
         self._done.release()
 
     def _batch_ended(self):
+        if self._steps_left is not None:
+            self._steps_left -= 1
+            if self._steps_left == 0 and not self.model.stop_training:
+                self._steps_left = None
+                self._take_turn()
+            return
         if not self._warming:
             return
         now = time.process_time()
@@ -183,8 +206,12 @@ class ConfigRunner:
     def _epoch_ended(self):
         self._epoch_stamps.append(time.process_time())
         self._epochs_left -= 1
-        if self._epochs_left > 0 or self.model.stop_training:
+        if self._steps_left is not None or self._epochs_left > 0 or self.model.stop_training:
             return  # a stopped fit ends its turn when the thread exits
+        self._take_turn()
+
+    def _take_turn(self):
+        """Ends this turn and blocks until the scheduler gives the next one."""
         self._end_turn()
         self._go.acquire()
         if self._finishing:

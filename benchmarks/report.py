@@ -28,9 +28,7 @@ METHOD = """\
   Keras' own step, traced or compiled then when `every_n_steps` > 1) use
   more than {max_warmup:.0f} CPU-s is stopped and reported *too slow*, with its CPU ratio
   estimated from those steps (over whole probe periods) against the baseline's.
-- **Samples.** A sample is {k_text} whole epoch(s) of {steps} steps, so that the
-  baseline's sample lasts at least {sample_cpu:.1f} CPU-s. The epoch length is a
-  multiple of every `every_n_steps`, so every sample probes equally often.
+- **Samples.** {samples_text}
 - **Pairs.** Configurations run in triplets around one baseline sample
   (config, baseline, config); odd rounds reverse the order, so each
   configuration alternates between running before and after its baseline.
@@ -125,15 +123,36 @@ def _targets_section(rows):
     return lines
 
 
+def _samples_text(settings, ks):
+    if settings.get("sample_steps"):
+        return (
+            f"A sample is {settings['sample_steps']} steps (`--sample-steps`), ending in the middle\n"
+            "  of an epoch: many short samples taken in turn share the machine's state. Their length\n"
+            "  is a multiple of every `every_n_steps`, so every sample probes equally often."
+        )
+    return (
+        f"A sample is {'/'.join(map(str, ks)) or '1'} whole epoch(s) of {settings['steps_per_epoch']} steps, "
+        "so that the\n"
+        f"  baseline's sample lasts at least {settings['sample_cpu']:.1f} CPU-s. The epoch length is a\n"
+        "  multiple of every `every_n_steps`, so every sample probes equally often."
+    )
+
+
 def _model_section(name, model_run):
     spec = MODELS[name]
     lines = [f"### {name}: {spec.description}", ""]
     if model_run.get("error"):
         return lines + [f"Not measured: {model_run['error']}", ""]
     results = model_run["configs"]
+    epochs = f"{model_run['steps_per_epoch']} steps"
+    samples = (
+        f"Samples of {model_run['sample_steps']} steps (ending mid-epoch; epochs of {epochs}). "
+        if model_run.get("sample_steps")
+        else f"Samples of {model_run['epochs_per_sample']} epoch(s) x {epochs}. "
+    )
     lines += [
-        f"Samples of {model_run['epochs_per_sample']} epoch(s) x {model_run['steps_per_epoch']} steps. "
-        f"Baseline: {_fmt(results['baseline'].get('cpu_ms_per_step'))} CPU-ms per step"
+        samples
+        + f"Baseline: {_fmt(results['baseline'].get('cpu_ms_per_step'))} CPU-ms per step"
         + (
             f"; with jit_compile=True: {_fmt(results['baseline_xla'].get('cpu_ms_per_step'))}"
             if "baseline_xla" in results
@@ -227,9 +246,8 @@ def write_markdown(path, run, target_rows, plot_name):
         METHOD.format(
             warmup=settings["warmup_epochs"],
             max_warmup=settings["max_warmup_cpu"],
-            k_text="/".join(map(str, ks)) or "1",
             steps=settings["steps_per_epoch"],
-            sample_cpu=settings["sample_cpu"],
+            samples_text=_samples_text(settings, ks),
             pairs=settings["pairs"],
             budget_text=_budget_text(settings),
             mem_epochs=settings["warmup_epochs"],

@@ -12,6 +12,7 @@ unless ``--out-dir`` is given.
 
 import argparse
 import dataclasses
+import math
 import os
 import shlex
 import sys
@@ -67,6 +68,12 @@ def parse_args(argv):
     parser.add_argument("--steps-per-epoch", type=int, help="Keep it a multiple of 100.")
     parser.add_argument("--sample-cpu", type=float, help="CPU-seconds of a baseline sample.")
     parser.add_argument(
+        "--sample-steps",
+        type=int,
+        help="Samples of this many steps, ending mid-epoch, instead of whole epochs (--sample-cpu "
+        "then does nothing); a multiple of every timed config's every_n_steps.",
+    )
+    parser.add_argument(
         "--max-warmup-cpu",
         type=float,
         help="CPU-s budget of a config's warm-up steps after the first two; past it, 'too slow'.",
@@ -88,6 +95,7 @@ def settings_from(args):
         "pairs": args.pairs,
         "steps_per_epoch": args.steps_per_epoch,
         "sample_cpu": args.sample_cpu,
+        "sample_steps": args.sample_steps,
         "max_warmup_cpu": args.max_warmup_cpu,
         "seed": args.seed,
     }
@@ -96,6 +104,22 @@ def settings_from(args):
     if settings.pairs < 1 or settings.steps_per_epoch < 1:
         raise SystemExit(f"--pairs and --steps-per-epoch must be >= 1. Received: {settings}.")
     return settings
+
+
+def check_sample_steps(settings, chosen):
+    """Exits with a message unless every sample of `Settings.sample_steps` probes equally often."""
+    steps = settings.sample_steps
+    if steps is None:
+        return
+    periods = sorted({config.every_n_steps for config in chosen})
+    if steps < 1 or any(steps % period for period in periods):
+        raise SystemExit(
+            f"--sample-steps must be a positive multiple of every chosen config's every_n_steps "
+            f"({', '.join(map(str, periods))}), so that every sample probes equally often. "
+            f"Received: {steps}. Use --sample-steps {math.lcm(*periods)}, or fewer --configs."
+        )
+
+
 
 
 def _memory_plan(args, model_names, chosen):
@@ -143,6 +167,7 @@ def _bench_models(run, model_names, chosen, settings, log_root):
         run["models"][name] = {
             "configs": results,
             "epochs_per_sample": bench_run.epochs_per_sample,
+            "sample_steps": settings.sample_steps,
             "steps_per_epoch": settings.steps_per_epoch,
         }
 
@@ -159,6 +184,7 @@ def main(argv=None):
     settings = settings_from(args)
     model_names = list(args.models or DEFAULT_MODELS[mode])
     chosen = configs.select_configs(args.configs, quick=args.quick)
+    check_sample_steps(settings, chosen)
     out_dir = args.out_dir or (
         os.path.join(tempfile.gettempdir(), "kgrad-bench-quick") if args.quick else _HERE
     )

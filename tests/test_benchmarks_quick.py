@@ -71,6 +71,33 @@ def test_tiny_run_writes_results_markdown(tiny_run):
     assert "| `probe_n100` |" in text
 
 
+def test_samples_of_steps_end_mid_epoch_and_are_reported(tmp_path):
+    argv = [
+        "--quick", "--models", "mlp", "--configs", "baseline_aa,probe_n10", "--pairs", "2",
+        "--steps-per-epoch", "30", "--sample-steps", "20", "--no-memory", "--out-dir", str(tmp_path),
+    ]
+    assert run.main(argv) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    model = results["models"]["mlp"]
+    assert model["sample_steps"] == 20 and results["settings"]["sample_steps"] == 20
+    for name in ("baseline_aa", "probe_n10"):
+        pairs = model["configs"][name]["pairs"]
+        assert len(pairs) == 2 and all(p["cpu"] > 0 and p["baseline_cpu"] > 0 for p in pairs)
+    # Per step from samples of 20 steps, not from epochs of 30.
+    base = model["configs"]["baseline"]
+    per_step = 1000 * timing.ratio_summary([s["cpu"] for s in base["samples"]])["median"] / 20
+    assert base["cpu_ms_per_step"] == pytest.approx(per_step)
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "Samples of 20 steps (ending mid-epoch; epochs of 30 steps)" in text
+    assert "A sample is 20 steps (`--sample-steps`)" in text
+
+
+def test_sample_steps_that_would_probe_unevenly_are_refused():
+    expected = r"multiple of .* every_n_steps \(1, 10\).*Received: 15.*--sample-steps 10"
+    with pytest.raises(SystemExit, match=expected):
+        run.main(["--quick", "--models", "mlp", "--configs", "probe_n10", "--sample-steps", "15"])
+
+
 def test_pure_helpers_doctests():
     for module in (timing, configs):
         failures, _ = doctest.testmod(module)
@@ -166,10 +193,13 @@ def test_memory_process_prints_peak_rss(tmp_path):
 def test_guard_floor_measures_every_variant_against_plain():
     from benchmarks import guard_floor
 
-    ratios, plain_ms = guard_floor.measure("mlp", rounds=1, steps=1)
-    assert set(ratios) == set(guard_floor.VARIANTS)
-    assert ratios["plain"] == 1.0 and plain_ms > 0
-    assert all(ratio > 0 for ratio in ratios.values())
+    result = guard_floor.measure("mlp", rounds=2, steps=1)
+    assert set(result.ratios) == set(result.intervals) == set(guard_floor.VARIANTS)
+    assert result.ratios["plain"] == 1.0 and result.intervals["plain"] == (1.0, 1.0)
+    assert result.plain_ms > 0
+    for variant, (low, high) in result.intervals.items():
+        assert 0 < low <= result.ratios[variant] <= high
+    assert doctest.testmod(guard_floor).failed == 0
 
 
 def test_profile_ops_counts_op_events_only(tmp_path):

@@ -252,6 +252,21 @@ def test_the_batch_is_returned_only_where_variables_cannot_keep_it(data, jit_com
             np.testing.assert_array_equal(got, want)
 
 
+def test_with_steps_per_execution_a_ragged_batch_is_not_kept_and_says_why():
+    model = _sequential()
+    model.compile("sgd", "mse")
+    traced = _Traced(steps_per_execution=2)
+
+    @tf.function
+    def step(data):
+        outputs = {"loss": tf.constant(0.0), TRIPPED_OUTPUT: tf.constant(True)}
+        return guard_state.keeping_the_batch(model, traced, outputs, data)
+
+    outputs = step((tf.ragged.constant([[1.0], [2.0, 3.0]]), np.ones((2, 1), "float32")))
+    assert BATCH_OUTPUT not in outputs and traced.tripped_batch is None
+    assert "ragged" in traced.batch_not_kept
+
+
 @pytest.mark.parametrize("with_probe", [False, True])
 def test_guard_under_xla_with_steps_per_execution_trains_like_plain_fit(with_probe):
     x, y = _data()
