@@ -74,6 +74,11 @@ def parse_args(argv):
         "then does nothing); a multiple of every timed config's every_n_steps.",
     )
     parser.add_argument(
+        "--config-budget",
+        type=float,
+        help="CPU-s of timed samples per config far above its target (full: 30); 0: no budget.",
+    )
+    parser.add_argument(
         "--max-warmup-cpu",
         type=float,
         help="CPU-s budget of a config's warm-up steps after the first two; past it, 'too slow'.",
@@ -96,11 +101,14 @@ def settings_from(args):
         "steps_per_epoch": args.steps_per_epoch,
         "sample_cpu": args.sample_cpu,
         "sample_steps": args.sample_steps,
+        "config_budget": args.config_budget,
         "max_warmup_cpu": args.max_warmup_cpu,
         "seed": args.seed,
     }
     preset = PRESETS["quick" if args.quick else "full"]
     settings = dataclasses.replace(preset, **{k: v for k, v in overrides.items() if v is not None})
+    if settings.config_budget == 0:
+        settings = dataclasses.replace(settings, config_budget=None)
     if settings.pairs < 1 or settings.steps_per_epoch < 1:
         raise SystemExit(f"--pairs and --steps-per-epoch must be >= 1. Received: {settings}.")
     return settings

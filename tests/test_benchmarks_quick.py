@@ -98,6 +98,12 @@ def test_sample_steps_that_would_probe_unevenly_are_refused():
         run.main(["--quick", "--models", "mlp", "--configs", "probe_n10", "--sample-steps", "15"])
 
 
+def test_config_budget_zero_times_every_pair():
+    assert run.settings_from(run.parse_args(["--config-budget", "0"])).config_budget is None
+    assert run.settings_from(run.parse_args(["--config-budget", "12"])).config_budget == 12.0
+    assert run.settings_from(run.parse_args([])).config_budget == 30.0
+
+
 def test_pure_helpers_doctests():
     for module in (timing, configs):
         failures, _ = doctest.testmod(module)
