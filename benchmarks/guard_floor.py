@@ -42,6 +42,7 @@ import tensorflow as tf  # noqa: E402
 
 import kgrad  # noqa: E402
 from benchmarks.models import MODELS, make_data, make_dataset  # noqa: E402
+from benchmarks.timing import median_interval  # noqa: E402
 from kgrad import install  # noqa: E402
 
 VARIANTS = ("plain", "copy", "sums_unordered", "sums", "sums_branch", "guard")
@@ -100,20 +101,6 @@ class Measurement:
     ratios: dict
     intervals: dict
     plain_ms: float  # the plain step's median CPU time
-
-
-def median_interval(ratios, draws=2000, seed=0):
-    """A bootstrap 95% interval of the median of ``ratios``.
-
-    >>> low, high = median_interval([1.0, 1.1, 0.9, 1.05, 0.95])
-    >>> 0.9 <= low <= 1.0 <= high <= 1.1
-    True
-    """
-    ratios = np.asarray(ratios, float)
-    rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(ratios, (draws, len(ratios))), axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return float(low), float(high)
 
 
 def measure(model_name, rounds, steps):

@@ -39,6 +39,8 @@ METHOD = """\
   reliable on shared machines. The **A/A control** (a second, identical
   plain model) is timed against the baseline the same way: its spread is
   the noise floor. "≈" marks a verdict whose margin is within that floor.
+  The median's 95% interval (bootstrap over the pairs) says how far the
+  median itself may be off: a verdict is clear only where it excludes the limit.
 - **jit_compile.** Configurations with `jit_compile=True` are compared with a
   plain baseline compiled with `jit_compile=True`.
 - **Peak memory** is the peak RSS (`VmHWM`) of a separate process per
@@ -104,12 +106,16 @@ def _machine_section(run):
     return lines
 
 
+def _interval_cell(interval):
+    return "–" if not interval else f"{interval[0]:.3f}–{interval[1]:.3f}"
+
+
 def _targets_section(rows):
     lines = [
         "## Targets (issue 7)",
         "",
-        "| model | target | config | limit | measured | verdict |",
-        "|---|---|---|---|---|---|",
+        "| model | target | config | limit | measured | median's 95% interval | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         verdict = "**FAIL**" if row["verdict"] == "FAIL" else row["verdict"]
@@ -118,7 +124,7 @@ def _targets_section(rows):
         how = "" if row["how"] == "measured" else f" ({row['how']})"
         lines.append(
             f"| {row['model']} | {row['target']} | `{row['config']}` | ≤ {row['limit']:.2f} | "
-            f"{_fmt(row['value'], 3)}{how} | {verdict} |"
+            f"{_fmt(row['value'], 3)}{how} | {_interval_cell(row.get('interval'))} | {verdict} |"
         )
     return lines
 

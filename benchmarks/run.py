@@ -128,8 +128,6 @@ def check_sample_steps(settings, chosen):
         )
 
 
-
-
 def _memory_plan(args, model_names, chosen):
     """``{model: [config names]}`` whose peak memory is measured.
 

@@ -15,6 +15,14 @@ def cpu_ratio_of(result):
     return None, result.get("note") or result.get("status", "not measured")
 
 
+def _median_interval_of(result):
+    """``(low, high)`` of the measured median CPU ratio, or ``None`` (estimated, or an older results.json)."""
+    summary = result.get("cpu_ratio") or {}
+    if "median_low" not in summary:
+        return None
+    return summary["median_low"], summary["median_high"]
+
+
 def memory_ratio_of(results, name):
     """Peak RSS of ``name`` over its baseline's, or ``None``."""
     result = results.get(name) or {}
@@ -23,7 +31,7 @@ def memory_ratio_of(results, name):
     return own / ref if own and ref else None
 
 
-def _row(model, target, config, value, limit, how, noise=0.0):
+def _row(model, target, config, value, limit, how, noise=0.0, interval=None):
     if value is None:
         verdict = "not measured"
     else:
@@ -38,6 +46,7 @@ def _row(model, target, config, value, limit, how, noise=0.0):
         "how": how,
         "verdict": verdict,
         "within_noise": near,
+        "interval": interval,
     }
 
 
@@ -46,8 +55,9 @@ def judge(model, results):
 
     Returns:
         A list of dicts: ``model``, ``target``, ``config``, ``value``,
-        ``limit``, ``how``, ``verdict`` ("pass", "FAIL" or "not measured")
-        and ``within_noise`` (the margin is inside the A/A noise floor).
+        ``limit``, ``how``, ``verdict`` ("pass", "FAIL" or "not measured"),
+        ``within_noise`` (the margin is inside the A/A noise floor) and
+        ``interval`` (the median CPU ratio's 95% interval, or ``None``).
     """
     noise = timing.noise_floor((results.get(configs_module.AA_CONTROL) or {}).get("cpu_ratio"))
     rows = []
@@ -56,7 +66,10 @@ def judge(model, results):
             continue
         if result.get("time_target") is not None:
             value, how = cpu_ratio_of(result)
-            rows.append(_row(model, "CPU time ratio", name, value, result["time_target"], how, noise))
+            rows.append(
+                _row(model, "CPU time ratio", name, value, result["time_target"], how, noise,
+                     _median_interval_of(result))
+            )
         # No "memory" entry: not planned (--no-memory, or quick); no row.
         if result.get("memory_target") is not None and "memory" in result:
             value = memory_ratio_of(results, name)

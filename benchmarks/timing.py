@@ -85,18 +85,36 @@ def near_target(time_target, sample_cpu, baseline_cpu):
     return sample_cpu / baseline_cpu <= time_target + NEAR_TARGET
 
 
-def ratio_summary(ratios):
-    """Median, quartiles and range of per-pair ratios (``None`` when empty).
+def median_interval(ratios, draws=2000, seed=0):
+    """A bootstrap 95% interval of the median of ``ratios`` (the same for the same ratios).
 
-    >>> ratio_summary([1.0, 1.2, 1.1])["median"]
-    1.1
+    >>> low, high = median_interval([1.0, 1.1, 0.9, 1.05, 0.95])
+    >>> 0.9 <= low <= 1.0 <= high <= 1.1
+    True
+    """
+    values = np.asarray(ratios, dtype=float)
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(values, (draws, values.size)), axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def ratio_summary(ratios):
+    """Median, its 95% interval, quartiles and range of per-pair ratios (``None`` when empty).
+
+    >>> summary = ratio_summary([1.0, 1.2, 1.1])
+    >>> summary["median"], summary["median_low"] <= 1.1 <= summary["median_high"]
+    (1.1, True)
     """
     if not ratios:
         return None
     values = np.asarray(ratios, dtype=float)
     q1, median, q3 = np.percentile(values, [25, 50, 75])
+    low, high = median_interval(values)
     return {
         "median": float(median),
+        "median_low": low,
+        "median_high": high,
         "q1": float(q1),
         "q3": float(q3),
         "min": float(values.min()),
