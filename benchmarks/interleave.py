@@ -118,12 +118,7 @@ class ConfigRunner:
 
     def run(self, epochs):
         """Trains ``epochs`` more epochs; returns their `Sample` (``None`` on error)."""
-        if not self.alive:
-            return None
-        self._epochs_left = epochs
-        self._go.release()
-        self._wait()
-        return self._sample if self.error is None else None
+        return self._turn(epochs=epochs)
 
     def run_steps(self, steps):
         """Trains ``steps`` more steps, stopping mid-epoch; returns their `Sample` (``None`` on error).
@@ -132,9 +127,12 @@ class ConfigRunner:
         vanishes for a second hits every configuration alike): many short
         pairs resolve smaller differences than a few long ones.
         """
+        return self._turn(steps=steps)
+
+    def _turn(self, epochs=0, steps=None):
         if not self.alive:
             return None
-        self._steps_left = steps
+        self._epochs_left, self._steps_left = epochs, steps
         self._go.release()
         self._wait()
         return self._sample if self.error is None else None
