@@ -289,8 +289,8 @@ def keep_tripped_batch(model, traced, data, tripped):
         tripped: The guard's flag after this step (a bool tensor).
 
     Returns:
-        ``None`` when the batch is kept, else why it cannot be (data that are
-        not all numbers: strings).
+        ``None`` when the batch is kept, else why it cannot be (strings,
+        ragged or sparse tensors).
     """
     reason = _why_variables_cannot_hold(data)
     if reason is not None:
