@@ -23,9 +23,11 @@ def on_probe(record):                                      # every 2nd step, on 
     s = record.scalars
     smoother.update(s["global/noise_example_sq_norm_mean"], s["global/noise_batch_sq_norm"],
                     s["global/batch_size"])
-    if record.step % 128 == 0:  # B_simple is None while no signal is left to estimate
-        b_simple, snr = smoother.b_simple or float("nan"), smoother.snr or float("nan")
-        print(f"step {record.step}: B_simple {b_simple:.0f}, SNR {snr:.2f}")
+    if record.step % 128 == 0:
+        if smoother.b_simple is None:  # its |G|² estimate is not positive (yet): no guess
+            print(f"step {record.step}: B_simple not estimated yet")
+        else:
+            print(f"step {record.step}: B_simple {smoother.b_simple:.0f}, SNR {smoother.snr:.2f}")
 
 
 probe = kgrad.GradientProbe(log_dir, every_n_steps=2, capture=["weight_gradients"],

@@ -73,9 +73,10 @@ def test_layer_gradient_example_matches_the_chain_rule():
 
 def test_noise_scale_example_shows_the_noise_scale_growing(tmp_path):
     out = _run("noise_scale.py", str(tmp_path / "noise"))
-    b_simple = _numbers(r"step \d+: B_simple ([-+0-9.e]+|nan), SNR", out)
-    finite = [value for value in b_simple if value == value]
-    assert len(b_simple) == 8 and len(finite) >= 6
+    finite = _numbers(r"step \d+: B_simple ([-+0-9.e]+), SNR", out)
+    unknown = re.findall(r"step \d+: B_simple not estimated yet", out)
+    assert len(finite) + len(unknown) == 8 and len(finite) >= 6
+    assert "nan" not in out
     assert finite[-1] > 5 * finite[0]
     assert all(later > earlier for earlier, later in zip(finite, finite[1:]))
     report = subprocess.run(
