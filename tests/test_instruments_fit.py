@@ -120,3 +120,34 @@ def test_the_batch_gradient_norm_leaves_out_weight_penalties(penalty):
     # The weight gradient fit applied does include the penalty.
     applied = scalars["weight_grad_norm/hidden/kernel"] ** 2
     assert applied > 1.01 * float(tf.reduce_sum(data_gradients[0] ** 2))
+
+
+def test_class_weights_weigh_each_examples_norm_as_keras_weighs_its_loss(tmp_path):
+    # Keras turns class_weight into sample weights: ℓ_i = w[y_i]·CE_i / B.
+    class_weight = {0: 1.0, 1: 3.0, 2: 0.25}
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(B, 3)).astype("float32")
+    y = np.array([0, 1, 2, 1, 0, 2, 1, 0])
+
+    def classifier():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh", name="hidden"),
+                                  keras.layers.Dense(3, name="out")])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    model, reference = classifier(), classifier()
+    expected = {weight.path.removeprefix(f"{reference.name}/"): [] for weight in reference.trainable_weights}
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for i in range(B):
+        with tf.GradientTape() as tape:
+            loss = class_weight[int(y[i])] * loss_fn(y[i : i + 1], reference(x[i : i + 1])) / B
+        weights = reference.trainable_weights
+        for weight, gradient in zip(weights, tape.gradient(loss, weights)):
+            expected[weight.path.removeprefix(f"{reference.name}/")].append(np.linalg.norm(gradient))
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, instruments=["per_example"])
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0, callbacks=[probe], class_weight=class_weight)
+    scalars = probe.latest.scalars
+    for path, norms in expected.items():
+        np.testing.assert_allclose(scalars[f"example_grad_norm_max/{path}"], max(norms), rtol=1e-4)
+        np.testing.assert_allclose(scalars[f"example_grad_norm_mean/{path}"], np.mean(norms), rtol=1e-4)
