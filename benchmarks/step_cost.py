@@ -92,7 +92,7 @@ def _timed_fit(model, dataset, steps, callbacks):
     return after.step_seconds(), after.seconds_since(before), time.process_time() - start
 
 
-def measure(model_name, every_n_steps, rounds, steps, jit_compile=False, probe_options=None):
+def measure(model_name, every_n_steps, rounds, steps, jit_compile=False, probe_options=None, guard=False):
     """Per-step CPU times of plain ``fit`` and of a probed one, interleaved.
 
     Args:
@@ -102,6 +102,9 @@ def measure(model_name, every_n_steps, rounds, steps, jit_compile=False, probe_o
         steps: Steps per fit.
         jit_compile: Passed to ``model.compile`` for both models.
         probe_options: More keyword arguments of the `kgrad.GradientProbe`.
+        guard: Also a `kgrad.NonFiniteGuard()` on the probed fit: its plain
+            steps are then the guard's own function, its probed steps the
+            probe's with the guard's check.
 
     Returns:
         A dict: ``plain``, ``probed`` and ``baseline`` step times, and the
@@ -128,9 +131,10 @@ def measure(model_name, every_n_steps, rounds, steps, jit_compile=False, probe_o
         probe = kgrad.GradientProbe(
             log_dir, layers=configs.PROBE_LAYERS, every_n_steps=every_n_steps, **(probe_options or {})
         )
+        guards = [kgrad.NonFiniteGuard()] if guard else []
         runs = {
             "baseline": (build_model(spec, 0, jit_compile), []),
-            "probe": (build_model(spec, 0, jit_compile), [probe]),
+            "probe": (build_model(spec, 0, jit_compile), [probe, *guards]),
         }
         for model, callbacks in runs.values():
             # Tracing (and XLA compiling) both functions, outside the timing.
@@ -207,6 +211,7 @@ def main(argv=None):
     parser.add_argument("--instruments", default="", help="GradientProbe(instruments=...), comma-separated.")
     parser.add_argument("--no-histograms", action="store_true", help="GradientProbe(histograms=False).")
     parser.add_argument("--capture", help="GradientProbe(capture=...), comma-separated (default: all).")
+    parser.add_argument("--guard", action="store_true", help="Also a NonFiniteGuard() on the probed fit.")
     args = parser.parse_args(argv)
     if args.every < 1 or args.rounds < 1:
         parser.error(
@@ -221,7 +226,7 @@ def main(argv=None):
         }
         if args.capture is not None:
             options["capture"] = [kind for kind in args.capture.split(",") if kind]
-        result = measure(args.model, args.every, args.rounds, steps, args.jit_compile, options)
+        result = measure(args.model, args.every, args.rounds, steps, args.jit_compile, options, args.guard)
     except ValueError as error:
         parser.error(str(error))
     print(describe(args.model, args.every, result))

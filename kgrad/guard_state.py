@@ -4,9 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import replicas, stats
-from kgrad.guard import FORWARD_KINDS, TRIPPED_OUTPUT, NonFiniteReport, split_name
-from kgrad.replay import BATCH_OUTPUT
-from kgrad.replay_seeds import seed_generators
+from kgrad.guard import FORWARD_KINDS, NonFiniteReport, split_name
 from kgrad.replicas import state_variable, sum_over_replicas
 
 
@@ -33,12 +31,15 @@ class GuardState:
         self.last_finite_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_last_step")
         self.last_finite_half_squares = state_variable(tf.zeros([count]), "kgrad_guard_last_squares")
 
-    def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None):
+    def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None):
         """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
 
         Graph code: runs inside the train step, every step. A clean step costs
         one sum of squares per tensor, two branches (the check and the
         update) and two small selects (the record of the last finite step).
+        ``on_trip`` (a zero-argument callable, or ``None``) runs in the branch
+        of the step that trips the guard only: the step's batch is kept there
+        (`TrippedBatch.keep`), at no cost to a clean step.
         ``apply`` runs when every tensor is finite and, with
         ``halt_updates``, no earlier step of the execution tripped; it also
         runs on a step whose sums overflowed but whose exact counts find no
@@ -74,6 +75,8 @@ class GuardState:
                 self.counts.assign(counts)
                 self.trip_step.assign(tf.cast(step, tf.int64))
                 self.tripped.assign(True)
+                if on_trip is not None:
+                    on_trip()
                 return tf.constant(False)
 
             first_trip = tf.logical_and(really_bad, tf.logical_not(self.tripped))
@@ -213,130 +216,3 @@ class SharedGuardStates:
         """`GuardState.reset` of every state."""
         for state in self._states.values():
             state.reset(everything)
-
-
-class TrippedBatch:
-    """The batch of the step that tripped, kept on the device, for executions of several steps.
-
-    With ``steps_per_execution > 1`` only the last step's outputs come back,
-    so the tripped step keeps its own batch in variables of any batch size,
-    written once, in the branch of a trip (a clean step writes nothing),
-    with the states of the model's seed generators right after it (the
-    steps after it draw on; the replay rewinds them, `kgrad.replay_seeds`).
-    Graph mode only: XLA cannot assign a variable a tensor of a new shape.
-
-    Args:
-        data: The step's data (a structure of tensors), for the variables' dtypes and shapes.
-        generators: The model's `keras.random.SeedGenerator`s.
-    """
-
-    def __init__(self, data, generators=()):
-        self._structure = data
-        self.variables = [
-            tf.Variable(
-                tf.zeros([0] + [size or 0 for size in leaf.shape[1:]], leaf.dtype),
-                shape=tf.TensorShape([None]).concatenate(leaf.shape[1:]),
-                trainable=False,
-                name="kgrad_guard_batch",
-            )
-            for leaf in tf.nest.flatten(data)
-        ]
-        self._generators = list(generators)
-        self.seeds = [
-            tf.Variable(tf.zeros(generator.state.shape, generator.state.dtype), trainable=False,
-                        name="kgrad_guard_seed")
-            for generator in self._generators
-        ]
-        self.kept = tf.Variable(False, trainable=False, name="kgrad_guard_batch_kept")
-
-    def keep_if(self, condition, data):
-        """Graph code: writes ``data`` and the seed states into the variables when ``condition`` holds."""
-
-        def keep():
-            for variable, leaf in zip(self.variables, tf.nest.flatten(data)):
-                variable.assign(leaf)
-            for variable, generator in zip(self.seeds, self._generators):
-                variable.assign(generator.state.value)
-            self.kept.assign(True)
-            return tf.constant(True)
-
-        tf.cond(condition, keep, lambda: tf.constant(False))
-
-    def read(self):
-        """Host side: ``(batch, seed states)`` kept (the batch as device tensors), or ``None``.
-
-        Re-arms the keeper: the next trip (``action="warn"``) keeps its own batch.
-        """
-        if not bool(self.kept.numpy()):
-            return None
-        self.kept.assign(False)
-        values = [tf.identity(variable) for variable in self.variables]
-        return tf.nest.pack_sequence_as(self._structure, values), [seed.numpy() for seed in self.seeds]
-
-    def reset(self, everything=False):
-        """Forgets the kept batch (``everything`` for the same call as `GuardState.reset`)."""
-        self.kept.assign(False)
-
-
-def keep_tripped_batch(model, traced, data, tripped):
-    """Graph code, outside XLA: the batch of the step that trips, kept in ``traced.tripped_batch``.
-
-    Under XLA the step compiles its own body and this runs after it
-    (`kgrad.plan.StepPlan.compiles_step_inside`): XLA cannot write a batch
-    of a new size into a variable.
-
-    Args:
-        tripped: The guard's flag after this step (a bool tensor).
-
-    Returns:
-        ``None`` when the batch is kept, else why it cannot be (strings,
-        ragged or sparse tensors).
-    """
-    reason = _why_variables_cannot_hold(data)
-    if reason is not None:
-        return reason
-    if traced.tripped_batch is None:
-        traced.tripped_batch = replicas.create_variables(
-            model, lambda: TrippedBatch(data, seed_generators(model))
-        )
-    # The first step that finds the guard tripped is the one that tripped it
-    # (the steps after it see the same optimizer step: nothing was applied).
-    kept = traced.tripped_batch
-    kept.keep_if(tf.logical_and(tripped, tf.logical_not(kept.kept)), data)
-    return None
-
-
-def _why_variables_cannot_hold(data):
-    """Why `TrippedBatch` cannot keep ``data``, or ``None`` when it can."""
-    leaves = tf.nest.flatten(data)
-    if not all(isinstance(leaf, tf.Tensor) and leaf.shape.rank for leaf in leaves):
-        return "variables cannot hold inputs that are not dense batched tensors (ragged, sparse)"
-    if not all(leaf.dtype.is_numpy_compatible and leaf.dtype != tf.string for leaf in leaves):
-        return "variables cannot hold inputs that are not numbers (strings)"
-    return None
-
-
-def keeping_the_batch(model, traced, outputs, data):
-    """Graph code: ``outputs`` of a guarded step, with its batch kept for the replay of a trip.
-
-    The tripped step's batch is written into variables (`keep_tripped_batch`,
-    in a branch that runs on a trip only; under XLA with several steps per
-    execution after the compiled step, in `kgrad.step.ProbingStep.train_step`).
-    With one step per execution, where variables cannot take it (a step
-    compiled by XLA, which cannot write a batch of a new size into a
-    variable; strings; ragged tensors), the step returns its own input
-    tensors instead (`kgrad.replay.BATCH_OUTPUT`), which copies nothing to
-    the host but costs every step: each output of Keras' train function
-    costs it host time per step (measured on the benchmark MLP: ~1-3% of a
-    step for the batch).
-    """
-    plan = traced.plan
-    if plan.guard is None:
-        return outputs
-    if plan.steps_per_execution == 1 and (
-        bool(model.jit_compile and not model.run_eagerly) or _why_variables_cannot_hold(data) is not None
-    ):
-        return {**outputs, BATCH_OUTPUT: data}
-    if not plan.compiles_step_inside:
-        traced.batch_not_kept = keep_tripped_batch(model, traced, data, outputs[TRIPPED_OUTPUT])
-    return outputs

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import guard as guard_module
-from kgrad import forward, guard_state, losses, replay, replicas, selection, updates
+from kgrad import forward, guard_state, losses, replay, replicas, selection, tripped_batch, updates
 from kgrad.custom_step import has_own_train_step, run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
@@ -45,7 +45,7 @@ class _Traced:
     function: object
     pipeline: object = None
     guard_state: object = None
-    tripped_batch: object = None  # `guard_state.TrippedBatch`, with several steps per execution
+    tripped_batch: object = None  # `kgrad.tripped_batch.TrippedBatch`, where variables hold the batch
     compiled_step: object = None  # the step's own XLA function (`StepPlan.compiles_step_inside`)
     batch_not_kept: object = None  # why no batch is kept for the replay (`keep_tripped_batch`)
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
@@ -211,7 +211,7 @@ class ProbingStep:
             )
         outputs = traced.compiled_step(data)
         # Outside XLA, which cannot write a batch of a new size into a variable.
-        traced.batch_not_kept = guard_state.keep_tripped_batch(
+        traced.batch_not_kept = tripped_batch.keep_tripped_batch(
             self.model, traced, data, outputs[guard_module.TRIPPED_OUTPUT]
         )
         return outputs
@@ -221,7 +221,7 @@ class ProbingStep:
         if plan.probe is None and plan.guard is None:
             return type(model).train_step(model, data)
         if has_own_train_step(model):
-            return guard_state.keeping_the_batch(model, traced, self._own_train_step(data), data)
+            return tripped_batch.keeping_the_batch(model, traced, self._own_train_step(data), data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         forward.build_if_needed(model, data)
         probe_now = self._probe_now()
@@ -253,7 +253,7 @@ class ProbingStep:
         else:
             summaries = updates.guarded_update(
                 model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
-                self._guard_states.get,
+                self._guard_states.get, tripped_batch.batch_keeper(model, traced, data),
             )
         outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if plan.defers_statistics:
@@ -276,7 +276,7 @@ class ProbingStep:
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
             outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.tripped.read_value()}
-            outputs = guard_state.keeping_the_batch(model, traced, outputs, data)
+            outputs = tripped_batch.keeping_the_batch(model, traced, outputs, data, kept_on_trip=True)
         return outputs
 
     def tripped_batch(self):

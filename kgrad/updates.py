@@ -59,11 +59,12 @@ def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, pred
 
 
 def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
-                   shared_guard_state):
+                   shared_guard_state, keep_batch=None):
     """Every step: one full backward pass, the finite check, a guarded apply.
 
     ``shared_guard_state(tape_name, names, on_trip_only)`` gives the step's
-    `kgrad.guard_state.GuardState` for the checked tensors.
+    `kgrad.guard_state.GuardState` for the checked tensors; ``keep_batch``
+    (or ``None``) runs in the branch of a trip (`kgrad.tripped_batch.batch_keeper`).
     """
     current = traced
     gradients = tape.gradient(loss, weights)
@@ -91,7 +92,7 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     # loss scale is read before the update changes it.
     current.guard_state.guarded_apply(
         [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates,
-        inverse_loss_scale(model.optimizer),
+        inverse_loss_scale(model.optimizer), on_trip=keep_batch,
     )
     return summaries
 

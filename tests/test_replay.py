@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad import guard_state
+from kgrad import guard_state, tripped_batch
 from kgrad.guard import TRIPPED_OUTPUT
 from kgrad.locate import locate
 from kgrad.replay import BATCH_OUTPUT
@@ -238,7 +238,7 @@ def test_the_batch_is_returned_only_where_variables_cannot_keep_it(data, jit_com
     @tf.function
     def step(data):
         outputs = {"loss": tf.constant(0.0), TRIPPED_OUTPUT: tripped.read_value()}
-        return guard_state.keeping_the_batch(model, traced, outputs, data)
+        return tripped_batch.keeping_the_batch(model, traced, outputs, data)
 
     outputs = step(data)
     assert (BATCH_OUTPUT in outputs) == returned
@@ -252,6 +252,44 @@ def test_the_batch_is_returned_only_where_variables_cannot_keep_it(data, jit_com
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize(
+    "data, jit_compile, keeps",
+    [
+        ((np.ones((2, 1), "float32"), np.zeros((2, 1), "float32")), False, True),
+        ((np.ones((2, 1), "float32"), np.zeros((2, 1), "float32")), True, False),
+        ((np.array([["a"], ["b"]]), np.ones((2, 1), "float32")), False, False),
+    ],
+    ids=["numbers", "xla", "strings"],
+)
+def test_keras_own_step_keeps_its_batch_in_the_branch_of_a_trip_only(data, jit_compile, keeps):
+    # Outside XLA the guard's branch of a trip writes the batch: a clean
+    # step runs no op for it (no branch of its own, no output).
+    model = _sequential()
+    model.compile("sgd", "mse", jit_compile=jit_compile)
+    traced = _Traced()
+    state = guard_state.GuardState(["loss/loss"])
+    applied = tf.Variable(0)
+
+    @tf.function
+    def step(data, loss):
+        keep = tripped_batch.batch_keeper(model, traced, data)
+        assert (keep is not None) == keeps
+        state.guarded_apply([loss], tf.constant(0), lambda: applied.assign_add(1), True, on_trip=keep)
+
+    step(data, tf.constant(1.0))
+    assert int(applied.numpy()) == 1
+    if not keeps:
+        assert traced.tripped_batch is None
+        assert traced.batch_not_kept is None  # the step returns it (`keeping_the_batch`)
+        return
+    assert traced.tripped_batch.read() is None  # clean: nothing written
+    step(data, tf.constant(np.inf))
+    assert int(applied.numpy()) == 1 and bool(state.tripped.numpy())
+    kept, _ = traced.tripped_batch.read()
+    for got, want in zip(tf.nest.flatten(kept), tf.nest.flatten(data)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_with_steps_per_execution_a_ragged_batch_is_not_kept_and_says_why():
     model = _sequential()
     model.compile("sgd", "mse")
@@ -260,7 +298,7 @@ def test_with_steps_per_execution_a_ragged_batch_is_not_kept_and_says_why():
     @tf.function
     def step(data):
         outputs = {"loss": tf.constant(0.0), TRIPPED_OUTPUT: tf.constant(True)}
-        return guard_state.keeping_the_batch(model, traced, outputs, data)
+        return tripped_batch.keeping_the_batch(model, traced, outputs, data)
 
     outputs = step((tf.ragged.constant([[1.0], [2.0, 3.0]]), np.ones((2, 1), "float32")))
     assert BATCH_OUTPUT not in outputs and traced.tripped_batch is None
