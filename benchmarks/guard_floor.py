@@ -14,6 +14,13 @@ RESULTS.md can say how much of the guard's cost is the design's floor:
   what waiting for every gradient's check before any update costs.
 - ``sums_branch``: ``sums`` with the update inside a ``tf.cond`` on the
   sums being finite: the least a guard that skips bad updates can do.
+- ``sums_branch_unlowered``: the same with the ``tf.cond`` kept as one
+  ``If`` op that calls its branch as a function, instead of being lowered
+  into the step's graph (TensorFlow's default outside XLA).
+- ``sums_snapshot``: the update applied at once, as Keras' own step does,
+  after a copy of every weight and optimizer variable, restored in a
+  branch when the sums are not finite: a guard that does not make the
+  update wait for the check, paying a copy of the training state instead.
 - ``guard``: Keras' step under `kgrad.NonFiniteGuard()`.
 
 Each variant runs ``--steps`` steps per sample through ``model.train_function``
@@ -26,7 +33,9 @@ variant alike), which is why this resolves differences of ~1% where whole
 ``fit`` runs (`benchmarks.run`) spread by ±5%; the medians of separate runs
 still move by ~±0.015, so compare variants within one run, and repeat it.
 
-Run: ``python -m benchmarks.guard_floor --model mlp`` (about 90 s).
+Run: ``python -m benchmarks.guard_floor --model mlp`` (about 90 s);
+``--variants sums,sums_branch,guard`` times a subset beside plain and copy
+(the MobileNet's 40 rounds of all of them take about 4 minutes).
 """
 
 import argparse
@@ -39,17 +48,56 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import attr_value_pb2  # noqa: E402
 
 import kgrad  # noqa: E402
 from benchmarks.models import MODELS, make_data, make_dataset  # noqa: E402
 from benchmarks.timing import median_interval  # noqa: E402
 from kgrad import install  # noqa: E402
 
-VARIANTS = ("plain", "copy", "sums_unordered", "sums", "sums_branch", "guard")
+VARIANTS = (
+    "plain", "copy", "sums_unordered", "sums", "sums_branch", "sums_branch_unlowered", "sums_snapshot",
+    "guard",
+)
+
+
+def _unlowered_cond(pred, true_fn, false_fn):
+    """``tf.cond``, its ``If`` op marked not to be lowered into Switch and Merge nodes."""
+    graph = tf.compat.v1.get_default_graph()
+    known = len(graph.get_operations())
+    tf.cond(pred, true_fn, false_fn)
+    for op in graph.get_operations()[known:]:
+        if op.type in ("If", "StatelessIf"):
+            op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+
+
+def _apply_after_snapshot(model, snapshots, finite, apply):
+    """Copies the training state, applies the update at once, restores the copy if not ``finite``."""
+    state = [*model.trainable_weights, *model.optimizer.variables]
+    if not snapshots:  # first trace: one copy variable per state variable
+        with tf.init_scope():
+            snapshots.extend(tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in state)
+    if len(snapshots) != len(state):
+        raise ValueError(
+            "sums_snapshot needs the optimizer's variables before its step is traced "
+            f"({len(snapshots)} copies for {len(state)} variables): fit the model for one step first."
+        )
+    copies = [copy.assign(variable) for copy, variable in zip(snapshots, state)]
+    with tf.control_dependencies(copies):
+        apply()
+
+    def restore():
+        for copy, variable in zip(snapshots, state):
+            variable.assign(copy)
+        return tf.no_op()
+
+    # The same variables: automatic control dependencies order this after the update.
+    _unlowered_cond(finite, tf.no_op, restore)
 
 
 def _checked_step(model, flag, variant):
     """Keras' ``train_step`` plus the sentinel's sums, and the update as ``variant`` says."""
+    snapshots = []
 
     def train_step(data):
         x, y = data
@@ -69,6 +117,10 @@ def _checked_step(model, flag, variant):
 
         if variant == "sums_branch":
             tf.cond(finite, apply, tf.no_op)
+        elif variant == "sums_branch_unlowered":
+            _unlowered_cond(finite, apply, tf.no_op)
+        elif variant == "sums_snapshot":
+            _apply_after_snapshot(model, snapshots, finite, apply)
         elif variant == "sums":
             with tf.control_dependencies([finite]):
                 apply()
@@ -103,20 +155,32 @@ class Measurement:
     plain_ms: float  # the plain step's median CPU time
 
 
-def measure(model_name, rounds, steps):
-    """The `Measurement` of every variant of ``VARIANTS`` on ``model_name``."""
+def _unknown_variants(variants):
+    """What is wrong with ``variants`` (a message), or ``None``."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if not unknown:
+        return None
+    return f"received unknown {unknown}; expected some of {', '.join(VARIANTS[2:])}, comma-separated."
+
+
+def measure(model_name, rounds, steps, variants=VARIANTS):
+    """The `Measurement` of ``variants`` (with ``plain`` and ``copy``) on ``model_name``."""
+    problem = _unknown_variants(variants)
+    if problem:
+        raise ValueError(f"variants: {problem}")
+    variants = ("plain", "copy", *(v for v in VARIANTS[2:] if v in variants))
     spec = MODELS[model_name]
     x, y = make_data(spec, 20, seed=0)
     runners = {}
-    for variant in VARIANTS:
+    for variant in variants:
         function = _train_function(spec, variant, x, y)
         iterator = iter(make_dataset(spec, x, y).repeat())
         for _ in range(3):  # first calls after tracing cost more
             function(iterator)
         runners[variant] = (function, iterator)
-    seconds = {variant: [] for variant in VARIANTS}
+    seconds = {variant: [] for variant in variants}
     for round_index in range(rounds):
-        order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+        order = variants if round_index % 2 == 0 else variants[::-1]
         for variant in order:
             function, iterator = runners[variant]
             start = time.process_time()
@@ -125,7 +189,7 @@ def measure(model_name, rounds, steps):
                 {key: float(value) for key, value in function(iterator).items()}
             seconds[variant].append(time.process_time() - start)
     plain = np.array(seconds["plain"])
-    per_round = {variant: np.array(seconds[variant]) / plain for variant in VARIANTS}
+    per_round = {variant: np.array(seconds[variant]) / plain for variant in variants}
     return Measurement(
         ratios={variant: float(np.median(values)) for variant, values in per_round.items()},
         intervals={variant: median_interval(values) for variant, values in per_round.items()},
@@ -138,15 +202,23 @@ def main(argv=None):
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--steps", type=int, default=10, help="Steps per sample.")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS[2:]),
+        help=f"Comma-separated, beside plain and copy; some of {', '.join(VARIANTS[2:])}.",
+    )
     args = parser.parse_args(argv)
-    result = measure(args.model, args.rounds, args.steps)
+    variants = [v for v in args.variants.split(",") if v]
+    problem = _unknown_variants(variants)
+    if problem:
+        parser.error(f"--variants: {problem}")
+    result = measure(args.model, args.rounds, args.steps, variants)
     print(
         f"{args.model}: plain step {result.plain_ms:.2f} CPU-ms; median CPU ratio to plain "
         f"over {args.rounds} rounds of {args.steps} steps [bootstrap 95% interval]"
     )
-    for variant in VARIANTS[1:]:
+    for variant in list(result.ratios)[1:]:
         low, high = result.intervals[variant]
-        print(f"  {variant:14s} {result.ratios[variant]:.3f} [{low:.3f}-{high:.3f}]")
+        print(f"  {variant:21s} {result.ratios[variant]:.3f} [{low:.3f}-{high:.3f}]")
     return 0
 
 

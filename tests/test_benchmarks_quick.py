@@ -352,3 +352,41 @@ def test_step_cost_estimate_weighs_one_probed_step_in_n():
     assert step_cost.estimate([2.0] * 3, [6.0], [2.0] * 5, every_n_steps=4) == 1.5
     failures, _ = doctest.testmod(step_cost)
     assert failures == 0
+
+
+@pytest.mark.parametrize("variant", ["sums_branch", "sums_branch_unlowered", "sums_snapshot"])
+def test_guard_floor_variants_skip_a_bad_update_and_apply_a_clean_one(variant):
+    """Each hand-written guard of the floor is a real guard: what it costs is what guarding costs."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks import guard_floor
+    from benchmarks.models import MODELS, make_data
+
+    spec = MODELS["mlp"]
+    x, y = make_data(spec, 1, seed=0)
+    keras.utils.set_random_seed(0)
+    model = spec.build()
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=len(x), verbose=0)  # builds the optimizer, as guard_floor does
+    flag = tf.Variable(False)
+    object.__setattr__(model, "train_step", guard_floor._checked_step(model, flag, variant))
+    model.make_train_function(force=True)
+
+    def run(batch_x):
+        model.train_function(iter(tf.data.Dataset.from_tensors((batch_x, y)).repeat()))
+
+    run(x)
+    state = [*model.weights, *model.optimizer.variables]
+    before = [v.numpy().copy() for v in state]
+    bad = x.copy()
+    bad[3, 5] = np.nan
+    run(bad)
+    assert bool(flag.numpy())
+    for value, variable in zip(before, state):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    run(x)
+    assert not bool(flag.numpy())
+    assert int(model.optimizer.iterations.numpy()) == 3
+    assert not np.array_equal(model.weights[0].numpy(), before[0])
