@@ -26,6 +26,7 @@ import tensorflow as tf
 from keras.src import backend as keras_backend
 
 from kgrad import guard as guard_module
+from kgrad import forward_state
 from kgrad.branching import join_sparse, split_sparse
 from kgrad.pipeline import inverse_loss_scale, scales_loss
 
@@ -73,6 +74,7 @@ class TapeCollection:
         self._names = {}
         self._checks = []  # guard: (tape name, weights, GuardState, tensors, scaler) not yet applied
         self._guard_states = []
+        self.applied = []  # guard: per guarded apply, whether it applied its update
         self._scaled_by = {}  # id(scaled loss) -> the optimizer whose scale_loss made it
 
     #: Not the replay's `kgrad.own_step_replay.ReplayCollection`: tapes capture what they were asked.
@@ -205,11 +207,11 @@ class TapeCollection:
                 with keras_backend.name_scope(optimizer.name, caller=optimizer):
                     optimizer.build(variables)
             _, _, state, tensors, scaler = check
-            state.guarded_apply(
+            self.applied.append(state.guarded_apply(
                 tensors, tf.identity(optimizer.iterations),
                 lambda: apply(grads, variables), self._plan.guard.halt_updates,
                 inverse_loss_scale(scaler),
-            )
+            ))
 
         return guarded_apply
 
@@ -265,6 +267,8 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
             "device only yet. Train it on one device, or use kgrad.ProbeTape's results "
             "inside that train_step."
         )
+    # Before the step's forward passes write it (BatchNormalization's statistics).
+    put_back = forward_state.state_before_forward(model) if plan.guard is not None else None
     collection = TapeCollection(model, plan, probe_now, pipeline_for, guard_state_for)
     with collection:
         outputs = type(model).train_step(model, data)
@@ -277,6 +281,14 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
             "(or `kgrad.ProbeTape(self.generator)` for a sub-model)."
         )
     collection.write_records()  # after the step's own updates
+    if put_back is not None and collection.applied:
+        # An update the guard skipped: what the step's forward passes wrote
+        # came from a bad batch (or a halted step) and goes back too.
+        def skipped():
+            put_back()
+            return tf.no_op()
+
+        tf.cond(tf.reduce_all(tf.stack(collection.applied)), tf.no_op, skipped)
     if plan.guard is not None:
         # The flag travels with the logs that Keras reads anyway.
         tripped = [state.tripped.read_value() for state in collection.guard_states()]

@@ -31,7 +31,8 @@ class GuardState:
         self.last_finite_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_last_step")
         self.last_finite_half_squares = state_variable(tf.zeros([count]), "kgrad_guard_last_squares")
 
-    def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None):
+    def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None,
+                      on_skip=None):
         """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
 
         Graph code: runs inside the train step, every step. A clean step costs
@@ -40,6 +41,9 @@ class GuardState:
         ``on_trip`` (a zero-argument callable, or ``None``) runs in the branch
         of the step that trips the guard only: the step's batch is kept there
         (`TrippedBatch.keep`), at no cost to a clean step.
+        ``on_skip`` (a zero-argument callable, or ``None``) runs in the branch
+        of every step whose ``apply`` does not run: the state the forward
+        pass wrote is put back there (`kgrad.forward_state`).
         ``apply`` runs when every tensor is finite and, with
         ``halt_updates``, no earlier step of the execution tripped; it also
         runs on a step whose sums overflowed but whose exact counts find no
@@ -110,10 +114,15 @@ class GuardState:
             apply()
             return tf.no_op()
 
+        def skipped():
+            if on_skip is not None:
+                on_skip()
+            return tf.no_op()
+
         # A branch of its own: the update is traced once (a large model's
         # update is a good part of its step's graph; tracing it into two
         # branches cost the MobileNet ~170 MB of peak memory).
-        tf.cond(may_apply, update, tf.no_op)
+        tf.cond(may_apply, update, skipped)
         return may_apply
 
     def _unscale_half_squares(self, inverse_scale):

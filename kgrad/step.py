@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import guard as guard_module
-from kgrad import forward, guard_state, losses, replay, replicas, selection, tripped_batch, updates
+from kgrad import forward, forward_state, guard_state, losses, replay, replicas, selection, tripped_batch
+from kgrad import updates
 from kgrad.custom_step import has_own_train_step, run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT
@@ -226,6 +227,8 @@ class ProbingStep:
         forward.build_if_needed(model, data)
         probe_now = self._probe_now()
         step = tf.identity(model.optimizer.iterations)
+        # Before the forward pass writes it (BatchNormalization's statistics).
+        put_back = forward_state.state_before_forward(model) if plan.guard is not None else None
         with ProbeTape(
             model,
             layers=selection.captured_layers(model, plan),
@@ -253,7 +256,7 @@ class ProbingStep:
         else:
             summaries = updates.guarded_update(
                 model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
-                self._guard_states.get, tripped_batch.batch_keeper(model, traced, data),
+                self._guard_states.get, tripped_batch.batch_keeper(model, traced, data), put_back,
             )
         outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if plan.defers_statistics:

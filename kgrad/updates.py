@@ -59,12 +59,14 @@ def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, pred
 
 
 def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
-                   shared_guard_state, keep_batch=None):
+                   shared_guard_state, keep_batch=None, put_back_forward_state=None):
     """Every step: one full backward pass, the finite check, a guarded apply.
 
     ``shared_guard_state(tape_name, names, on_trip_only)`` gives the step's
     `kgrad.guard_state.GuardState` for the checked tensors; ``keep_batch``
-    (or ``None``) runs in the branch of a trip (`kgrad.tripped_batch.batch_keeper`).
+    (or ``None``) runs in the branch of a trip (`kgrad.tripped_batch.batch_keeper`),
+    ``put_back_forward_state`` (or ``None``) in the branch of a skipped
+    update (`kgrad.forward_state.state_before_forward`).
     """
     current = traced
     gradients = tape.gradient(loss, weights)
@@ -92,7 +94,7 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     # loss scale is read before the update changes it.
     current.guard_state.guarded_apply(
         [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates,
-        inverse_loss_scale(model.optimizer), on_trip=keep_batch,
+        inverse_loss_scale(model.optimizer), on_trip=keep_batch, on_skip=put_back_forward_state,
     )
     return summaries
 
