@@ -96,8 +96,9 @@ class NonFiniteReport:
             the weight non-finite (the last update applied); else ``step``.
         born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape`
             (its logged name) whose pass the value was born in; else ``None``.
-        batch_index: The batch within the epoch (``None`` when unknown, with
-            ``steps_per_execution > 1``).
+        batch_index: The batch within the epoch (``None`` when unknown: with
+            ``steps_per_execution > 1`` and a batch that variables cannot
+            hold, ragged or strings).
         replayed: ``True`` if the replay reproduced the trip, ``False`` if it
             did not (then the fields above are ``None`` and the sentinel's
             fields are what is known), ``None`` if there was no replay.

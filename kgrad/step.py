@@ -51,6 +51,7 @@ class _Traced:
     batch_not_kept: object = None  # why no batch is kept for the replay (`keep_tripped_batch`)
     tape_pipelines: dict = dataclasses.field(default_factory=dict)
     tape_guard_states: dict = dataclasses.field(default_factory=dict)
+    steps_in_epoch: object = None  # the model's `kgrad.tripped_batch.StepsInEpoch`, shared
 
 
 class ProbingStep:
@@ -70,6 +71,7 @@ class ProbingStep:
         self._current = None  # the `_Traced` of the probing function
         self._running = None  # the `_Traced` that runs (or is traced) now
         self._guard_states = guard_state.SharedGuardStates(model)
+        self._steps_in_epoch = tripped_batch.StepsInEpoch(model)
         self.guard_tripped = None  # the guard's flag as of the latest execution
         self.guard_batch = None  # the latest step's data, when the guard may replay it
         self.latest_record = None  # the record the latest execution returned
@@ -130,7 +132,7 @@ class ProbingStep:
                     self.model, plan.probe, plan.record_capacity, self.model.optimizer
                 )
             # The function is traced on its first call (`run`), reading `_running.plan`.
-            traced = _Traced(plan, None, pipeline)
+            traced = _Traced(plan, None, pipeline, steps_in_epoch=self._steps_in_epoch)
             traced.function = make_function()
         if main:
             self._current = traced
@@ -282,14 +284,20 @@ class ProbingStep:
             outputs = tripped_batch.keeping_the_batch(model, traced, outputs, data, kept_on_trip=True)
         return outputs
 
-    def tripped_batch(self):
-        """``(data, seed states)`` of the step that tripped the guard (reads the device).
+    def start_epoch(self):
+        """Host side, at an epoch's begin: restarts the count of steps within the epoch."""
+        self._steps_in_epoch.restart()
 
-        The seed states are ``None`` when they are the model's own now; the
-        whole is ``None`` when the batch was not kept (see `batch_not_kept`).
+    def tripped_batch(self):
+        """``(data, seed states, batch index)`` of the step that tripped the guard (reads the device).
+
+        The seed states are ``None`` when they are the model's own now, the
+        batch index within the epoch where Keras' callbacks get it (one
+        step per execution); the whole is ``None`` when the batch was not
+        kept (see `batch_not_kept`).
         """
         if self.guard_batch is not None:
-            return self.guard_batch, None
+            return self.guard_batch, None, None
         kept = None if self._running is None else self._running.tripped_batch
         return None if kept is None else kept.read()
 

@@ -16,6 +16,10 @@ Example (graph code, inside a traced step)::
 
     keep = batch_keeper(model, traced, data)  # None where it cannot keep it there
     state.guarded_apply(tensors, step, apply, halt_updates=True, on_trip=keep)
+
+With several steps per execution, Keras tells callbacks the execution's last
+batch only: the kept batch comes with its index within the epoch, counted on
+the device (`StepsInEpoch`).
 """
 
 import tensorflow as tf
@@ -59,34 +63,48 @@ class TrippedBatch:
             for generator in self._generators
         ]
         self.kept = tf.Variable(False, trainable=False, name="kgrad_guard_batch_kept")
+        self.batch_index = tf.Variable(
+            tf.constant(-1, tf.int64), trainable=False, name="kgrad_guard_batch_index"
+        )
 
-    def keep(self, data):
-        """Graph code: writes ``data`` and the seed states into the variables."""
+    def keep(self, data, batch_index=None):
+        """Graph code: writes ``data``, the seed states and ``batch_index`` (if given) into the variables."""
         for variable, leaf in zip(self.variables, tf.nest.flatten(data)):
             variable.assign(leaf)
         for variable, generator in zip(self.seeds, self._generators):
             variable.assign(generator.state.value)
+        if batch_index is not None:
+            self.batch_index.assign(batch_index)
         self.kept.assign(True)
 
-    def keep_if(self, condition, data):
+    def keep_if(self, condition, data, batch_index=None):
         """Graph code: `keep` in a branch taken when ``condition`` holds."""
 
         def keep():
-            self.keep(data)
+            self.keep(data, batch_index)
             return tf.constant(True)
 
         tf.cond(condition, keep, lambda: tf.constant(False))
 
     def read(self):
-        """Host side: ``(batch, seed states)`` kept (the batch as device tensors), or ``None``.
+        """Host side: ``(batch, seed states, batch index)`` kept, or ``None``.
 
-        Re-arms the keeper: the next trip (``action="warn"``) keeps its own batch.
+        The batch comes as device tensors; the batch index within the epoch
+        is ``None`` where it was not counted (one step per execution: Keras
+        gives it). Re-arms the keeper: the next trip (``action="warn"``)
+        keeps its own batch.
         """
         if not bool(self.kept.numpy()):
             return None
         self.kept.assign(False)
         values = [tf.identity(variable) for variable in self.variables]
-        return tf.nest.pack_sequence_as(self._structure, values), [seed.numpy() for seed in self.seeds]
+        index = int(self.batch_index.numpy())
+        self.batch_index.assign(-1)
+        return (
+            tf.nest.pack_sequence_as(self._structure, values),
+            [seed.numpy() for seed in self.seeds],
+            index if index >= 0 else None,
+        )
 
     def reset(self, everything=False):
         """Forgets the kept batch (``everything`` for the same call as `GuardState.reset`)."""
@@ -107,7 +125,8 @@ def batch_keeper(model, traced, data):
     if traced.batch_not_kept is not None:
         return None
     kept = _tripped_batch(model, traced, data)
-    return lambda: kept.keep(data)
+    index = _count_step(traced)  # outside the branch: every step counts
+    return lambda: kept.keep(data, index)
 
 
 def keep_tripped_batch(model, traced, data, tripped):
@@ -130,7 +149,7 @@ def keep_tripped_batch(model, traced, data, tripped):
     # The first step that finds the guard tripped is the one that tripped it
     # (the steps after it see the same optimizer step: nothing was applied).
     kept = _tripped_batch(model, traced, data)
-    kept.keep_if(tf.logical_and(tripped, tf.logical_not(kept.kept)), data)
+    kept.keep_if(tf.logical_and(tripped, tf.logical_not(kept.kept)), data, _count_step(traced))
     return None
 
 
@@ -162,6 +181,52 @@ def _returns_its_batch(model, plan, data):
     return plan.steps_per_execution == 1 and (
         bool(model.jit_compile and not model.run_eagerly) or _why_variables_cannot_hold(data) is not None
     )
+
+
+class StepsInEpoch:
+    """Steps run since the epoch began, counted on the device: the batch index of a tripped step.
+
+    With ``steps_per_execution > 1`` the callbacks learn only each
+    execution's last batch; the step that trips may be any of them. One
+    counter per model, shared by all its traced functions (a probe's
+    executions alternate two), restarted by the host at each epoch's begin
+    (an assignment enqueued on the device, no host sync). With one step
+    per execution nothing is counted: Keras gives the batch.
+
+    Example::
+
+        steps = StepsInEpoch(model)
+        steps.restart()  # host side, at an epoch's begin
+        index = steps.count()  # graph code, once per step: this step's index
+    """
+
+    def __init__(self, model):
+        self._model = model
+        self._variable = None
+
+    def count(self):
+        """Graph code: this step's index within the epoch (a tensor), counting the step."""
+        if self._variable is None:  # first trace: made outside it (`replicas.create_variables`)
+            self._variable = replicas.create_variables(
+                self._model, lambda: replicas.state_variable(tf.constant(0, tf.int64), "kgrad_steps_in_epoch")
+            )
+        # Read before the increment: automatic control dependencies keep
+        # the program order of two uses of one variable.
+        index = self._variable.read_value()
+        self._variable.assign_add(1)
+        return index
+
+    def restart(self):
+        """Host side: the next step is the epoch's first."""
+        if self._variable is not None:
+            self._variable.assign(0)
+
+
+def _count_step(traced):
+    """This step's index within the epoch, counted on the device where Keras cannot tell it, else ``None``."""
+    if traced.plan.steps_per_execution == 1:
+        return None
+    return traced.steps_in_epoch.count()
 
 
 def _tripped_batch(model, traced, data):

@@ -462,6 +462,7 @@ def test_the_replay_of_a_gan_step_names_the_generator_layer_where_the_value_was_
     # The sentinel saw the discriminator's loss go non-finite (the fakes are
     # made before its tape opens); the replay follows the value to its birth.
     assert report.step == 2 and report.layer.startswith("discriminator/")
+    assert report.batch_index == 2  # counted on the device with several steps per execution
     born = (report.replayed, report.born_in, report.born_at, report.born_type, report.born_tape)
     assert born == (True, "forward", "g_log", "Lambda", "generator")
     assert (report.born_nan_count, report.born_inf_count, report.born_input_range[0]) == (0, 1, 0.0)
@@ -515,8 +516,8 @@ def test_an_own_step_under_xla_with_several_steps_per_execution_is_compiled_and_
     # Keras' loop is not compiled (it keeps the batch); the step inside it is.
     assert True in compiled
     report = guard.report
-    born = (report.step, report.replayed, report.born_in, report.born_at)
-    assert born == (2, True, "data", "input/input_0")
+    born = (report.step, report.batch_index, report.replayed, report.born_in, report.born_at)
+    assert born == (2, 2, True, "data", "input/input_0")
 
 
 def test_a_gan_step_that_trips_two_tapes_is_one_warning_and_its_dump_replays(tmp_path):

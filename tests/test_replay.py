@@ -181,12 +181,37 @@ def test_steps_per_execution_keeps_the_tripped_batch(jit_compile):
     x[BAD_ROW, 0] = 0.0  # step 2: the middle of the first execution of 4 steps
     model = _sequential(keras.layers.Lambda(keras.ops.log, name="middle"))
     report = _fit(model, x, y, jit_compile, steps_per_execution=4)
-    assert (report.step, report.kind, report.batch_index) == (2, "loss", None)
+    # Keras tells callbacks the execution's last batch (3): the index is counted on the device.
+    assert (report.step, report.kind, report.batch_index) == (2, "loss", 2)
     # The tripped step's own batch, not the execution's last one; under XLA
     # the step compiles its own body and the batch is kept outside it.
     assert _born(report) == (2, "forward", "middle", "Lambda") and report.replayed
     assert report.born_inf_count == 1
     assert model.optimizer.iterations.numpy() == 2  # steps 2 and 3 applied nothing
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("with_probe", [False, True])
+def test_with_steps_per_execution_each_trip_has_its_batch_index_within_its_epoch(
+    jit_compile, with_probe, tmp_path
+):
+    x, y = _data()  # 8 batches an epoch: executions of batches 0-2, 3-5 and 6-7
+    x[4 * BATCH + 1, 0] = 0.0  # batch 4: the middle of the second execution
+    x[7 * BATCH + 2, 1] = 0.0  # batch 7: the last of the short third one
+    model = _sequential(keras.layers.Lambda(keras.ops.log, name="middle"))
+    guard = kgrad.NonFiniteGuard(action="warn")
+    # A probe makes executions alternate between two traced functions, which
+    # must share the count.
+    callbacks = [kgrad.GradientProbe(str(tmp_path), every_n_steps=6)] if with_probe else []
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile, steps_per_execution=3)
+    with pytest.warns(RuntimeWarning, match="Non-finite values at step"):
+        model.fit(x, y, batch_size=BATCH, shuffle=False, epochs=2, callbacks=[*callbacks, guard], verbose=0)
+    # The count restarts at each epoch's begin. With "warn" only the bad
+    # steps' updates are skipped: epoch 1 applies 6 of its 8, epoch 2 too.
+    assert [r.batch_index for r in guard.reports] == [4, 7, 4, 7]
+    assert [r.step for r in guard.reports] == [4, 6, 10, 12]
+    assert all(_born(r)[1:] == ("forward", "middle", "Lambda") and r.replayed for r in guard.reports)
+    assert "Batch 7 of the epoch." in str(guard.reports[1])
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -247,7 +272,8 @@ def test_the_batch_is_returned_only_where_variables_cannot_keep_it(data, jit_com
         assert traced.tripped_batch.read() is None  # clean: nothing written
         tripped.assign(True)
         step(data)
-        kept, _ = traced.tripped_batch.read()
+        kept, _, index = traced.tripped_batch.read()
+        assert index is None  # one step per execution: Keras gives it
         for got, want in zip(tf.nest.flatten(kept), tf.nest.flatten(data)):
             np.testing.assert_array_equal(got, want)
 
@@ -285,7 +311,8 @@ def test_keras_own_step_keeps_its_batch_in_the_branch_of_a_trip_only(data, jit_c
     assert traced.tripped_batch.read() is None  # clean: nothing written
     step(data, tf.constant(np.inf))
     assert int(applied.numpy()) == 1 and bool(state.tripped.numpy())
-    kept, _ = traced.tripped_batch.read()
+    kept, _, index = traced.tripped_batch.read()
+    assert index is None  # one step per execution: Keras gives it
     for got, want in zip(tf.nest.flatten(kept), tf.nest.flatten(data)):
         np.testing.assert_array_equal(got, want)
 

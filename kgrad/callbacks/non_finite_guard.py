@@ -126,6 +126,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.report = None
         self.reports = []
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._step.start_epoch()
+
     def on_train_end(self, logs=None):
         install.detach(self.model, "guard")
 
@@ -173,12 +176,12 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def _replayed(self, report, batch):
         """``report`` with where the NaN was born (`kgrad.replay`), and the dump's three lines."""
-        # With several steps per execution, Keras gives the execution's last
-        # batch index, not the tripped step's.
         spe = self.model.steps_per_execution
-        fields = {"batch_index": batch if spe == 1 else None}
         kept = self._step.tripped_batch()
-        data, seeds_after = (None, None) if kept is None else kept
+        data, seeds_after, kept_index = (None, None, None) if kept is None else kept
+        # With several steps per execution, Keras gives the execution's last
+        # batch index: the tripped step's own was counted on the device.
+        fields = {"batch_index": batch if spe == 1 else kept_index}
         if data is None:
             reason = self._step.batch_not_kept() or "the step's batch was not kept"
             fields["replay_note"] = (
