@@ -26,8 +26,9 @@ import numpy as np
 import tensorflow as tf
 
 from kgrad import guard as guard_module
-from kgrad import forward, forward_state, guard_state, losses, replay, replicas, selection, tripped_batch
-from kgrad import updates
+from kgrad import (
+    forward, forward_state, guard_state, losses, replay, replicas, selection, tripped_batch, updates,
+)
 from kgrad.custom_step import has_own_train_step, run_own_train_step
 from kgrad.pipeline import ProbePipeline
 from kgrad.state import RECORD_OUTPUT

@@ -98,8 +98,9 @@ class TrippedBatch:
             return None
         self.kept.assign(False)
         values = [tf.identity(variable) for variable in self.variables]
+        # Written by every keep of a traced step that counts (several steps
+        # per execution), never by one that does not: no reset needed.
         index = int(self.batch_index.numpy())
-        self.batch_index.assign(-1)
         return (
             tf.nest.pack_sequence_as(self._structure, values),
             [seed.numpy() for seed in self.seeds],
