@@ -45,7 +45,7 @@ _MODULES = {
     "NonFiniteReport": "kgrad.guard",
     "NoiseScaleSmoother": "kgrad.instruments.noise_scale",
     "ProbeRecord": "kgrad.state",
-    "ProbeResult": "kgrad.tape",
+    "ProbeResult": "kgrad.probe_result",
     "ProbeTape": "kgrad.tape",
     "ProbingModel": "kgrad.model",
     "first_non_finite": "kgrad.guard",
@@ -66,12 +66,13 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.instruments.noise_scale import NoiseScaleSmoother  # noqa: F401
     from kgrad.losses import prediction_gradient  # noqa: F401
     from kgrad.model import ProbingModel  # noqa: F401
+    from kgrad.probe_result import ProbeResult  # noqa: F401
     from kgrad.reading import read_logs  # noqa: F401
     from kgrad.replay import replay_step  # noqa: F401
     from kgrad.report import HealthThresholds, health_report  # noqa: F401
     from kgrad.state import ProbeRecord  # noqa: F401
+    from kgrad.tape import ProbeTape  # noqa: F401
     from kgrad.taps import tap  # noqa: F401
-    from kgrad.tape import ProbeResult, ProbeTape  # noqa: F401
 
 
 def __getattr__(name):

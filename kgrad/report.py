@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
+from kgrad import layer_series
 from kgrad.instruments import noise_scale
-from kgrad.reading import Series
 
 #: Tag prefixes that mark a run as written by kgrad.
 _KGRAD_PREFIXES = ("grad_norm/", "weight_grad_norm/", "global/grad_norm")
@@ -183,12 +183,12 @@ def is_kgrad_run(run_logs):
 def run_health(run, run_logs, thresholds):
     """The `RunHealth` of one run of `kgrad.read_logs` output."""
     scalars = run_logs["scalars"]
-    layers = _layer_weights(scalars)
+    layers = layer_series.layer_weights(scalars)
     use_weights = any(layers.values())
     gradients = {
-        layer: _combined_norm(scalars, "weight_grad_norm", weights)
+        layer: layer_series.combined_norm(scalars, "weight_grad_norm", weights)
         if use_weights
-        else _series(scalars, f"grad_norm/{layer}")
+        else layer_series.series(scalars, f"grad_norm/{layer}")
         for layer, weights in layers.items()
     }
     latest = {layer: _last(series) for layer, series in gradients.items()}
@@ -201,8 +201,8 @@ def run_health(run, run_logs, thresholds):
             grad_norm=latest[layer],
             trend=_trend(gradients[layer]),
             ratio_to_max=latest[layer] / largest if largest > 0 else math.nan,
-            zero_fraction=_last(_series(scalars, f"activation_zero_fraction/{layer}")),
-            update_ratio=_update_ratio(scalars, weights),
+            zero_fraction=_last(layer_series.series(scalars, f"activation_zero_fraction/{layer}")),
+            update_ratio=_last(layer_series.update_ratio(scalars, weights)),
             nonfinite=_nonfinite_count(scalars, layer, weights),
             flags=(),
             nonfinite_norms=_nonfinite_norms(gradients[layer]),
@@ -260,7 +260,7 @@ def first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_
             held["exploding"].append(step)
         if not math.isfinite(norm):  # a logged NaN/Inf norm (not logged steps are absent)
             held["nonfinite"].append(step)
-    zero = _series(scalars, f"activation_zero_fraction/{layer}")
+    zero = layer_series.series(scalars, f"activation_zero_fraction/{layer}")
     if zero is not None:
         held["dead"] = zero.steps[zero.values >= thresholds.dead_fraction].tolist()
     tags = [f"{kind}_nonfinite/{layer}" for kind in ("activation", "grad")]
@@ -281,55 +281,6 @@ def _largest_by_step(gradients):
     return largest
 
 
-def _layer_weights(scalars):
-    """Layer name -> its weight paths, layers in logged (forward) order.
-
-    Layers come from ``grad_norm/`` and ``activation_*/`` tags; a weight
-    ``<layer>/kernel`` (or ``<nested model>/<layer>/kernel``) belongs to the layer whose name ends its
-    owner path. Weights of layers that were not captured form their own row,
-    named by that owner path.
-    """
-    layers = {}
-    for tag in scalars:
-        prefix, _, name = tag.partition("/")
-        if prefix == "grad_norm" or prefix.startswith("activation_"):
-            layers.setdefault(name, [])
-    for tag in scalars:
-        if tag.startswith("weight_grad_norm/"):
-            path = tag[len("weight_grad_norm/") :]
-            owner = path.rpartition("/")[0] or path
-            matches = [name for name in layers if owner == name or owner.endswith("/" + name)]
-            layers.setdefault(max(matches, key=len) if matches else owner, []).append(path)
-    return layers
-
-
-def _aligned(series_list):
-    """The steps all series share (sorted) and their values, ``[series, steps]``.
-
-    A step logged twice (e.g. a resumed run) keeps its last value.
-    """
-    by_step = [dict(zip(series.steps.tolist(), series.values.tolist())) for series in series_list]
-    common = sorted(set.intersection(*(set(values) for values in by_step)))
-    values = np.array([[values[step] for step in common] for values in by_step], np.float64)
-    return np.array(common, np.int64), values.reshape(len(series_list), len(common))
-
-
-def _series(scalars, tag):
-    if tag not in scalars:
-        return None
-    steps, values = _aligned([scalars[tag]])
-    return Series(steps, values[0])
-
-
-def _combined_norm(scalars, prefix, names):
-    """The L2 norm of several tensors from their ``<prefix>/<name>`` norms."""
-    present = [scalars[f"{prefix}/{name}"] for name in names if f"{prefix}/{name}" in scalars]
-    if not present:
-        return None
-    steps, values = _aligned(present)
-    return Series(steps, np.sqrt(np.sum(np.square(values), axis=0)))
-
-
 def _last(series):
     if series is None or len(series.values) == 0:
         return math.nan
@@ -346,23 +297,6 @@ def _trend(series):
         return float(np.exp(np.mean(np.log(np.maximum(values, tiny)))))
 
     return geometric_mean(series.values[-third:]) / geometric_mean(series.values[:third])
-
-
-def _update_ratio(scalars, weights):
-    # ‖Δw‖/‖w‖ over all the layer's weights from the per-weight ratios:
-    # ‖Δw_i‖ = ratio_i × max(‖w_i‖, 1e-12) (the probe's guard for weights
-    # that start at zero, like biases), and norms of a union add in squares.
-    ratios = [scalars.get(f"update_ratio/{w}") for w in weights]
-    norms = [scalars.get(f"weight_norm/{w}") for w in weights]
-    if not weights or any(series is None for series in ratios + norms):
-        return math.nan
-    _, values = _aligned(ratios + norms)
-    if values.shape[1] == 0:
-        return math.nan
-    ratio, norm = values[: len(weights), -1], values[len(weights) :, -1]
-    update = math.sqrt(float(np.sum(np.square(ratio * np.maximum(norm, 1e-12)))))
-    total = math.sqrt(float(np.sum(np.square(norm))))
-    return update / total if total > 0 else math.nan
 
 
 def _nonfinite_norms(series):

@@ -437,7 +437,7 @@ def test_nan_born_in_the_backward_pass_of_the_loss(jit_compile):
 
 
 def test_an_output_whose_input_was_already_non_finite_is_named_as_carrying_it():
-    from kgrad.tape import ProbeResult
+    from kgrad.probe_result import ProbeResult
 
     bad = tf.constant([1.0, np.inf])
     probe = ProbeResult(activations={"scale": bad * 2.0}, gradients={}, input=None, input_gradient=None,

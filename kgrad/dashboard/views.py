@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from kgrad import report
+from kgrad import layer_series, report
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
 
 #: Heatmap quantities: key -> (label, unit, colour scale, histogram prefix).
@@ -74,7 +74,7 @@ class RunView:
     @property
     def layers(self):
         """Layer name -> its weight paths, in forward order (as ``kgrad report``)."""
-        return self._once("layers", lambda: report._layer_weights(self.data["scalars"]))
+        return self._once("layers", lambda: layer_series.layer_weights(self.data["scalars"]))
 
     def heatmap(self, quantity):
         """The layer x step matrix of ``quantity`` (a key of `QUANTITIES`)."""
@@ -116,12 +116,12 @@ class RunView:
     def _row(self, quantity, layer, weights):
         scalars = self.data["scalars"]
         if quantity == "weight_grad":
-            return report._combined_norm(scalars, "weight_grad_norm", weights)
+            return layer_series.combined_norm(scalars, "weight_grad_norm", weights)
         if quantity == "grad":
-            return report._series(scalars, f"grad_norm/{layer}")
+            return layer_series.series(scalars, f"grad_norm/{layer}")
         if quantity == "zero_fraction":
-            return report._series(scalars, f"activation_zero_fraction/{layer}")
-        return update_ratio_series(scalars, weights)
+            return layer_series.series(scalars, f"activation_zero_fraction/{layer}")
+        return layer_series.update_ratio(scalars, weights)
 
     def _present_histograms(self, prefix, layer, weights):
         """The row's histogram tags for a quantity, else its dJ/d(activation) or activation ones."""
@@ -209,20 +209,6 @@ def _health_row(row):
         "flags": list(row.flags),
         "first_flagged": {flag: step for flag, step in row.first_flagged},
     }
-
-
-def update_ratio_series(scalars, weights):
-    """‖Δw‖/‖w‖ over a layer's weights at every step (as `kgrad.health_report`'s last value)."""
-    ratios = [scalars.get(f"update_ratio/{weight}") for weight in weights]
-    norms = [scalars.get(f"weight_norm/{weight}") for weight in weights]
-    if not weights or any(series is None for series in ratios + norms):
-        return None
-    steps, values = report._aligned(ratios + norms)
-    ratio, norm = values[: len(weights)], values[len(weights) :]
-    update = np.sqrt(np.sum(np.square(ratio * np.maximum(norm, 1e-12)), axis=0))
-    total = np.sqrt(np.sum(np.square(norm), axis=0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return report.Series(steps, np.where(total > 0, update / total, np.nan))
 
 
 #: Steps with NaN/Inf sent per tag (the first ones); ``bad_steps`` counts them all.

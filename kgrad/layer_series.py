@@ -1,0 +1,97 @@
+"""Per-layer series from the scalars that `kgrad.read_logs` returns.
+
+Shared by `kgrad.health_report` (the latest values) and the kgrad tab of
+TensorBoard (every step): which logged weights belong to which layer, series
+aligned on the steps they share, and the layer-wide gradient norm and update
+ratio computed from per-weight ones.
+
+Example:
+
+>>> import numpy as np
+>>> from kgrad.reading import Series
+>>> from kgrad import layer_series
+>>> scalars = {
+...     "grad_norm/dense": Series(np.array([0, 10]), np.array([1.0, 2.0])),
+...     "weight_grad_norm/dense/kernel": Series(np.array([0, 10]), np.array([3.0, 3.0])),
+...     "weight_grad_norm/dense/bias": Series(np.array([0, 10]), np.array([4.0, 0.0])),
+... }
+>>> layer_series.layer_weights(scalars)
+{'dense': ['dense/kernel', 'dense/bias']}
+>>> layer_series.combined_norm(scalars, "weight_grad_norm", ["dense/kernel", "dense/bias"]).values.tolist()
+[5.0, 3.0]
+"""
+
+import numpy as np
+
+from kgrad.reading import Series
+
+
+def layer_weights(scalars):
+    """Layer name -> its weight paths, layers in logged (forward) order.
+
+    Layers come from ``grad_norm/`` and ``activation_*/`` tags; a weight
+    ``<layer>/kernel`` (or ``<nested model>/<layer>/kernel``) belongs to the layer whose name ends its
+    owner path. Weights of layers that were not captured form their own row,
+    named by that owner path.
+    """
+    layers = {}
+    for tag in scalars:
+        prefix, _, name = tag.partition("/")
+        if prefix == "grad_norm" or prefix.startswith("activation_"):
+            layers.setdefault(name, [])
+    for tag in scalars:
+        if tag.startswith("weight_grad_norm/"):
+            path = tag[len("weight_grad_norm/") :]
+            owner = path.rpartition("/")[0] or path
+            matches = [name for name in layers if owner == name or owner.endswith("/" + name)]
+            layers.setdefault(max(matches, key=len) if matches else owner, []).append(path)
+    return layers
+
+
+def aligned(series_list):
+    """The steps all series share (sorted) and their values, ``[series, steps]``.
+
+    A step logged twice (e.g. a resumed run) keeps its last value.
+    """
+    by_step = [dict(zip(series.steps.tolist(), series.values.tolist())) for series in series_list]
+    common = sorted(set.intersection(*(set(values) for values in by_step)))
+    values = np.array([[values[step] for step in common] for values in by_step], np.float64)
+    return np.array(common, np.int64), values.reshape(len(series_list), len(common))
+
+
+def series(scalars, tag):
+    """The `Series` of ``tag`` sorted by step (one value per step), or ``None``."""
+    if tag not in scalars:
+        return None
+    steps, values = aligned([scalars[tag]])
+    return Series(steps, values[0])
+
+
+def combined_norm(scalars, prefix, names):
+    """The L2 norm of several tensors from their ``<prefix>/<name>`` norms, or ``None``."""
+    present = [scalars[f"{prefix}/{name}"] for name in names if f"{prefix}/{name}" in scalars]
+    if not present:
+        return None
+    steps, values = aligned(present)
+    return Series(steps, np.sqrt(np.sum(np.square(values), axis=0)))
+
+
+def update_ratio(scalars, weights):
+    """‖Δw‖/‖w‖ over all of a layer's weights at every step, or ``None``.
+
+    ``None`` when a weight's ratio or norm was not logged; NaN on a step where
+    every weight norm is zero.
+    """
+    # From the per-weight ratios: ‖Δw_i‖ = ratio_i × max(‖w_i‖, 1e-12) (the
+    # probe's guard for weights that start at zero, like biases), and norms of
+    # a union add in squares.
+    ratios = [scalars.get(f"update_ratio/{weight}") for weight in weights]
+    norms = [scalars.get(f"weight_norm/{weight}") for weight in weights]
+    if not weights or any(found is None for found in ratios + norms):
+        return None
+    steps, values = aligned(ratios + norms)
+    ratio, norm = values[: len(weights)], values[len(weights) :]
+    update = np.sqrt(np.sum(np.square(ratio * np.maximum(norm, 1e-12)), axis=0))
+    total = np.sqrt(np.sum(np.square(norm), axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return Series(steps, np.where(total > 0, update / total, np.nan))
