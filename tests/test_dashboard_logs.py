@@ -149,6 +149,46 @@ def test_heatmap_rows_are_layers_in_forward_order_with_report_flags(dashboard_lo
     assert [("vanishing" in flags) for flags in sigmoid["flags"]] == [True] * 4 + [False] * 5
 
 
+def test_update_ratio_heatmap_is_the_layers_update_over_its_weight_norm_at_every_step(dashboard_logs, logs):
+    # Reference, step by step from the per-weight logs: ||dw_i|| = ratio_i * max(||w_i||, 1e-12)
+    # (the probe's floor for weights that start at zero), and norms of a union add in squares.
+    runs = events.LogCache(dashboard_logs).runs()
+    health = {run.run: run for run in kgrad.health_report(logs)}
+    for run in ("sigmoid_deep/kgrad", "relu_deep/kgrad"):
+        heatmap = views.RunView(run, runs[run]).heatmap("update_ratio")
+        matrix = decode(heatmap["values"], [len(DEMO_LAYERS), len(heatmap["steps"])])
+        scalars = logs[run]["scalars"]
+        for row, layer in enumerate(DEMO_LAYERS):
+            weights = [tag[len("weight_grad_norm/"):] for tag in weight_gradient_tags(scalars, layer)]
+            ratios = np.array([scalars[f"update_ratio/{weight}"].values for weight in weights])
+            norms = np.array([scalars[f"weight_norm/{weight}"].values for weight in weights])
+            update = np.sqrt(np.sum((ratios * np.maximum(norms, 1e-12)) ** 2, axis=0))
+            expected = update / np.sqrt(np.sum(norms**2, axis=0))
+            assert heatmap["steps"] == scalars[f"update_ratio/{weights[0]}"].steps.tolist()
+            np.testing.assert_allclose(matrix[row], expected, rtol=1e-5)
+            # The report's column is the same quantity's latest value.
+            report_row = next(row for row in health[run].layers if row.layer == layer)
+            np.testing.assert_allclose(report_row.update_ratio, expected[-1], rtol=1e-9)
+
+
+def test_update_ratio_of_a_layer_with_two_logged_weights_combines_them_at_every_step():
+    steps = np.array([0, 10])
+    scalars = {
+        "grad_norm/dense": Series(steps, np.array([1.0, 1.0])),
+        "weight_grad_norm/dense/kernel": Series(steps, np.array([1.0, 1.0])),
+        "weight_grad_norm/dense/bias": Series(steps, np.array([1.0, 1.0])),
+        "update_ratio/dense/kernel": Series(steps, np.array([0.1, 0.01])),
+        "weight_norm/dense/kernel": Series(steps, np.array([3.0, 3.0])),
+        "update_ratio/dense/bias": Series(steps, np.array([0.2, 0.0])),
+        "weight_norm/dense/bias": Series(steps, np.array([4.0, 4.0])),
+    }
+    heatmap = views.RunView("run/kgrad", {"scalars": scalars, "histograms": {}}).heatmap("update_ratio")
+    # ||dw|| = sqrt((0.1 * 3)^2 + (0.2 * 4)^2) = sqrt(0.73) over ||w|| = 5; then 0.03 / 5.
+    np.testing.assert_allclose(decode(heatmap["values"], [1, 2])[0], [np.sqrt(0.73) / 5, 0.006], rtol=1e-6)
+    (run,) = kgrad.health_report({"kgrad": {"scalars": scalars, "histograms": {}}})
+    assert run.layers[0].update_ratio == pytest.approx(0.006)
+
+
 def test_first_flag_step_is_the_first_step_that_meets_the_flag():
     steps = np.array([0, 10, 20])
     scalars = {
