@@ -79,19 +79,26 @@ def combined_norm(scalars, prefix, names):
 def update_ratio(scalars, weights):
     """‖Δw‖/‖w‖ over all of a layer's weights at every step, or ``None``.
 
-    ``None`` when a weight's ratio or norm was not logged; NaN on a step where
-    every weight norm is zero.
+    ``None`` when a weight's ratio or norm was not logged. Per step, ``inf``
+    when a weight's logged ratio or norm is not finite, and NaN where the
+    logs do not hold the layer's ratio: a weight that was all zeros before
+    the step moved (its ratio is 1, "all of its change", so the size of that
+    change is not logged) beside weights that were not zero.
     """
-    # From the per-weight ratios: ‖Δw_i‖ = ratio_i × max(‖w_i‖, 1e-12) (the
-    # probe's guard for weights that start at zero, like biases), and norms of
-    # a union add in squares.
     ratios = [scalars.get(f"update_ratio/{weight}") for weight in weights]
     norms = [scalars.get(f"weight_norm/{weight}") for weight in weights]
     if not weights or any(found is None for found in ratios + norms):
         return None
     steps, values = aligned(ratios + norms)
     ratio, norm = values[: len(weights)], values[len(weights) :]
-    update = np.sqrt(np.sum(np.square(ratio * np.maximum(norm, 1e-12)), axis=0))
+    # ‖Δw_i‖ = ratio_i × ‖w_i‖ of each weight that was not zero, and norms of
+    # a union add in squares. When every weight was zero, the layer's ratio
+    # is by the same rule as one weight's: 1 if it moved, else 0.
     total = np.sqrt(np.sum(np.square(norm), axis=0))
+    update = np.sqrt(np.sum(np.square(ratio * norm), axis=0))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return Series(steps, np.where(total > 0, update / total, np.nan))
+        combined = np.where(total > 0, update / total, np.any(ratio > 0, axis=0).astype(np.float64))
+    unknown = np.any((norm == 0) & (ratio > 0), axis=0) & (total > 0)
+    combined = np.where(unknown, np.nan, combined)
+    nonfinite = ~np.all(np.isfinite(values), axis=0)
+    return Series(steps, np.where(nonfinite, np.inf, combined))

@@ -92,7 +92,8 @@ class LayerHealth:
         grad_norm: Gradient norm at the last probed step (NaN or Inf when
             that norm was: then ``nonfinite_norms`` > 0).
         trend: Geometric mean of the gradient norm over the last third of the
-            probes divided by the one over the first third (NaN for < 2 probes).
+            probes divided by the one over the first third (NaN for < 2 probes
+            or when both are 0; ``inf`` when the norm grew from exactly 0).
         ratio_to_max: ``grad_norm`` over the largest ``grad_norm`` in the run.
         zero_fraction: Fraction of exactly-zero activations, last probe.
         update_ratio: ‖Δw‖ / ‖w‖ over the layer's logged weights (kernels by default), last probe.
@@ -291,12 +292,18 @@ def _trend(series):
     if series is None or len(series.values) < 2:
         return math.nan
     third = max(1, len(series.values) // 3)
-    tiny = np.finfo(np.float64).tiny
 
     def geometric_mean(values):
-        return float(np.exp(np.mean(np.log(np.maximum(values, tiny)))))
+        # A norm of exactly 0 (a layer behind a zero-initialized one, at step 0)
+        # makes the mean 0: a trend from 0 is infinite, not 1e308 from a floor.
+        if np.any(values == 0):
+            return 0.0
+        return float(np.exp(np.mean(np.log(values))))
 
-    return geometric_mean(series.values[-third:]) / geometric_mean(series.values[:third])
+    first, last = geometric_mean(series.values[:third]), geometric_mean(series.values[-third:])
+    if first == 0:
+        return math.inf if last > 0 else math.nan
+    return last / first
 
 
 def _nonfinite_norms(series):

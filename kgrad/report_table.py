@@ -35,7 +35,7 @@ def format_run(run):
         (
             layer.layer,
             _number(layer.grad_norm, ".1e", logged=layer.nonfinite_norms > 0),
-            "-" if math.isnan(layer.trend) else f"x{layer.trend:.2f}",
+            _trend_cell(layer.trend),
             _number(layer.ratio_to_max, ".1e"),
             _number(layer.zero_fraction, ".2f"),
             _number(layer.update_ratio, ".1e"),
@@ -91,3 +91,11 @@ def nonfinite_cell(nonfinite, nonfinite_norms):
 def _number(value, spec, logged=False):
     # NaN is "not logged" unless the norm was logged as NaN.
     return "nan" if logged and math.isnan(value) else "-" if math.isnan(value) else format(value, spec)
+
+
+def _trend_cell(trend):
+    if math.isnan(trend):
+        return "-"
+    if math.isinf(trend):
+        return "from 0"
+    return f"x{trend:.2f}" if 0.01 <= trend < 1000 else f"x{trend:.1e}"

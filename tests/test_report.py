@@ -210,16 +210,79 @@ def test_format_report_names_thresholds_runs_and_problems():
     assert healthy.splitlines()[-1] == "OK: no layer flagged in 1 run."
 
 
-def test_update_ratio_counts_the_update_of_a_weight_that_was_zero():
-    layers, _ = one_run(
-        {
+def test_update_ratio_of_a_layer_whose_weight_was_zero_is_only_given_where_the_logs_hold_it():
+    # A weight at zero that moved is logged with ratio 1 ("all of its change"):
+    # the size of its change is not in the logs.
+    def ratio(kernel_norm, kernel_ratio, bias_ratio):
+        layers, _ = one_run({
             "weight_grad_norm/m/d/kernel": series(1.0),
             "weight_grad_norm/m/d/bias": series(1.0),
-            "weight_norm/m/d/kernel": series(2.0),
+            "weight_norm/m/d/kernel": series(kernel_norm),
             "weight_norm/m/d/bias": series(0.0),
-            "update_ratio/m/d/kernel": series(0.0),
-            # A bias at zero moved by 0.5: the probe divides by 1e-12, not 0.
-            "update_ratio/m/d/bias": series(0.5 / 1e-12),
-        },
+            "update_ratio/m/d/kernel": series(kernel_ratio),
+            "update_ratio/m/d/bias": series(bias_ratio),
+        })
+        return layers["m/d"].update_ratio
+
+    assert math.isnan(ratio(2.0, 0.1, 1.0))  # beside a kernel that was not zero: unknown
+    assert ratio(2.0, 0.1, 0.0) == pytest.approx(0.1)  # the zero bias did not move
+    assert ratio(0.0, 1.0, 1.0) == 1.0  # every weight was zero and moved: the rule of one weight
+    assert ratio(0.0, 0.0, 0.0) == 0.0
+
+
+def test_a_layer_behind_a_zero_initialized_one_gets_update_ratios_and_a_trend_as_fit_moved_it(tmp_path):
+    # `out` starts all zeros, so dJ/dw of `hidden` is exactly 0 at step 0; `hidden`'s
+    # bias starts at zero beside a kernel that does not. Reference: the weights
+    # before and after each step, read from the model by a callback.
+    import base64
+
+    import keras
+
+    import kgrad
+    from kgrad.dashboard import views
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(4, activation="tanh", name="hidden"),
+        keras.layers.Dense(1, kernel_initializer="zeros", name="out"),
+    ])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    y = np.ones((16, 1), "float32")
+    before, after = [], []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: before.append(model.get_weights()),
+        on_train_batch_end=lambda batch, logs: after.append(model.get_weights()),
     )
-    assert layers["m/d"].update_ratio == pytest.approx(0.5 / 2.0)
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all")
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[probe, record])
+
+    def expected(layer_index, step):
+        pairs = list(zip(before[step], after[step]))[2 * layer_index : 2 * layer_index + 2]
+        norms = [np.linalg.norm(w) for w, _ in pairs]
+        if any(n == 0 and np.any(w != v) for (w, v), n in zip(pairs, norms)) and any(norms):
+            return math.nan  # a zero weight moved beside one that was not: not in the logs
+        if not any(norms):
+            return 1.0
+        return np.sqrt(sum(np.sum((v - w) ** 2) for w, v in pairs)) / np.sqrt(sum(n**2 for n in norms))
+
+    logs = kgrad.read_logs(str(tmp_path))
+    heatmap = views.RunView("kgrad", logs["kgrad"]).heatmap("update_ratio")
+    assert heatmap["layers"] == ["hidden", "out"] and heatmap["steps"] == [0, 1, 2, 3]
+    matrix = np.frombuffer(base64.b64decode(heatmap["values"]), "<f4").reshape(2, 4)
+    for layer_index in range(2):
+        reference = [expected(layer_index, step) for step in range(4)]
+        # Not in the logs: shown as not logged (NaN), never as a NaN/Inf value.
+        np.testing.assert_allclose(matrix[layer_index], reference, rtol=1e-4)
+    # Both cases occurred: the zero bias of `hidden` moved at step 1 (dJ/dw was 0 at step 0),
+    # and every weight of `out` was zero at step 0.
+    assert expected(0, 0) == 0.0 and math.isnan(expected(0, 1)) and expected(1, 0) == 1.0
+    (run,) = kgrad.health_report(logs)
+    hidden, out = run.layers
+    assert hidden.update_ratio == pytest.approx(expected(0, 3), rel=1e-4)
+    assert logs["kgrad"]["scalars"]["grad_norm/hidden"].values[0] == 0.0
+    assert hidden.trend == math.inf
+    line = next(line for line in report_table.format_report([run], kgrad.HealthThresholds()).splitlines()
+                if line.startswith("hidden"))
+    assert line.split()[2:4] == ["from", "0"] and len(line) < 100

@@ -15,6 +15,7 @@ import numpy as np
 
 from kgrad import layer_series, report
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
+from kgrad.reading import Series
 
 #: Heatmap quantities: key -> (label, unit, colour scale, histogram prefix).
 QUANTITIES = {
@@ -121,7 +122,13 @@ class RunView:
             return layer_series.series(scalars, f"grad_norm/{layer}")
         if quantity == "zero_fraction":
             return layer_series.series(scalars, f"activation_zero_fraction/{layer}")
-        return layer_series.update_ratio(scalars, weights)
+        ratios = layer_series.update_ratio(scalars, weights)
+        if ratios is None:
+            return None
+        # NaN: the logs do not hold this step's ratio; the cell shows "not logged"
+        # (a logged NaN/Inf ratio is inf, shown as NaN/Inf).
+        known = ~np.isnan(ratios.values)
+        return Series(ratios.steps[known], ratios.values[known])
 
     def _present_histograms(self, prefix, layer, weights):
         """The row's histogram tags for a quantity, else its dJ/d(activation) or activation ones."""
@@ -200,7 +207,8 @@ def _health_row(row):
     return {
         "layer": row.layer,
         "grad_norm": grad_norm,
-        "trend": row.trend,
+        # JSON has no Inf: a norm that grew from exactly 0 is said so.
+        "trend": "from 0" if math.isinf(row.trend) else row.trend,
         "ratio_to_max": row.ratio_to_max,
         "zero_fraction": row.zero_fraction,
         "update_ratio": row.update_ratio,

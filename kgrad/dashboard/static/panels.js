@@ -22,7 +22,10 @@ function flagText(row) {
 function cellText(row, key) {
   if (key === "layer") return row.layer;
   if (key === "flags") return flagText(row);
-  if (key === "trend") return row.trend === null ? "–" : `×${formatNumber(row.trend, 2)}`;
+  if (key === "trend") {
+    if (typeof row.trend === "string") return row.trend; // "from 0": grew from a norm of exactly 0
+    return row.trend === null ? "–" : `×${formatNumber(row.trend, 2)}`;
+  }
   if (key === "nonfinite") {
     // The default statistics count dJ/d(output)'s NaN/Inf, not dJ/dw's: say its NaN/Inf norm instead of 0.
     if (row.nonfinite === 0 && row.nonfinite_norms > 0) return `norm (${row.nonfinite_norms} step${row.nonfinite_norms === 1 ? "" : "s"})`;
