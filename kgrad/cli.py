@@ -101,7 +101,7 @@ def build_parser():
         type=_ratio,
         default=defaults.vanishing_ratio,
         help="flag a layer whose gradient norm is below this fraction of the "
-        f"largest layer's; default: {defaults.vanishing_ratio:g}",
+        f"largest layer's (or exactly 0); default: {defaults.vanishing_ratio:g}",
     )
     report_parser.add_argument(
         "--exploding-norm",

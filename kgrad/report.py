@@ -9,8 +9,10 @@ A layer's *gradient norm* is the L2 norm of dJ/dw over all of its weights
 (what the optimizer gets), or, when weight gradients were not captured, of
 dJ/d(layer output). Flags:
 
-- ``vanishing``: the latest gradient norm is below ``vanishing_ratio`` times
-  the largest layer's latest gradient norm in the same run.
+- ``vanishing``: the latest gradient norm is exactly 0 (no gradient reaches
+  the layer: also when no layer of the run gets one, as behind a dead layer),
+  or below ``vanishing_ratio`` times the largest layer's latest gradient norm
+  in the same run.
 - ``exploding``: the latest gradient norm is above ``exploding_norm``.
 - ``dead``: at least ``dead_fraction`` of the layer's latest activations are
   exactly zero (e.g. ReLUs that never fire).
@@ -39,7 +41,8 @@ class HealthThresholds:
 
     Args:
         vanishing_ratio: Flag a layer whose gradient norm is below this
-            fraction of the largest layer's (a float in ``(0, 1)``).
+            fraction of the largest layer's (a float in ``(0, 1)``); a
+            norm of exactly 0 is flagged whatever the largest is.
         exploding_norm: Flag a layer whose gradient norm is above this
             (a positive float).
         dead_fraction: Flag a layer with at least this fraction of zero
@@ -50,7 +53,7 @@ class HealthThresholds:
     >>> import kgrad
     >>> strict = kgrad.HealthThresholds(vanishing_ratio=1e-2)
     >>> strict.describe().split(";")[0]
-    "vanishing: grad norm < 0.01 x the largest layer's"
+    "vanishing: grad norm 0 or < 0.01 x the largest layer's"
     """
 
     vanishing_ratio: float = 1e-3
@@ -65,7 +68,7 @@ class HealthThresholds:
     def describe(self):
         """One line naming every threshold, as printed by ``kgrad report``."""
         return (
-            f"vanishing: grad norm < {self.vanishing_ratio:g} x the largest layer's; "
+            f"vanishing: grad norm 0 or < {self.vanishing_ratio:g} x the largest layer's; "
             f"exploding: grad norm > {self.exploding_norm:g}; "
             f"dead: >= {self.dead_fraction:.0%} zero activations; "
             "nonfinite: any NaN/Inf"
@@ -224,7 +227,9 @@ def layer_flags(row, thresholds):
     raised = {
         "nonfinite": row.nonfinite > 0 or row.nonfinite_norms > 0,
         "exploding": row.grad_norm > thresholds.exploding_norm,
-        "vanishing": row.ratio_to_max < thresholds.vanishing_ratio,
+        # 0 / 0 has no ratio, but a layer that gets no gradient at all has vanished
+        # gradients even when no other layer gets one either.
+        "vanishing": row.grad_norm == 0 or row.ratio_to_max < thresholds.vanishing_ratio,
         "dead": row.zero_fraction >= thresholds.dead_fraction,
     }
     return tuple(flag for flag in FLAGS if raised[flag])
@@ -234,8 +239,8 @@ def first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_
     """The first probed step at which each flag held for ``layer``.
 
     Each step is judged on its own values, as `layer_flags` judges the latest
-    ones: ``vanishing`` compares the layer's gradient norm with the largest
-    layer's on the same step; ``nonfinite`` holds from the first step that
+    ones: ``vanishing`` holds where the layer's gradient norm is 0 or small
+    beside the largest layer's on the same step; ``nonfinite`` holds from the first step that
     counted a NaN/Inf.
 
     Args:
@@ -255,7 +260,7 @@ def first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_
     largest = _largest_by_step(gradients) if largest_by_step is None else largest_by_step
     for step, norm in zip(*((own.steps.tolist(), own.values.tolist()) if own is not None else ((), ()))):
         top = largest.get(step, 0.0)
-        if top > 0 and norm / top < thresholds.vanishing_ratio:
+        if norm == 0 or (top > 0 and norm / top < thresholds.vanishing_ratio):
             held["vanishing"].append(step)
         if norm > thresholds.exploding_norm:
             held["exploding"].append(step)

@@ -199,7 +199,7 @@ def test_format_report_names_thresholds_runs_and_problems():
     thresholds = report.HealthThresholds()
     text = report_table.format_report(report.health_report(logs, thresholds), thresholds)
     assert text.splitlines()[0] == (
-        "Thresholds: vanishing: grad norm < 0.001 x the largest layer's; exploding: grad "
+        "Thresholds: vanishing: grad norm 0 or < 0.001 x the largest layer's; exploding: grad "
         "norm > 1000; dead: >= 99% zero activations; nonfinite: any NaN/Inf"
     )
     assert "run 'bad/kgrad': 3 probes, steps 0..20; grad norm = L2 norm of dJ/d(layer output)" in text

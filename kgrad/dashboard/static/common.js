@@ -33,6 +33,10 @@ const VIRIDIS = [
 ];
 export const MISSING_RGB = [225, 225, 225];
 export const NONFINITE_RGB = [229, 57, 53];
+// A logged 0 on a log scale (a dead layer's dJ/dw, a weight that did not move) is
+// below every colour of the scale: black, not the scale's darkest purple, which
+// would say "small" where the value is none at all.
+export const ZERO_RGB = [0, 0, 0];
 
 // RGB of a position in [0, 1] on the colour map.
 export function colorAt(t) {
@@ -43,12 +47,13 @@ export function colorAt(t) {
 }
 
 // Maps a value to [0, 1] on a colour scale {scale, low, high} (log10 or linear);
-// NaN (not logged) stays NaN, +-Inf (a logged NaN/Inf) is Infinity.
+// NaN (not logged) stays NaN, +-Inf (a logged NaN/Inf) is Infinity, and 0 on a
+// log scale (log10(0) = -inf) is -Infinity.
 export function scalePosition(scale, value) {
   if (Number.isNaN(value)) return NaN;
   if (!Number.isFinite(value)) return Infinity;
   if (scale.scale === "log") {
-    if (value <= 0) return 0;
+    if (value <= 0) return -Infinity;
     const span = scale.high - scale.low;
     return span > 0 ? (Math.log10(value) - scale.low) / span : 0.5;
   }

@@ -1,5 +1,5 @@
 // The layer x step heatmap of one run, drawn on a <canvas>, and its legend.
-import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, NONFINITE_RGB, formatNumber } from "./common.js";
+import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, NONFINITE_RGB, ZERO_RGB, formatNumber } from "./common.js";
 
 const LABEL_WIDTH = 150;
 
@@ -23,6 +23,7 @@ function paint(canvas, heatmap, values, scale, width, height) {
     const t = scalePosition(scale, values[i]);
     let rgb = NONFINITE_RGB;
     if (Number.isNaN(t)) rgb = MISSING_RGB;
+    else if (t === -Infinity) rgb = ZERO_RGB;
     else if (t !== Infinity) rgb = palette[Math.round(255 * Math.min(1, Math.max(0, t)))];
     image.data[4 * i] = rgb[0];
     image.data[4 * i + 1] = rgb[1];
@@ -136,10 +137,13 @@ export function legendView(scale, label, unit) {
   }
   const missing = el("span", { class: "missing-key", text: "not logged" });
   const nonfinite = el("span", { class: "nonfinite-key", text: "NaN/Inf" });
+  // Only a log scale has no place for 0; on a linear one 0 is on the bar.
+  const zero = scale.scale === "log" ? el("span", { class: "zero-key", text: "0" }) : null;
   const title = `${label}: ${unit}` + (scale.scale === "log" ? " (log scale)" : "");
   return el("div", { class: "legend", "data-low": scale.low, "data-high": scale.high }, [
     el("div", { class: "legend-title", text: title }),
     el("div", { class: "legend-scale" }, [bar, ticks]),
+    zero,
     missing,
     nonfinite,
   ]);
