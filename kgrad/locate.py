@@ -86,7 +86,19 @@ def in_data(inputs, targets, sample_weight):
     return None
 
 
-def _in_forward(probe, describe, loss):
+def _in_loss(loss, loss_terms, prediction):
+    """The first non-finite term of a non-finite loss (`kgrad.loss_parts`), else the loss itself."""
+    if loss is None or not any(_counts(loss)):
+        return None
+    for part in loss_terms() if loss_terms is not None else ():
+        counts = _counts(part["value"])
+        if any(counts):
+            inputs = None if part["inputs"] is None else _finite_range(part["inputs"])
+            return _birth("forward", part["name"], part["type"], part["path"], counts, inputs)
+    return _birth("forward", "loss", "loss", "loss", _counts(loss), _finite_range(prediction))
+
+
+def _in_forward(probe, describe, loss, loss_terms=None):
     """The first recorded operation whose inputs are finite and whose output is not."""
     taps_inside = []  # non-finite taps recorded before the layer that encloses them
     carried = None  # the first operation with a non-finite input and output
@@ -113,9 +125,7 @@ def _in_forward(probe, describe, loss):
                 "in an operation the tape does not capture (a TensorFlow op in a train_step "
                 "or a call: mark its result with kgrad.tap(name, tensor) to have it named).")
         return _birth("forward", *carried, replay_note=note)
-    if loss is not None and any(_counts(loss)):
-        return _birth("forward", "loss", "loss", "loss", _counts(loss), _finite_range(probe.prediction))
-    return None
+    return _in_loss(loss, loss_terms, probe.prediction)
 
 
 def _consumer(probe, names, index):
@@ -158,14 +168,15 @@ def in_weights(weights):
 
 
 def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weight_gradients=None,
-           check_weights=True):
+           check_weights=True, loss_terms=None):
     """Where a probed step's first NaN/Inf was born, as `NonFiniteReport` fields.
 
     Checked in this order: the model's weights (made non-finite by an
     earlier update), the data (inputs, targets, sample weights), the forward
     pass (the first captured operation with finite inputs and a non-finite
-    output; a `kgrad.tap` inside it is given as ``born_inside``), the loss,
-    then the backward pass from the loss down.
+    output; a `kgrad.tap` inside it is given as ``born_inside``), the loss
+    (its first non-finite term, when ``loss_terms`` are given), then the
+    backward pass from the loss down.
 
     Args:
         probe: The `kgrad.ProbeResult` of a ``ProbeTape(record_inputs=True)``
@@ -179,6 +190,11 @@ def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weigh
         check_weights: Whether to check the model's weights (a replay checks
             them before its forward pass, which changes BatchNormalization's
             statistics).
+        loss_terms: A function of no argument that returns the terms ``loss``
+            adds up (`kgrad.loss_parts.loss_parts`); called only when the loss
+            is the first non-finite value, which is then blamed on its first
+            non-finite term (a layer's ``add_loss``, the compiled loss, a
+            weight's regularizer).
 
     Returns:
         A ``dict`` of ``born_*`` fields, or ``None`` if everything is finite.
@@ -201,7 +217,7 @@ def locate(probe, model=None, loss=None, targets=None, sample_weight=None, weigh
     found = (
         (in_weights(model.weights) if model is not None and check_weights else None)
         or in_data(probe.input, targets, sample_weight)
-        or _in_forward(probe, describe, loss)
+        or _in_forward(probe, describe, loss, loss_terms)
         or _in_backward(probe, describe)
     )
     if found is None:

@@ -14,6 +14,7 @@ into a non-finite dJ/d(input), from the loss down.
 import numpy as np
 
 from kgrad.locate import in_weights, locate
+from kgrad.loss_parts import loss_parts
 from kgrad.replay_seeds import with_the_step_seeds
 
 #: Key of the step's batch in the outputs of a guarded train step;
@@ -111,7 +112,8 @@ def _replay_once(model, x, y, sample_weight):
     gradients = tape.gradient(loss, weights)
     return locate(tape.probe, model, loss, y, sample_weight,
                   {weight.path: gradient for weight, gradient in zip(weights, gradients)},
-                  check_weights=False)
+                  check_weights=False,
+                  loss_terms=lambda: loss_parts(model, y, prediction, sample_weight))
 
 
 def join_notes(*notes):
