@@ -144,6 +144,35 @@ def test_report_opens_from_disk_in_chromium(report_file, logs):  # noqa: F811
         driver.quit()
 
 
+@pytest.mark.slow
+def test_the_tooltip_of_the_last_cell_stays_in_the_window_on_one_line_per_value(report_file):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    driver = headless_chromium()
+    try:
+        driver.set_window_size(1400, 800)  # two runs side by side: the last one ends at the right edge
+        driver.get(report_file.as_uri())
+        wait_for(driver, "document.querySelector('.body[data-state=ready]')")
+        canvases = driver.find_elements("css selector", "canvas.heatmap-canvas")
+        canvas = max(canvases, key=lambda c: c.rect["x"] + c.rect["width"])
+        width, height = canvas.size["width"], canvas.size["height"]
+        for dx, dy in ((width / 2 - 2, -height / 2 + 2), (width / 2 - 2, height / 2 - 2)):
+            ActionChains(driver).move_to_element_with_offset(canvas, round(dx), round(dy)).perform()
+            wait_for(driver, "!document.querySelector('.tooltip').hidden")
+            box, inner, lines = driver.execute_script(
+                "const t = document.querySelector('.tooltip'); const b = t.getBoundingClientRect();"
+                "return [[b.left, b.top, b.right, b.bottom], [window.innerWidth, window.innerHeight],"
+                " (() => { const r = document.createRange();"  # one rect per line of its text
+                " r.selectNodeContents(document.querySelector('.tooltip .tip-value'));"
+                " return r.getClientRects().length; })()]"
+            )
+            assert 0 <= box[0] and box[2] <= inner[0], (box, inner)  # not cut at the right edge
+            assert 0 <= box[1] and box[3] <= inner[1], (box, inner)
+            assert lines == 1  # "dJ/dw norm = 8.257e-7", not broken over two lines
+    finally:
+        driver.quit()
+
+
 def test_unwritable_html_path_is_a_usage_error(dashboard_logs, tmp_path):  # noqa: F811
     target = tmp_path / "missing-folder" / "report.html"
     command = [sys.executable, "-m", "kgrad.cli", "report", dashboard_logs, "--html", str(target)]

@@ -53,8 +53,15 @@ function showTip(tip, cell, event, label) {
   ];
   if (cell.flags.length) lines.push(el("div", { class: "tip-flags", text: cell.flags.join(", ") }));
   tip.replaceChildren(...lines);
-  tip.style.left = `${event.clientX + 14}px`;
-  tip.style.top = `${event.clientY + 14}px`;
+  // Beside the cursor, on the side where it fits: near the right edge of the
+  // page a fixed box would otherwise be squeezed and wrap the value.
+  tip.style.left = "0px";  // measured where nothing squeezes it
+  tip.style.top = "0px";
+  const box = tip.getBoundingClientRect();
+  const right = event.clientX + 14 + box.width <= window.innerWidth;
+  const below = event.clientY + 14 + box.height <= window.innerHeight;
+  tip.style.left = `${Math.max(0, right ? event.clientX + 14 : event.clientX - 14 - box.width)}px`;
+  tip.style.top = `${Math.max(0, below ? event.clientY + 14 : event.clientY - 14 - box.height)}px`;
 }
 
 async function showHistograms(state, detail, cell) {
