@@ -11,6 +11,8 @@ a source of the tape's gradient (the tape would silently return zeros), so it
 is counted as unreachable instead.
 """
 
+import warnings
+
 import tensorflow as tf
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
@@ -25,7 +27,9 @@ class Recorder:
         model: The model whose own call provides the input and prediction.
         watch_inputs: Whether the model's float inputs are watched (dJ/dx).
         integer_inputs: ``"raise"`` to reject integer inputs when
-            ``watch_inputs`` is set, ``"skip"`` to watch only float inputs.
+            ``watch_inputs`` is set, ``"skip"`` to watch only float inputs,
+            ``"warn"`` to watch only float inputs and say so (a probe in ``fit``
+            that captures ``input_gradient``).
         record_inputs: Also keep each captured layer's input (the first
             argument of its ``call``) in ``layer_inputs``, under the same name
             as its activation, for the per-example gradient norms of
@@ -106,6 +110,18 @@ class Recorder:
                 "watch_inputs=False and capture the first float tensor instead, "
                 "e.g. the output of the embedding layer: "
                 f"kgrad.ProbeTape(model, layers=[{_embedding_hint(self._model)}])."
+            )
+        if integer_inputs and self._integer_inputs == "warn":
+            floats = len(taps.float_leaves(inputs))
+            warnings.warn(
+                f"kgrad writes dJ/d(input) only for float inputs: model '{self._model.name}' "
+                f"received {len(integer_inputs)} input(s) of dtype "
+                f"{sorted({leaf.dtype.name for leaf in integer_inputs})}, which have no gradient, "
+                f"so no input_grad_* tag is written for them ({floats} float input(s) get one). "
+                "The gradient of the first float tensor is in grad_norm/<layer>, e.g. of "
+                f"{_embedding_hint(self._model)}; leave 'input_gradient' out of capture= "
+                "to silence this.",
+                stacklevel=2,
             )
         for tensor in taps.float_leaves(inputs):
             self._tape.watch(tensor)

@@ -238,7 +238,7 @@ class ProbingStep:
             watch_inputs=plan.probe is not None and plan.probe.captures("input_gradient"),
             persistent=True,
             record_inputs=plan.probe is not None and "per_example" in plan.probe.instruments,
-            _integer_inputs="skip",
+            _integer_inputs="warn",  # only read where inputs are watched: dJ/dx is captured
         ) as tape:
             y_pred, loss = forward.forward_and_loss(model, x, y, sample_weight)
         if not model.trainable_weights:

@@ -8,7 +8,7 @@ duplicate layer name                        test_taps (ProbeTape), here (Gradien
 ``every_n_steps`` <= 0 or not an int        test_gradient_probe, test_probing_model
 ``log_dir`` that cannot be written          test_gradient_probe (a file), here (under a file)
 integer input, input gradients requested    test_tape (ProbeTape raises), here and test_fit_compat
-                                            (GradientProbe: documented, float inputs only)
+                                            (GradientProbe: float inputs only, with a warning)
 layer with no float output                  test_tape (ProbeTape), here (GradientProbe)
 model never built                           test_tape, test_gradient_probe (subclassed), here
                                             (Sequential without Input)
@@ -19,6 +19,7 @@ strategy kgrad does not support             test_distribute
 """
 
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -90,8 +91,15 @@ def test_integer_inputs_get_no_input_gradient_in_fit():
     model = _token_model()
     model.compile("sgd", "mse", jit_compile=False)
     probe = kgrad.GradientProbe(capture=["input_gradient", "activation_gradients"], every_n_steps=1)
-    model.fit(x, y, batch_size=4, verbose=0, callbacks=[probe])
+    # Not silently: one warning names the dtype and where the first float gradient is.
+    expected = r"only for float inputs: .*\['int32'\].*grad_norm/<layer>, e.g. of 'tokens'"
+    with pytest.warns(UserWarning, match=expected):
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=[probe])
     assert not [tag for tag in probe.latest.scalars if tag.startswith("input_grad")]
+    with warnings.catch_warnings():  # without dJ/dx asked for, nothing to say
+        warnings.simplefilter("error")
+        model.fit(x, y, batch_size=4, verbose=0,
+                  callbacks=[kgrad.GradientProbe(capture=["activation_gradients"], every_n_steps=1)])
     # The first float tensor, the embedding's output, has its gradient.
     assert probe.latest.scalars["grad_norm/tokens"] > 0
     with pytest.raises(ValueError, match=r"Received: input dtypes \['int32'\].*layers=\['tokens'\]"):
