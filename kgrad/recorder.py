@@ -118,9 +118,9 @@ class Recorder:
                 f"received {len(integer_inputs)} input(s) of dtype "
                 f"{sorted({leaf.dtype.name for leaf in integer_inputs})}, which have no gradient, "
                 f"so no input_grad_* tag is written for them ({floats} float input(s) get one). "
-                "The gradient of the first float tensor is in grad_norm/<layer>, e.g. of "
-                f"{_embedding_hint(self._model)}; leave 'input_gradient' out of capture= "
-                "to silence this.",
+                "Read the gradient of the first float tensor they lead to in "
+                f"grad_norm/<its layer>, e.g. of {_embedding_hint(self._model)}; leave "
+                "'input_gradient' out of capture= to silence this.",
                 stacklevel=2,
             )
         for tensor in taps.float_leaves(inputs):

@@ -92,7 +92,7 @@ def test_integer_inputs_get_no_input_gradient_in_fit():
     model.compile("sgd", "mse", jit_compile=False)
     probe = kgrad.GradientProbe(capture=["input_gradient", "activation_gradients"], every_n_steps=1)
     # Not silently: one warning names the dtype and where the first float gradient is.
-    expected = r"only for float inputs: .*\['int32'\].*grad_norm/<layer>, e.g. of 'tokens'"
+    expected = r"only for float inputs: .*\['int32'\].*grad_norm/<its layer>, e.g. of 'tokens'"
     with pytest.warns(UserWarning, match=expected):
         model.fit(x, y, batch_size=4, verbose=0, callbacks=[probe])
     assert not [tag for tag in probe.latest.scalars if tag.startswith("input_grad")]
