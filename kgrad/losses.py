@@ -144,5 +144,10 @@ def compiled_prediction_gradient(model, y_true, y_pred, sample_weight=None, argu
     def compiled_loss(y, y_copy, sample_weight=None):
         return compile_loss(y, y_copy, sample_weight)
 
+    if not compile_loss.built:
+        # Built here, not in the paused call: building adds the per-output
+        # loss metrics to the list that the pause has swapped out, and the
+        # call would then zip the losses with no metric and drop all but one.
+        compile_loss.build(y_true, y_pred)
     with _loss_metrics_paused(compile_loss):
         return prediction_gradient(compiled_loss, y_true, y_pred, sample_weight)

@@ -141,6 +141,46 @@ def test_multi_output_gradient_has_the_structure_of_the_prediction(structure):
     np.testing.assert_allclose(value_gradient, values / 6.0, rtol=1e-12)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("structure", ["dict", "list"])
+def test_a_multi_output_model_s_compiled_loss_before_its_first_use(structure, mode):
+    # The compiled loss is built on its first call; kgrad's must be that call
+    # too (it was: every output's gradient but the first came back as zeros).
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(5, activation="relu", name="hidden")(inputs)
+    classes = keras.layers.Dense(3, activation="softmax", name="cls")(hidden)
+    values = keras.layers.Dense(2, name="reg")(hidden)
+    outputs = {"cls": classes, "reg": values} if structure == "dict" else [classes, values]
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        "sgd",
+        loss=["sparse_categorical_crossentropy", "mse"],
+        loss_weights=[1.0, 0.5],
+        metrics=[["accuracy"], ["mae"]],
+    )
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(6, 4)), tf.float32)
+    y_cls = tf.constant(rng.integers(0, 3, 6))
+    y_reg = tf.constant(rng.normal(size=(6, 2)), tf.float32)
+    y = {"cls": y_cls, "reg": y_reg} if structure == "dict" else [y_cls, y_reg]
+    prediction = model(x)
+    gradient = _compiled(lambda p: kgrad.prediction_gradient(model, y, p), mode)(prediction)
+    # Reference: the same loss written out, on a plain copy of the prediction.
+    (cls_p, reg_p) = (prediction["cls"], prediction["reg"]) if structure == "dict" else prediction
+    cls_p, reg_p = tf.identity(cls_p), tf.identity(reg_p)
+    with tf.GradientTape() as tape:
+        tape.watch([cls_p, reg_p])
+        loss = keras.losses.sparse_categorical_crossentropy(y_cls, cls_p)
+        loss = tf.reduce_mean(loss) + 0.5 * tf.reduce_mean(tf.square(reg_p - y_reg))
+    expected = tape.gradient(loss, [cls_p, reg_p])
+    (cls_g, reg_g) = (gradient["cls"], gradient["reg"]) if structure == "dict" else gradient
+    np.testing.assert_allclose(cls_g, expected[0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(reg_g, expected[1], rtol=1e-5, atol=1e-7)
+    assert np.abs(reg_g).max() > 0
+    # No loss metric counted kgrad's evaluation.
+    assert all(float(metric.count) == 0 for metric in model._compile_loss.metrics)
+
+
 def test_training_loss_and_weight_gradients_are_unchanged():
     model = keras.Sequential(
         [keras.Input((3,)), keras.layers.Dense(4, activation="softmax", name="out")]
