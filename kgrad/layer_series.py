@@ -31,21 +31,53 @@ def layer_weights(scalars):
 
     Layers come from ``grad_norm/`` and ``activation_*/`` tags; a weight
     ``<layer>/kernel`` (or ``<nested model>/<layer>/kernel``) belongs to the layer whose name ends its
-    owner path. Weights of layers that were not captured form their own row,
-    named by that owner path.
+    owner path. A weight whose own layer was not captured belongs to the
+    captured layer that holds that layer, when it holds no other uncaptured
+    one: an LSTM's weights are its cell's (``lstm/lstm_cell/kernel``), and
+    kgrad captures the LSTM, never its cell. Other weights of layers that
+    were not captured form their own row, named by that owner path.
     """
-    layers = {}
+    captured = []
     for tag in scalars:
         prefix, _, name = tag.partition("/")
-        if prefix == "grad_norm" or prefix.startswith("activation_"):
-            layers.setdefault(name, [])
+        if (prefix == "grad_norm" or prefix.startswith("activation_")) and name not in captured:
+            captured.append(name)
+    layers = {name: [] for name in captured}
+    uncaptured = {}  # owner path -> its weight paths
     for tag in scalars:
         if tag.startswith("weight_grad_norm/"):
             path = tag[len("weight_grad_norm/") :]
             owner = path.rpartition("/")[0] or path
-            matches = [name for name in layers if owner == name or owner.endswith("/" + name)]
-            layers.setdefault(max(matches, key=len) if matches else owner, []).append(path)
+            layer = _captured_layer(captured, owner)
+            if layer is None:
+                uncaptured.setdefault(owner, []).append(path)
+            else:
+                layers[layer].append(path)
+    holders = {owner: _holder(captured, owner) for owner in uncaptured}
+    held = [holder for holder in holders.values() if holder is not None]
+    for owner, paths in uncaptured.items():
+        holder = holders[owner]
+        if holder is not None and held.count(holder) == 1:
+            layers[holder].extend(paths)
+        else:
+            layers.setdefault(owner, []).extend(paths)
     return layers
+
+
+def _captured_layer(captured, owner):
+    """The captured layer named by the owner path of a weight, or ``None``."""
+    matches = [name for name in captured if owner == name or owner.endswith("/" + name)]
+    return max(matches, key=len) if matches else None
+
+
+def _holder(captured, owner):
+    """The innermost captured layer that holds the layer at ``owner``, or ``None``."""
+    parts = owner.split("/")
+    for end in range(len(parts) - 1, 0, -1):
+        layer = _captured_layer(captured, "/".join(parts[:end]))
+        if layer is not None:
+            return layer
+    return None
 
 
 def aligned(series_list):

@@ -62,6 +62,7 @@ def resolve_selection(model, layers, argument="layers"):
     """
     named = taps.tappable_operations(model)
     canonical = _canonical_names(named)
+    in_time_loop = _inside_recurrent_layers(model)
     if layers is None:
         layers = default_layer_filter
     if isinstance(layers, str) and layers == "all":
@@ -70,10 +71,41 @@ def resolve_selection(model, layers, argument="layers"):
         candidates = {
             name: operation
             for name, operation in named.items()
-            if canonical[id(operation)] == name
+            if canonical[id(operation)] == name and id(operation) not in in_time_loop
         }
         return candidates, layers
-    return _resolve_list(model, layers, argument, named, canonical), None
+    return _resolve_list(model, layers, argument, named, canonical, in_time_loop), None
+
+
+def _inside_recurrent_layers(model):
+    """``{id(operation): RNN layer}`` for the cells of the RNN layers and what they hold.
+
+    A cell runs once per time step: under ``tf.function`` inside a
+    ``tf.while_loop`` whose tensors a tape cannot reach, and once more before
+    the loop on the first time step, only to infer the output's shape (Keras'
+    ``rnn``; that output is discarded, so its dJ/d(output) is 0 whatever the
+    cell learns). No call of a cell is its gradient; the RNN layer's own output
+    is (every time step of it with ``return_sequences=True``).
+    """
+    inside = {}
+    seen = set()
+
+    def mark(operation, rnn):
+        for child in taps._children(operation):
+            if id(child) not in inside:
+                inside[id(child)] = rnn
+                mark(child, rnn)
+
+    def find(operation):
+        for child in taps._children(operation):
+            if isinstance(child, keras.layers.RNN):
+                mark(child, child)
+            elif id(child) not in seen:
+                seen.add(id(child))
+                find(child)
+
+    find(model)
+    return inside
 
 
 def _every_operation(operation):
@@ -89,7 +121,7 @@ def _canonical_names(named):
     return canonical
 
 
-def _resolve_list(model, layers, argument, named, canonical):
+def _resolve_list(model, layers, argument, named, canonical, in_time_loop):
     if isinstance(layers, (str, keras.layers.Layer)) or not hasattr(layers, "__iter__"):
         example = repr(layers) if isinstance(layers, str) else "'dense_1'"
         raise TypeError(
@@ -123,6 +155,17 @@ def _resolve_list(model, layers, argument, named, canonical):
                 f"type {type(item).__name__}. Example: {argument}=['dense_1']."
             )
         name = canonical[id(operation)]
+        if id(operation) in in_time_loop:
+            rnn = in_time_loop[id(operation)]
+            raise ValueError(
+                f"`{argument}` asks for layer {name!r}, which runs inside the time loop of "
+                f"recurrent layer {canonical[id(rnn)]!r}: once per time step (under "
+                "tf.function inside a tf.while_loop, whose tensors a tape cannot reach) "
+                "and once more only to infer its output shape, so no call of it has "
+                f"the layer's gradient. Received: {argument}={layers!r}. Probe "
+                f"{canonical[id(rnn)]!r} instead (with return_sequences=True its output, "
+                "and dJ/d(output), has every time step)."
+            )
         if name in selected:
             raise ValueError(
                 f"`{argument}` lists layer {name!r} twice. Received: "

@@ -29,9 +29,11 @@ class ProbeTape(tf.GradientTape):
         layers: Which layers / operations to capture: ``None`` (every leaf
             layer with weights; a recurrent layer counts as a leaf), ``"all"``,
             a list of names or layer objects, or a predicate
-            ``fn(layer) -> bool``. A layer of a nested model is named by its
-            path ``"outer/inner"`` or by its plain name when that is unique;
-            it is reported under its plain name when unique, its path
+            ``fn(layer) -> bool``. The cell of a recurrent layer is never
+            captured (it runs once per time step; the layer's output is).
+            A layer of a nested model is named by its path
+            ``"outer/inner"`` or by its plain name when that is unique; it
+            is reported under its plain name when unique, its path
             otherwise. A layer called several times in one pass (a shared
             layer) is captured per call: ``name``, ``name#2``, ... A layer
             with several float outputs is reported as ``name/0``,

@@ -45,6 +45,77 @@ def test_weight_gradients_are_combined_per_layer_in_logged_order():
     assert layers["late"].zero_fraction == 0.5 and math.isnan(layers["early"].zero_fraction)
 
 
+def test_the_weights_of_a_recurrent_layers_cell_belong_to_the_recurrent_layer():
+    layers, _ = one_run(
+        {
+            "grad_norm/lstm": series(1.0),
+            "grad_norm/forward_gru": series(1.0),
+            "grad_norm/backward_gru": series(1.0),
+            "grad_norm/encoder": series(1.0),
+            "weight_grad_norm/lstm/lstm_cell/kernel": series(3.0),
+            "weight_grad_norm/lstm/lstm_cell/recurrent_kernel": series(4.0),
+            "weight_grad_norm/both/forward_gru/gru_cell/kernel": series(6.0),
+            "weight_grad_norm/both/backward_gru/gru_cell/kernel": series(8.0),
+            # A captured nested model holding two uncaptured layers keeps their rows.
+            "weight_grad_norm/encoder/first/kernel": series(1.0),
+            "weight_grad_norm/encoder/second/kernel": series(2.0),
+        }
+    )
+    assert list(layers) == [
+        "lstm", "forward_gru", "backward_gru", "encoder", "encoder/first", "encoder/second"
+    ]
+    assert layers["lstm"].grad_norm == 5.0  # sqrt(3^2 + 4^2)
+    assert layers["forward_gru"].grad_norm == 6.0 and layers["backward_gru"].grad_norm == 8.0
+    assert math.isnan(layers["encoder"].grad_norm) and layers["encoder/second"].grad_norm == 2.0
+
+
+def test_a_recurrent_layer_in_fit_gets_its_cells_gradient_norm_in_the_report_and_the_tab(tmp_path):
+    # Reference: a manual GradientTape on the same batch from the same weights.
+    import base64
+
+    import keras
+    import tensorflow as tf
+
+    import kgrad
+    from kgrad.dashboard import views
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((5, 3)),
+        keras.layers.LSTM(4, return_sequences=True, name="lstm"),
+        keras.layers.GRU(3, name="gru"),
+        keras.layers.Dense(1, name="out"),
+    ])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.random.default_rng(0).normal(size=(8, 5, 3)).astype("float32")
+    y = np.ones((8, 1), "float32")
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x, y, model(x))
+    expected = {name: model.get_layer(name).trainable_weights for name in ("lstm", "gru")}
+    gradients = dict(zip(
+        [w.path for w in model.trainable_weights],
+        tape.gradient(loss, model.trainable_weights),
+    ))
+    norms = {
+        name: float(np.sqrt(sum(np.sum(np.square(gradients[w.path])) for w in weights
+                                if len(w.shape) >= 2)))
+        for name, weights in expected.items()
+    }
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=100)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
+
+    logs = kgrad.read_logs(str(tmp_path))
+    (run,) = kgrad.health_report(logs)
+    rows = {layer.layer: layer for layer in run.layers}
+    assert list(rows) == ["lstm", "gru", "out"]
+    for name in ("lstm", "gru"):
+        assert rows[name].grad_norm == pytest.approx(norms[name], rel=1e-4)
+    heatmap = views.RunView("kgrad", logs["kgrad"]).heatmap("weight_grad")
+    assert heatmap["layers"] == ["lstm", "gru", "out"]
+    matrix = np.frombuffer(base64.b64decode(heatmap["values"]), "<f4").reshape(3, 1)
+    np.testing.assert_allclose(matrix[:2, 0], [norms["lstm"], norms["gru"]], rtol=1e-4)
+
+
 def test_activation_gradients_are_used_when_weight_gradients_were_not_captured():
     layers, run = one_run({"grad_norm/a": series(2.0, 2.0, 4.0), "grad_norm/b": series(8.0, 8.0, 8.0)})
     assert run.gradient == "dJ/d(output)"

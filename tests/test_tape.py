@@ -524,9 +524,39 @@ def test_layer_without_float_output_raises():
 
 
 def test_layer_run_only_inside_a_traced_loop_raises():
-    model = keras.Sequential([keras.Input((4, 3)), keras.layers.LSTM(2, name="lstm")])
+    class PerExample(keras.layers.Layer):
+        """Runs a Dense layer on each example in turn, inside tf.map_fn."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(2, name="inner")
+
+        def call(self, x):
+            return tf.map_fn(self.inner, x)
+
+    model = keras.Sequential([keras.Input((4, 3)), PerExample(name="per_example")])
+    model(tf.ones((1, 4, 3)))  # builds `inner` outside the loop
 
     @tf.function
+    def probed(x):
+        with kgrad.ProbeTape(model, layers=["inner"]) as tape:
+            loss = tf.reduce_sum(model(x))
+        tape.gradient(loss, model.trainable_variables)
+
+    with pytest.raises(
+        ValueError,
+        match=r"'inner', which ran inside a loop.*Probe the layer that runs the loop",
+    ):
+        probed(tf.ones((2, 4, 3)))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_naming_the_cell_of_a_recurrent_layer_raises(mode):
+    # Eagerly every call of the cell is recorded, and the first (Keras' shape
+    # probe on time step 0, discarded) has dJ/d(output) = 0: no call of the
+    # cell is its gradient, in either mode.
+    model = keras.Sequential([keras.Input((4, 3)), keras.layers.LSTM(2, name="lstm")])
+
     def probed(x):
         with kgrad.ProbeTape(model, layers=["lstm_cell"]) as tape:
             loss = tf.reduce_sum(model(x))
@@ -534,9 +564,41 @@ def test_layer_run_only_inside_a_traced_loop_raises():
 
     with pytest.raises(
         ValueError,
-        match=r"'lstm_cell', which ran inside a loop.*Probe the layer that runs the loop",
+        match=r"`layers` asks for layer 'lstm_cell', which runs inside the time loop of "
+        r"recurrent layer 'lstm'.*Received: layers=\['lstm_cell'\]\. Probe 'lstm' instead",
     ):
-        probed(tf.ones((1, 4, 3)))
+        _compiled(probed, mode)(tf.ones((1, 4, 3)))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("layers", ["all", lambda layer: True])
+def test_every_layer_leaves_out_the_cells_of_recurrent_layers(mode, layers):
+    inputs = keras.Input((4, 3))
+    both_ways = keras.layers.Bidirectional(
+        keras.layers.GRU(2, return_sequences=True), name="both_ways"
+    )(inputs)
+    last = keras.layers.LSTM(2, name="lstm")(both_ways)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(last))
+    x = tf.random.normal((2, 4, 3), seed=1)
+
+    def probed(x):
+        with kgrad.ProbeTape(model, layers=layers) as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        tape.gradient(loss, model.trainable_variables)
+        return tape.probe.gradients
+
+    gradients = _compiled(probed, mode)(x)
+    assert not [name for name in gradients if "cell" in name]
+    assert {"both_ways", "forward_gru", "backward_gru", "lstm", "out"} <= set(gradients)
+    with tf.GradientTape() as tape:
+        hidden = model.get_layer("both_ways")(x)
+        tape.watch(hidden)
+        last = model.get_layer("lstm")(hidden)
+        tape.watch(last)
+        loss = tf.reduce_sum(model.get_layer("out")(last) ** 2)
+    expected = tape.gradient(loss, [hidden, last])
+    np.testing.assert_allclose(gradients["both_ways"], expected[0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(gradients["lstm"], expected[1], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])

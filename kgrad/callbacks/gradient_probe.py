@@ -37,7 +37,9 @@ class GradientProbe(keras.callbacks.Callback):
             ``MultiWorkerMirroredStrategy`` only the chief writes.
         layers: Which layers to capture: ``None`` (every leaf layer with
             weights), ``"all"``, a list of names or layer objects, or a
-            predicate ``fn(layer) -> bool``.
+            predicate ``fn(layer) -> bool``. The cell of a recurrent layer
+            is never captured (it runs once per time step inside a loop
+            the tape cannot reach); the recurrent layer's output is.
         every_n_steps: Probe one step in this many (the first step of ``fit``
             is probed). The step logged is ``optimizer.iterations``.
         capture: ``"all"`` or a subset of ``("activations",
