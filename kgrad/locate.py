@@ -74,11 +74,14 @@ def in_data(inputs, targets, sample_weight):
         The ``born_*`` fields of the first non-finite part, or ``None``.
     """
     parts = []
-    if inputs is not None:
-        leaves = tf.nest.flatten(inputs)
-        names = io_names(inputs, "input")
-        parts += [(name if len(names) == 1 else f"input/{name}", leaf) for name, leaf in zip(names, leaves)]
-    parts += [("target", targets), ("sample_weight", sample_weight)]
+    for structure, prefix in ((inputs, "input"), (targets, "target"), (sample_weight, "sample_weight")):
+        if structure is not None:
+            # Each input, and each output's target and weights, by its name.
+            names = io_names(structure, prefix)
+            leaves = tf.nest.flatten(structure)
+            parts += [
+                (name if len(names) == 1 else f"{prefix}/{name}", leaf) for name, leaf in zip(names, leaves)
+            ]
     for name, structure in parts:
         counts = _counts(structure) if structure is not None else (0, 0)
         if any(counts):

@@ -321,6 +321,30 @@ def test_raise_gives_structured_error_and_restores_model():
     model.fit(x[8:], y[8:], batch_size=BATCH, verbose=0)
 
 
+@pytest.mark.parametrize("bad", ["target", "sample_weight"])
+def test_a_nan_in_one_output_s_target_or_weights_is_named_by_that_output(bad):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    outputs = {
+        "cls": keras.layers.Dense(3, activation="softmax", name="cls")(hidden),
+        "reg": keras.layers.Dense(1, name="reg")(hidden),
+    }
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype("float32")
+    y = {"cls": rng.integers(0, 3, 32), "reg": rng.normal(size=(32, 1)).astype("float32")}
+    weights = {"cls": np.ones(32, "float32"), "reg": np.ones(32, "float32")}
+    (y if bad == "target" else weights)["reg"][13] = np.nan
+    guard = kgrad.NonFiniteGuard(action="warn")
+    with pytest.warns(RuntimeWarning, match=f"arrived with the input data at '{bad}/reg'"):
+        model.fit(x, y, sample_weight=weights, batch_size=8, shuffle=False, verbose=0,
+                  callbacks=[guard])
+    (report,) = guard.reports
+    assert (report.step, report.batch_index, report.born_in, report.born_at) == (1, 1, "data", f"{bad}/reg")
+    assert (report.born_nan_count, report.born_inf_count) == (1, 0)
+
+
 def test_guard_with_probe_reports_last_probed_summaries():
     x, y = _data()
     x[17, 0] = np.nan  # batch 4
