@@ -57,14 +57,39 @@ def format_report(runs, thresholds):
     parts += [format_run(run) for run in runs]
     flagged = [run for run in runs if run.flagged]
     if flagged:
-        problems = "; ".join(
-            f"{run.run}: " + ", ".join(f"{layer.layer} ({' '.join(layer.flags)})" for layer in run.flagged)
-            for run in flagged
-        )
+        problems = "; ".join(f"{run.run}: {_problems(run.flagged)}" for run in flagged)
         parts.append(f"PROBLEMS in {len(flagged)} of {len(runs)} runs. {problems}")
     else:
         parts.append(f"OK: no layer flagged in {len(runs)} run{'s' if len(runs) != 1 else ''}.")
     return "\n\n".join(parts)
+
+
+def _problems(layers, named=6, shown=3):
+    """The flagged layers of a run: each by name, or, beyond ``named``, counted per flag.
+
+    A ResNet whose gradients explode flags ~50 layers; the verdict stays one
+    readable line, and the table above it has every layer.
+
+    Example:
+
+    >>> from kgrad.report import LayerHealth
+    >>> from kgrad.report_table import _problems
+    >>> layers = [LayerHealth(f"conv{i}", 2e3, 1.0, 1.0, 0.0, 1e-3, 0, ("exploding",)) for i in range(8)]
+    >>> _problems(layers)
+    '8 layers exploding (conv0, conv1, conv2 and 5 more)'
+    >>> _problems(layers[:2])
+    'conv0 (exploding), conv1 (exploding)'
+    """
+    if len(layers) <= named:
+        return ", ".join(f"{layer.layer} ({' '.join(layer.flags)})" for layer in layers)
+    groups = {}
+    for layer in layers:
+        groups.setdefault(" ".join(layer.flags), []).append(layer.layer)
+    parts = []
+    for flags, names in groups.items():
+        listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+        parts.append(f"{len(names)} layer{'s' if len(names) != 1 else ''} {flags} ({listed})")
+    return ", ".join(parts)
 
 
 def nonfinite_cell(nonfinite, nonfinite_norms):

@@ -281,6 +281,20 @@ def test_format_report_names_thresholds_runs_and_problems():
     assert healthy.splitlines()[-1] == "OK: no layer flagged in 1 run."
 
 
+def test_the_verdict_counts_many_flagged_layers_per_flag_and_names_the_first():
+    scalars = {f"grad_norm/conv{i}": series(5e3) for i in range(9)}
+    scalars.update({f"grad_norm/head{i}": series(1e-3) for i in range(2)})
+    scalars["grad_nonfinite/conv8"] = series(2.0)
+    thresholds = report.HealthThresholds()
+    text = report_table.format_report(report.health_report({"k": {"scalars": scalars}}), thresholds)
+    assert text.splitlines()[-1] == (
+        "PROBLEMS in 1 of 1 runs. k: 8 layers exploding (conv0, conv1, conv2 and 5 more), "
+        "1 layer nonfinite exploding (conv8), 2 layers vanishing (head0, head1)"
+    )
+    # The table above it still has every layer.
+    assert sum(line.startswith(("conv", "head")) for line in text.splitlines()) == 11
+
+
 def test_update_ratio_of_a_layer_whose_weight_was_zero_is_only_given_where_the_logs_hold_it():
     # A weight at zero that moved is logged with ratio 1 ("all of its change"):
     # the size of its change is not in the logs.
