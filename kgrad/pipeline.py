@@ -36,7 +36,7 @@ import tensorflow as tf
 from kgrad import norms, replicas
 from kgrad.state import ProbeState
 from kgrad.summaries import SummaryBuilder, io_names
-from kgrad.tag_selection import weight_tags_written
+from kgrad.tag_selection import layers_with_a_matrix, weight_tags_written
 
 
 class ProbePipeline:
@@ -147,13 +147,15 @@ class ProbePipeline:
 
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
         paths = [model_relative_path(self.model, weight) for weight in weights]
+        with_a_matrix = layers_with_a_matrix(paths, [weight.shape for weight in weights])
+        matrix = [path.rpartition("/")[0] in with_a_matrix for path in paths]
         # ‖w‖ and the update ratio only of the weights whose dJ/dw norm is
         # written (by default not of biases): one snapshot copy, one norm and
         # one norm of the change less per weight that nobody reads.
         tracked = [
             (weight, path)
-            for weight, path, gradient in zip(weights, paths, gradients)
-            if weight_tags_written(self.config.statistics, gradient)
+            for weight, path, gradient, has_matrix in zip(weights, paths, gradients, matrix)
+            if weight_tags_written(self.config.statistics, gradient, has_matrix)
         ]
         snapshots = self._ensure_snapshots([weight for weight, _ in tracked])
         values = [tf.cast(weight.value, tf.float32) for weight, _ in tracked]
@@ -165,11 +167,11 @@ class ProbePipeline:
         for value, snapshot in zip(values, snapshots):
             snapshot.assign(value)
         indices = []
-        for path, gradient in zip(paths, gradients):
+        for path, gradient, has_matrix in zip(paths, gradients, matrix):
             if gradient is not None:
                 # Each replica holds the gradient of its share of the loss.
                 gradient = replicas.sum_over_replicas(unscale(tf.convert_to_tensor(gradient)))
-                indices.append(builder.add_tensor("weight_grad", path, gradient))
+                indices.append(builder.add_tensor("weight_grad", path, gradient, has_matrix))
         # From the per-weight norms of the moments: no second pass over the gradients.
         builder.add_scalar(
             "global/grad_norm",

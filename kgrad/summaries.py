@@ -71,8 +71,10 @@ class SummaryBuilder:
         self._tensors = []
         self._summaries = None
 
-    def add_tensor(self, kind, name, tensor):
+    def add_tensor(self, kind, name, tensor, layer_has_a_matrix=True):
         """Moments of ``tensor`` under ``<kind>_<stat>/<name>``, and its histogram.
+
+        ``layer_has_a_matrix``: see `kgrad.tag_selection.selected`.
 
         Returns the tensor's index: its row in the ``[n, 7]`` moments, and its
         place in the tensors, that a callable given to `add_scalar` receives
@@ -81,7 +83,7 @@ class SummaryBuilder:
         self._check_open()
         index = len(self._tensors)
         self._tensors.append(tensor)
-        columns, histogram = selected(self._statistics, kind, tensor)
+        columns, histogram = selected(self._statistics, kind, tensor, layer_has_a_matrix)
         if columns:
             self.scalar_names += [f"{kind}_{stats.MOMENT_NAMES[column]}/{name}" for column in columns]
             self._scalar_blocks.append((index, columns))

@@ -11,7 +11,10 @@ dashboard and people read (57 scalar and 20 histogram tags for the demo's
 - ``activation_zero_fraction/`` (dead units);
 - ``weight_grad_norm/``, ``weight_grad_hist/``, ``weight_norm/`` and
   ``update_ratio/`` of every weight with two or more dimensions (kernels,
-  embeddings; not biases or normalization scales);
+  embeddings; not biases); of a layer with no such weight (a
+  BatchNormalization's or LayerNormalization's gamma and beta), its weights'
+  ``weight_grad_norm/``, ``weight_norm/`` and ``update_ratio/``, without
+  histograms, so that every layer with weights has a dJ/dw;
 - ``input_grad_norm/``, ``input_grad_hist/``, ``pred_grad_norm/``,
   ``pred_grad_hist/`` and ``global/*``;
 - with ``instruments=["per_example"]``, ``example_grad_norm_mean/``,
@@ -51,13 +54,21 @@ DEFAULT_DROPPED_SCALARS = ("pred_grad_example_norm_mean/", "pred_grad_example_no
 ALL_MOMENTS = tuple(range(len(stats.MOMENT_NAMES)))
 
 
-def selected(statistics, kind, tensor):
-    """``(moment columns, histogram?)`` that ``statistics`` writes for a tensor."""
+def selected(statistics, kind, tensor, layer_has_a_matrix=True):
+    """``(moment columns, histogram?)`` that ``statistics`` writes for a tensor.
+
+    ``layer_has_a_matrix``: for a weight's gradient, whether the weight's
+    layer has a weight of two or more dimensions (see `layers_with_a_matrix`).
+    """
     if statistics == "all" or kind not in DEFAULT_MOMENTS:
         return ALL_MOMENTS, True
     if kind == "weight_grad" and tensor.shape.rank is not None and tensor.shape.rank < 2:
-        # Biases and normalization scales: ~half of a model's weights, and
-        # not what a gradient-flow view shows (their layer's kernel is).
+        if not layer_has_a_matrix:
+            # A normalization layer's gamma and beta are all the dJ/dw it has:
+            # their norms give its row in the report and the tab.
+            return (stats.MOMENT_NAMES.index("norm"),), False
+        # Biases: ~half of a model's weights, and not what a gradient-flow
+        # view shows (their layer's kernel is).
         return (), False
     columns = tuple(stats.MOMENT_NAMES.index(stat) for stat in DEFAULT_MOMENTS[kind])
     return columns, kind in DEFAULT_HISTOGRAMS
@@ -68,19 +79,37 @@ def scalar_selected(statistics, tag):
     return statistics == "all" or not tag.startswith(DEFAULT_DROPPED_SCALARS)
 
 
-def weight_tags_written(statistics, gradient):
+def weight_tags_written(statistics, gradient, layer_has_a_matrix=True):
     """Whether ``statistics`` writes ``weight_norm/`` and ``update_ratio/`` of a weight.
 
     Under ``"all"``, of every weight; under ``"default"``, of the weights
     whose ``weight_grad_norm/`` is written (``gradient`` is not ``None`` and
-    has two or more dimensions): a bias's norm and update are not read.
+    has two or more dimensions, or its layer has no such weight): a bias's
+    norm and update are not read.
 
     Example:
 
     >>> import tensorflow as tf
     >>> weight_tags_written("default", tf.zeros([3])), weight_tags_written("all", None)
     (False, True)
+    >>> weight_tags_written("default", tf.zeros([3]), layer_has_a_matrix=False)
+    True
     """
     if statistics == "all":
         return True
-    return gradient is not None and bool(selected(statistics, "weight_grad", gradient)[0])
+    return gradient is not None and bool(selected(statistics, "weight_grad", gradient, layer_has_a_matrix)[0])
+
+
+def layers_with_a_matrix(paths, shapes):
+    """The layer paths (a weight's path less its last part) that own a weight of two or more dimensions.
+
+    Example:
+
+    >>> sorted(layers_with_a_matrix(["dense/kernel", "dense/bias", "bn/gamma"], [(3, 2), (2,), (2,)]))
+    ['dense']
+    """
+    return {
+        path.rpartition("/")[0]
+        for path, shape in zip(paths, shapes)
+        if shape is not None and len(shape) >= 2
+    }

@@ -233,6 +233,60 @@ def test_weight_tags_are_written_of_the_weights_whose_gradient_norm_is():
     assert all(weight_tags_written("all", gradient) for gradient in (kernel, bias, None))
 
 
+def test_a_normalization_layer_gets_the_dj_dw_of_its_gamma_and_beta_by_default(tmp_path):
+    # Its weights are 1-D, as biases are, but they are all the dJ/dw it has: without
+    # them its row in the report and the tab was empty ("not logged") in every view
+    # but dJ/d(activation). Reference: a manual tape from the same weights on the same
+    # batch, and the weights before and after the step.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((6, 6, 2)),
+        keras.layers.Conv2D(3, 3, name="conv"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(4, name="dense"),
+        keras.layers.LayerNormalization(beta_initializer="ones", name="ln"),
+        keras.layers.Dense(1, name="out"),
+    ])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.random.default_rng(0).normal(size=(8, 6, 6, 2)).astype("float32")
+    y = np.ones((8, 1), "float32")
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x, y, model(x, training=True))
+    weights = {weight.path.split("/", 1)[1]: weight for weight in model.trainable_weights}
+    gradients = dict(zip(weights, tape.gradient(loss, list(weights.values()))))
+    before = {path: weight.numpy() for path, weight in weights.items()}
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=1)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[probe])
+    scalars, histograms = probe.latest.scalars, probe.latest.histograms
+    for path in ("bn/gamma", "bn/beta", "ln/gamma", "ln/beta"):
+        change = np.linalg.norm(weights[path].numpy() - before[path])
+        np.testing.assert_allclose(
+            scalars[f"weight_grad_norm/{path}"], np.linalg.norm(gradients[path]), rtol=1e-4
+        )
+        np.testing.assert_allclose(scalars[f"weight_norm/{path}"], np.linalg.norm(before[path]), rtol=1e-5)
+        norm = np.linalg.norm(before[path])  # beta starts at 0: logged as 1, all of its change
+        np.testing.assert_allclose(scalars[f"update_ratio/{path}"], change / norm if norm else 1.0, rtol=1e-4)
+        assert f"weight_grad_hist/{path}" not in histograms  # the norm only, as for a bias
+    # A bias beside a kernel still writes nothing of its own.
+    assert not [tag for tag in scalars if tag.endswith(("dense/bias", "out/bias", "conv/bias"))]
+    (run,) = kgrad.health_report(kgrad.read_logs(tmp_path))
+    rows = {layer.layer: layer for layer in run.layers}
+    assert list(rows) == ["conv", "bn", "dense", "ln", "out"]
+    expected = np.sqrt(np.sum(np.square(gradients["bn/gamma"])) + np.sum(np.square(gradients["bn/beta"])))
+    assert rows["bn"].grad_norm == pytest.approx(expected, rel=1e-4)
+    changes = [np.sum(np.square(weights[p].numpy() - before[p])) for p in ("ln/gamma", "ln/beta")]
+    norms = [np.sum(np.square(before[p])) for p in ("ln/gamma", "ln/beta")]
+    assert rows["ln"].update_ratio == pytest.approx(np.sqrt(sum(changes) / sum(norms)), rel=1e-4)
+
+
+def test_weight_tags_of_a_1d_weight_are_written_when_its_layer_has_no_matrix():
+    scale = tf.zeros([3])
+    assert weight_tags_written("default", scale, layer_has_a_matrix=False)
+    assert not weight_tags_written("default", scale, layer_has_a_matrix=True)
+    assert not weight_tags_written("default", None, layer_has_a_matrix=False)
+
+
 def test_layout_has_at_most_eight_exact_tags_per_chart(demo_runs):
     tags = list(demo_runs["all"]["probe"].latest.scalars)
     charts_layout = layout.custom_scalar_layout(tags)

@@ -56,7 +56,8 @@ class GradientProbe(keras.callbacks.Callback):
             norms, zero fractions of activations, non-finite counts of
             dJ/d(activation), ``global/*``, histograms of the gradients; per
             weight only for kernels and other weights of two or more
-            dimensions): 57 scalar tags for a 9-layer MLP. ``"all"``: every
+            dimensions, and the norms of a normalization layer's gamma and
+            beta): 57 scalar tags for a 9-layer MLP. ``"all"``: every
             moment (norm, mean, std, min, max, zero fraction, non-finite
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (305 scalar tags for the same MLP). See
