@@ -62,6 +62,7 @@ class ProbePipeline:
         self.optimizer = optimizer
         self.state = None
         self.names = None  # (scalar tags, histogram tags), known once traced
+        self.weight_shapes = {}  # weight path -> shape, known once traced (for the logs)
         self._snapshots = None
         self._deferred_builder = None
         self._after_step_function = None
@@ -147,6 +148,7 @@ class ProbePipeline:
 
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
         paths = [model_relative_path(self.model, weight) for weight in weights]
+        self.weight_shapes = {path: tuple(weight.shape) for path, weight in zip(paths, weights)}
         with_a_matrix = layers_with_a_matrix(paths, [weight.shape for weight in weights])
         matrix = [path.rpartition("/")[0] in with_a_matrix for path in paths]
         # ‖w‖ and the update ratio only of the weights whose dJ/dw norm is

@@ -15,7 +15,11 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.util import tensor_util
+
+from kgrad import weight_shapes
+from kgrad.weight_shapes import WEIGHT_SHAPES_TAG
 
 #: One logged series: ``steps`` (int64 ``[n]``) and ``values``, in file order.
 Series = collections.namedtuple("Series", ["steps", "values"])
@@ -34,7 +38,9 @@ def read_logs(log_dir):
             ``tensorboard --logdir``), or one run's folder.
 
     Returns:
-        ``{run: {"scalars": {tag: Series}, "histograms": {tag: Series}}}``.
+        ``{run: {"scalars": {tag: Series}, "histograms": {tag: Series},
+        "weight_shapes": {weight path: shape}}}`` (``weight_shapes`` as a
+        `GradientProbe` logs them; ``{}`` for other writers).
         A ``Series`` is a named tuple ``(steps, values)``: ``steps`` an int64
         array ``[n]``; for scalars ``values`` a float64 array ``[n]``; for
         histograms a float64 array ``[n, buckets, 3]`` of (left edge, right
@@ -70,8 +76,17 @@ def read_logs(log_dir):
         scalars = _read_plugin(multiplexer, run, scalar_metadata.PLUGIN_NAME, _scalar_values)
         histograms = _read_plugin(multiplexer, run, histogram_metadata.PLUGIN_NAME, _histogram_values)
         if scalars or histograms:
-            logs[run] = {"scalars": scalars, "histograms": histograms}
+            shapes = _weight_shapes(multiplexer, run)
+            logs[run] = {"scalars": scalars, "histograms": histograms, "weight_shapes": shapes}
     return logs
+
+
+def _weight_shapes(multiplexer, run):
+    if WEIGHT_SHAPES_TAG not in multiplexer.PluginRunToTagToContent(text_metadata.PLUGIN_NAME).get(run, {}):
+        return {}
+    events = sorted(multiplexer.Tensors(run, WEIGHT_SHAPES_TAG), key=lambda event: event.wall_time)
+    texts = [(event.step, tensor_util.make_ndarray(event.tensor_proto).item().decode()) for event in events]
+    return weight_shapes.latest(texts)
 
 
 def _existing_directory(log_dir):

@@ -12,7 +12,9 @@ dJ/d(layer output). Flags:
 - ``vanishing``: the latest gradient norm is exactly 0 (no gradient reaches
   the layer: also when no layer of the run gets one, as behind a dead layer),
   or below ``vanishing_ratio`` times the largest layer's latest gradient norm
-  in the same run.
+  in the same run. Layers whose weights are all vectors (a normalization
+  layer's gamma and beta) are set only beside each other: their norms, over a
+  few hundred numbers, are not comparable with a kernel's over millions.
 - ``exploding``: the latest gradient norm is above ``exploding_norm``.
 - ``dead``: at least ``dead_fraction`` of the layer's latest activations are
   exactly zero (e.g. ReLUs that never fire).
@@ -97,7 +99,8 @@ class LayerHealth:
         trend: Geometric mean of the gradient norm over the last third of the
             probes divided by the one over the first third (NaN for < 2 probes
             or when both are 0; ``inf`` when the norm grew from exactly 0).
-        ratio_to_max: ``grad_norm`` over the largest ``grad_norm`` in the run.
+        ratio_to_max: ``grad_norm`` over the largest ``grad_norm`` in the run
+            (of a layer whose weights are all vectors: the largest of such layers).
         zero_fraction: Fraction of exactly-zero activations, last probe.
         update_ratio: ‖Δw‖ / ‖w‖ over the layer's logged weights (kernels by default), last probe.
         nonfinite: NaN/Inf values counted over all probes and tensors
@@ -135,6 +138,9 @@ class RunHealth:
         critical_batch: The smoothed gradient noise scale beside the batch size
             in use (`kgrad.instruments.noise_scale.CriticalBatch`), or ``None``
             when the run holds no per-example (``noise_*``) tags.
+        vector_only_layers: The layers whose weights are all vectors
+            (normalization layers), whose ``ratio_to_max`` is against the
+            largest of them.
     """
 
     run: str
@@ -142,6 +148,25 @@ class RunHealth:
     steps: np.ndarray
     layers: tuple
     critical_batch: object = None
+    vector_only_layers: tuple = ()
+
+    @property
+    def comparison(self):
+        """What ``/ largest`` is set beside, in words, for table captions.
+
+        >>> import numpy as np
+        >>> run = RunHealth("kgrad", "dJ/dw", np.array([0]), (), vector_only_layers=("bn",))
+        >>> print(run.comparison.replace("; ", "\\n"))
+        / largest: beside the run's largest
+        of the 1 layer with only vector weights (normalization), beside the largest of those
+        """
+        if not self.vector_only_layers:
+            return "/ largest: beside the run's largest"
+        count = len(self.vector_only_layers)
+        return (
+            f"/ largest: beside the run's largest; of the {count} layer{'s' if count > 1 else ''} with only "
+            "vector weights (normalization), beside the largest of those"
+        )
 
     @property
     def flagged(self):
@@ -196,15 +221,21 @@ def run_health(run, run_logs, thresholds):
         for layer, weights in layers.items()
     }
     latest = {layer: _last(series) for layer, series in gradients.items()}
-    largest = max((value for value in latest.values() if math.isfinite(value)), default=math.nan)
-    largest_by_step = _largest_by_step(gradients)
+    peers = _peer_groups(layers, run_logs.get("weight_shapes") or {}) if use_weights else {}
+    largest, largest_by_step = {}, {}
+    for group in set(peers.values()) | {None}:
+        members = {layer: gradients[layer] for layer in layers if peers.get(layer) == group}
+        finite = [latest[layer] for layer in members if math.isfinite(latest[layer])]
+        largest[group] = max(finite, default=math.nan)
+        largest_by_step[group] = _largest_by_step(members)
     rows = []
     for layer, weights in layers.items():
+        top = largest[peers.get(layer)]
         row = LayerHealth(
             layer=layer,
             grad_norm=latest[layer],
             trend=_trend(gradients[layer]),
-            ratio_to_max=latest[layer] / largest if largest > 0 else math.nan,
+            ratio_to_max=latest[layer] / top if top > 0 else math.nan,
             zero_fraction=_last(layer_series.series(scalars, f"activation_zero_fraction/{layer}")),
             update_ratio=_last(layer_series.update_ratio(scalars, weights)),
             nonfinite=_nonfinite_count(scalars, layer, weights),
@@ -212,14 +243,33 @@ def run_health(run, run_logs, thresholds):
             nonfinite_norms=_nonfinite_norms(gradients[layer]),
         )
         flags = layer_flags(row, thresholds)
-        first = first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_step)
+        first = first_flag_steps(
+            scalars, layer, weights, gradients, thresholds, largest_by_step[peers.get(layer)]
+        )
         first_flagged = tuple((flag, first[flag]) for flag in flags if flag in first)
         rows.append(dataclasses.replace(row, flags=flags, first_flagged=first_flagged))
     steps = next((s.steps for s in gradients.values() if s is not None), np.zeros([0], np.int64))
     return RunHealth(
         run, "dJ/dw" if use_weights else "dJ/d(output)", steps, tuple(rows),
         critical_batch=noise_scale.critical_batch(scalars),
+        vector_only_layers=tuple(layer for layer in layers if layer in peers),
     )
+
+
+def _peer_groups(layers, shapes):
+    """Layer -> ``"no matrix"`` for the layers whose dJ/dw norm is compared among themselves.
+
+    A layer whose weights are all known to have fewer than two dimensions (a
+    BatchNormalization's gamma and beta: hundreds of numbers) has a gradient
+    norm that cannot be set beside a kernel's (millions): its ``/ largest``
+    is against the largest such layer. Without shapes (logs of other writers,
+    or of kgrad before it logged them) every layer is in one group.
+    """
+    return {
+        layer: "no matrix"
+        for layer, weights in layers.items()
+        if weights and all(weight in shapes and len(shapes[weight]) < 2 for weight in weights)
+    }
 
 
 def layer_flags(row, thresholds):

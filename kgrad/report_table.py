@@ -31,6 +31,8 @@ def format_run(run):
     }[run.gradient]
     span = f"steps {run.steps[0]}..{run.steps[-1]}" if len(run.steps) else "no steps"
     header = f"run {run.run!r}: {len(run.steps)} probes, {span}; grad norm = {what}"
+    if run.vector_only_layers:
+        header += f"; {run.comparison}"
     cells = [_COLUMNS] + [
         (
             layer.layer,

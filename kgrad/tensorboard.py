@@ -14,8 +14,10 @@ from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+from kgrad import weight_shapes
 from kgrad.event_file import EventFile
 from kgrad.layout import custom_scalar_layout
+from kgrad.weight_shapes import WEIGHT_SHAPES_TAG
 
 #: Tag of a tripped `kgrad.NonFiniteGuard`'s report (a text summary of JSON).
 GUARD_REPORT_TAG = "guard/report"
@@ -96,8 +98,6 @@ def write_guard_report(log_dir, report):
     """
     import json
 
-    from tensorboard.plugins.text import metadata as text_metadata
-
     fields = {
         "message": str(report),
         "step": report.step,
@@ -113,17 +113,23 @@ def write_guard_report(log_dir, report):
         # Where the replay found it born, for tools that read the logs.
         **{name: getattr(report, name) for name in _REPLAY_FIELDS},
     }
+    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
+    events.write_summary(_text_summary(GUARD_REPORT_TAG, json.dumps(fields)), report.step)
+    events.close()
+
+
+def _text_summary(tag, text):
+    """A serialized Summary of one text value, for TensorBoard's Text tab."""
+    from tensorboard.plugins.text import metadata as text_metadata
+
     tensor = tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[json.dumps(fields).encode("utf-8")]
+        dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[text.encode("utf-8")]
     )
     summary = summary_pb2.Summary()
-    value = summary.value.add(tag=GUARD_REPORT_TAG)
-    metadata = text_metadata.create_summary_metadata(display_name=GUARD_REPORT_TAG, description="")
-    value.metadata.CopyFrom(metadata)
+    value = summary.value.add(tag=tag)
+    value.metadata.CopyFrom(text_metadata.create_summary_metadata(display_name=tag, description=""))
     value.tensor.CopyFrom(tensor)
-    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
-    events.write_summary(summary.SerializeToString(), report.step)
-    events.close()
+    return summary.SerializeToString()
 
 
 class ProbeWriter:
@@ -136,10 +142,14 @@ class ProbeWriter:
     Args:
         log_dir: The TensorBoard log directory (the one given to Keras'
             ``TensorBoard`` callback, if any).
+        weight_shapes: ``fn() -> {weight path: shape}`` of the probed
+            weights, or ``None``: written once per event file, with the
+            first record (see `kgrad.weight_shapes`).
     """
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir, weight_shapes=None):
         self.log_dir = os.fspath(log_dir)
+        self._weight_shapes = weight_shapes
         self.run_dir = os.path.join(self.log_dir, RUN_NAME)
         self._events = None
         self._described = set()  # tags whose metadata this event file holds
@@ -165,7 +175,13 @@ class ProbeWriter:
             layout = custom_scalar_layout(record.scalars)
             events.write_summary(custom_scalar_summary.pb(layout).SerializeToString(), step=0)
             self._wrote_layout = True
+            self._write_weight_shapes(events, record.step)
         events.write_summary(self._serialized_summary(record), record.step)
+
+    def _write_weight_shapes(self, events, step):
+        shapes = self._weight_shapes() if self._weight_shapes is not None else None
+        if shapes:
+            events.write_summary(_text_summary(WEIGHT_SHAPES_TAG, weight_shapes.encode(shapes)), step)
 
     def _serialized_summary(self, record):
         histograms = [np.asarray(buckets) for buckets in record.histograms.values()]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import kgrad
 from kgrad import demo, layout, norms
+from kgrad.dashboard import events
 from kgrad.config import ProbeConfig
 from kgrad.summaries import SummaryBuilder
 from kgrad.tag_selection import weight_tags_written
@@ -278,6 +279,17 @@ def test_a_normalization_layer_gets_the_dj_dw_of_its_gamma_and_beta_by_default(t
     changes = [np.sum(np.square(weights[p].numpy() - before[p])) for p in ("ln/gamma", "ln/beta")]
     norms = [np.sum(np.square(before[p])) for p in ("ln/gamma", "ln/beta")]
     assert rows["ln"].update_ratio == pytest.approx(np.sqrt(sum(changes) / sum(norms)), rel=1e-4)
+    # The logs hold every weight's shape, as both readers return it: bn and ln, all
+    # vectors, are set beside each other, not beside the kernels.
+    shapes = {path: tuple(weight.shape) for path, weight in weights.items()}
+    assert kgrad.read_logs(tmp_path)["kgrad"]["weight_shapes"] == shapes
+    assert events.LogCache(str(tmp_path)).runs()["kgrad"]["weight_shapes"] == shapes
+    assert run.vector_only_layers == ("bn", "ln")
+    vector_largest = max(rows["bn"].grad_norm, rows["ln"].grad_norm)
+    matrix_largest = max(rows[name].grad_norm for name in ("conv", "dense", "out"))
+    for name in rows:
+        largest = vector_largest if name in ("bn", "ln") else matrix_largest
+        assert rows[name].ratio_to_max == pytest.approx(rows[name].grad_norm / largest)
 
 
 def test_weight_tags_of_a_1d_weight_are_written_when_its_layer_has_no_matrix():

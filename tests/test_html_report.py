@@ -179,3 +179,40 @@ def test_unwritable_html_path_is_a_usage_error(dashboard_logs, tmp_path):  # noq
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert "--html" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_row_labels_of_a_hundred_layers_are_full_size_text_on_their_rows(tmp_path):
+    # At 5 px a row (540 px for 100 layers), labels clipped to their rows were
+    # illegible slivers: every third is drawn at full size, centred on its row.
+    from benchmarks.dashboard_scale import write_synthetic_run
+
+    names = write_synthetic_run(tmp_path / "logs", 100, 20, histogram_layers=0, every_n_steps=1)
+    path = tmp_path / "report.html"
+    command = [sys.executable, "-m", "kgrad.cli", "report", str(tmp_path / "logs"), "--html", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert f"HTML report: {path}" in result.stdout, result.stderr
+    driver = headless_chromium()
+    try:
+        driver.get(path.as_uri())
+        wait_for(driver, "document.querySelector('.body[data-state=ready]')")
+        labels = driver.execute_script(
+            "return [...document.querySelectorAll('.row-label')].map((row) => {"
+            " const r = row.getBoundingClientRect(), n = row.querySelector('.name').getBoundingClientRect();"
+            " const name = row.querySelector('.name'), x = (n.left + n.right) / 2;"
+            # Clipped text is not hit: the name's top and bottom edges are seen only when drawn.
+            " const seen = [n.top + 2, n.bottom - 2].every((y) => document.elementFromPoint(x, y) === name);"
+            " return [row.dataset.layer, !row.classList.contains('hidden-text'), r.top, r.bottom,"
+            " n.top, n.bottom, getComputedStyle(name).fontSize, seen]; })"
+        )
+    finally:
+        driver.quit()
+    assert [label[0] for label in labels] == names
+    shown = [label for label in labels if label[1]]
+    assert len(shown) == 34  # every third row: 12 px of text over 5 px rows
+    for _, _, row_top, row_bottom, top, bottom, font_size, seen in shown:
+        assert row_bottom - row_top < 6 and font_size == "11px"
+        assert bottom - top >= 11 and seen  # the whole line, not a 5 px slice of it
+        assert abs((top + bottom) / 2 - (row_top + row_bottom) / 2) < 1  # on its own row
+    for above, below in zip(shown, shown[1:]):
+        assert above[5] <= below[4]  # no two labels overlap

@@ -27,7 +27,8 @@ def test_every_run_with_its_scalars_and_histograms(tmp_path):
     logs = kgrad.read_logs(tmp_path)
 
     assert list(logs) == [".", "a/train", "b"]
-    assert logs["."] == {"scalars": logs["."]["scalars"], "histograms": {}}
+    # weight_shapes: {} for a run no GradientProbe wrote
+    assert logs["."] == {"scalars": logs["."]["scalars"], "histograms": {}, "weight_shapes": {}}
     steps, values = logs["a/train"]["scalars"]["loss"]
     assert steps.dtype == np.int64 and values.dtype == np.float64
     assert steps.tolist() == [0, 1] and values.tolist() == [2.0, 1.5]

@@ -295,6 +295,41 @@ def test_the_verdict_counts_many_flagged_layers_per_flag_and_names_the_first():
     assert sum(line.startswith(("conv", "head")) for line in text.splitlines()) == 11
 
 
+def test_layers_with_only_vector_weights_are_set_beside_each_other_not_beside_kernels():
+    # A BatchNormalization's gamma and beta norms (hundreds of numbers) against a
+    # kernel's (millions): a ResNet50 at init flagged all 53 of its BN layers
+    # "vanishing" at ~4e-4 of conv1's norm, with per-weight RMS gradients like the convs'.
+    scalars = {
+        "weight_grad_norm/conv/kernel": series(400.0, 600.0),
+        "weight_grad_norm/bn/gamma": series(0.3, 0.3),
+        "weight_grad_norm/bn/beta": series(0.4, 0.4),
+        "weight_grad_norm/bn_dead/gamma": series(1e-4, 1e-5),  # vanished beside bn: flagged
+        "weight_grad_norm/head/kernel": series(2.0, 3.0),
+    }
+    shapes = {"conv/kernel": (3, 3, 64, 64), "bn/gamma": (64,), "bn/beta": (64,)}
+    shapes.update({"bn_dead/gamma": (64,), "head/kernel": (64, 10)})
+    logs = {"kgrad": {"scalars": scalars, "histograms": {}, "weight_shapes": shapes}}
+    (run,) = report.health_report(logs)
+    rows = {layer.layer: layer for layer in run.layers}
+    assert run.vector_only_layers == ("bn", "bn_dead")
+    assert rows["bn"].ratio_to_max == 1.0 and rows["bn"].flags == ()
+    assert rows["bn_dead"].ratio_to_max == pytest.approx(1e-5 / 0.5)
+    assert rows["bn_dead"].flags == ("vanishing",)
+    assert dict(rows["bn_dead"].first_flagged) == {"vanishing": 0}  # 1e-4 / 0.5 at step 0 already
+    assert rows["head"].ratio_to_max == pytest.approx(3.0 / 600.0)
+    text = report_table.format_run(run)
+    assert text.splitlines()[0].endswith(
+        "; / largest: beside the run's largest; of the 2 layers with only vector weights "
+        "(normalization), beside the largest of those"
+    )
+    # Without shapes (logs of other writers, or of an older kgrad): one group, as before.
+    del logs["kgrad"]["weight_shapes"]
+    (old,) = report.health_report(logs)
+    assert old.vector_only_layers == ()
+    assert {layer.layer: layer.flags for layer in old.layers}["bn"] == ("vanishing",)
+    assert "/ largest" not in report_table.format_run(old).splitlines()[0]
+
+
 def test_update_ratio_of_a_layer_whose_weight_was_zero_is_only_given_where_the_logs_hold_it():
     # A weight at zero that moved is logged with ratio 1 ("all of its change"):
     # the size of its change is not in the logs.

@@ -225,15 +225,15 @@ class GradientProbe(keras.callbacks.Callback):
                     self.latest_by_tape[name] = record
                 self.latest = record
                 if self._log_dir is not None:
-                    self._writer(name).write(_for_tensorboard(record))
+                    self._writer(name, pipeline).write(_for_tensorboard(record))
                 if self.on_probe is not None:
                     self.on_probe(record)
 
-    def _writer(self, tape_name):
+    def _writer(self, tape_name, pipeline):
         if tape_name not in self._writers:
             # A tape of a model's own train_step is a run of its own.
             log_dir = self._log_dir if tape_name is None else os.path.join(self._log_dir, tape_name)
-            self._writers[tape_name] = ProbeWriter(log_dir)
+            self._writers[tape_name] = ProbeWriter(log_dir, weight_shapes=lambda: pipeline.weight_shapes)
         return self._writers[tape_name]
 
 

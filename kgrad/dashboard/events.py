@@ -22,6 +22,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2, types_pb2
 
+from kgrad import weight_shapes
 from kgrad.dashboard import layout
 from kgrad.reading import Series
 
@@ -96,7 +97,7 @@ def read_run(paths):
 
     Returns:
         ``{"scalars": {tag: Series}, "histograms": {tag: Series},
-        "texts": {tag: [(step, str)]}}``; histograms' values are float32
+        "texts": {tag: [(step, str)]}, "weight_shapes": {path: shape}}``; histograms' values are float32
         arrays ``[n, buckets, 3]`` (a list of arrays if the bucket count
         changes).
     """
@@ -171,6 +172,7 @@ def _assembled(points):
         else:
             arrays = [array for batch in batches for array in batch[3]]
             run[kind][tag] = Series(steps[order], _stacked([arrays[i] for i in order]))
+    run["weight_shapes"] = weight_shapes.latest(run["texts"].get(weight_shapes.WEIGHT_SHAPES_TAG, []))
     return run
 
 

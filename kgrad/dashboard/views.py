@@ -152,6 +152,7 @@ class RunView:
             {
                 "run": self.run,
                 "gradient": health.gradient,
+                "comparison": health.comparison if health.vector_only_layers else None,
                 "probes": int(len(steps)),
                 "first_step": int(steps[0]) if len(steps) else None,
                 "last_step": int(steps[-1]) if len(steps) else None,

@@ -63,7 +63,9 @@ export function heatmapView(heatmap, scale, width, handlers) {
   const steps = heatmap.steps.length;
   const height = rowHeight(layers) * Math.max(1, layers);
   const plotWidth = Math.max(120, width - LABEL_WIDTH);
-  const labels = el("div", { class: "row-labels" });
+  // Rows thinner than a line of text: every few rows a label, drawn at full
+  // size over its neighbours' (empty) rows rather than clipped to its own.
+  const labels = el("div", { class: "row-labels" + (rowHeight(layers) < 12 ? " dense" : "") });
   labels.style.height = `${height}px`;
   const every = Math.max(1, Math.ceil(12 / rowHeight(layers)));
   heatmap.layers.forEach((layer, index) => {

@@ -47,7 +47,7 @@ export function healthTable(summary) {
     ),
   );
   const caption = el("caption", {
-    text: `${summary.probes} probes, steps ${summary.first_step ?? "–"}..${summary.last_step ?? "–"}; grad norm = ${summary.gradient}`,
+    text: `${summary.probes} probes, steps ${summary.first_step ?? "–"}..${summary.last_step ?? "–"}; grad norm = ${summary.gradient}` + (summary.comparison ? `; ${summary.comparison}` : ""),
   });
   return el("table", { class: "health", "data-run": summary.run }, [caption, el("thead", {}, head), el("tbody", {}, rows)]);
 }
