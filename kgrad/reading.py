@@ -15,7 +15,6 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
-from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.util import tensor_util
 
 from kgrad import weight_shapes
@@ -82,7 +81,7 @@ def read_logs(log_dir):
 
 
 def _weight_shapes(multiplexer, run):
-    if WEIGHT_SHAPES_TAG not in multiplexer.PluginRunToTagToContent(text_metadata.PLUGIN_NAME).get(run, {}):
+    if WEIGHT_SHAPES_TAG not in multiplexer.PluginRunToTagToContent(weight_shapes.PLUGIN_NAME).get(run, {}):
         return {}
     events = sorted(multiplexer.Tensors(run, WEIGHT_SHAPES_TAG), key=lambda event: event.wall_time)
     texts = [(event.step, tensor_util.make_ndarray(event.tensor_proto).item().decode()) for event in events]

@@ -118,16 +118,20 @@ def write_guard_report(log_dir, report):
     events.close()
 
 
-def _text_summary(tag, text):
-    """A serialized Summary of one text value, for TensorBoard's Text tab."""
-    from tensorboard.plugins.text import metadata as text_metadata
-
+def _text_summary(tag, text, plugin_name="text"):
+    """A serialized Summary of one string, for TensorBoard's Text tab (``plugin_name="text"``)."""
     tensor = tensor_pb2.TensorProto(
         dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[text.encode("utf-8")]
     )
     summary = summary_pb2.Summary()
     value = summary.value.add(tag=tag)
-    value.metadata.CopyFrom(text_metadata.create_summary_metadata(display_name=tag, description=""))
+    if plugin_name == "text":
+        from tensorboard.plugins.text import metadata as text_metadata
+
+        value.metadata.CopyFrom(text_metadata.create_summary_metadata(display_name=tag, description=""))
+    else:
+        value.metadata.display_name = tag
+        value.metadata.plugin_data.plugin_name = plugin_name
     value.tensor.CopyFrom(tensor)
     return summary.SerializeToString()
 
@@ -181,7 +185,8 @@ class ProbeWriter:
     def _write_weight_shapes(self, events, step):
         shapes = self._weight_shapes() if self._weight_shapes is not None else None
         if shapes:
-            events.write_summary(_text_summary(WEIGHT_SHAPES_TAG, weight_shapes.encode(shapes)), step)
+            text = weight_shapes.encode(shapes)
+            events.write_summary(_text_summary(WEIGHT_SHAPES_TAG, text, weight_shapes.PLUGIN_NAME), step)
 
     def _serialized_summary(self, record):
         histograms = [np.asarray(buckets) for buckets in record.histograms.values()]

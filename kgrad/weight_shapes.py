@@ -4,8 +4,9 @@ The report needs them to compare like with like: the gradient norm of a
 normalization layer's gamma and beta (a few hundred numbers) is not
 comparable with a kernel's (a few million), so `kgrad.report` judges the
 layers with no weight of two or more dimensions among themselves. Shapes are
-static: `kgrad.tensorboard.ProbeWriter` writes them from the host, as one text
-summary (TensorBoard's Text tab shows it too); nothing is computed in the step.
+static: `kgrad.tensorboard.ProbeWriter` writes them from the host, as one
+string summary of the kgrad plugin (so that TensorBoard's Text tab does not
+list it); nothing is computed in the step.
 
 Example:
 
@@ -17,8 +18,10 @@ Example:
 
 import json
 
-#: The text tag that holds them, in the ``kgrad`` run.
+#: The tag that holds them, in the ``kgrad`` run.
 WEIGHT_SHAPES_TAG = "kgrad/weight_shapes"
+#: The plugin its summary metadata names: the kgrad tab's (`kgrad.dashboard.plugin`).
+PLUGIN_NAME = "kgrad"
 
 
 def encode(shapes):

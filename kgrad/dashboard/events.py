@@ -185,6 +185,8 @@ def _kind(tag, value):
         return "scalars" if _wanted_scalar(tag) else _SKIP
     plugin = value.metadata.plugin_data.plugin_name if value.HasField("metadata") else None
     kind = {"scalars": "scalars", "histograms": "histograms", "text": "texts"}.get(plugin, _SKIP)
+    if plugin == weight_shapes.PLUGIN_NAME:  # the kgrad plugin's strings: kgrad/weight_shapes
+        kind = "texts"
     return _SKIP if kind == "scalars" and not _wanted_scalar(tag) else kind
 
 
