@@ -82,12 +82,12 @@ def _guard(**options):
     return make
 
 
-def _guard_config(name, label, options, time_target, quick):
+def _guard_config(name, label, options, time_target, quick, jit_compile=False):
     return Config(
         name=name,
         label=label,
         family="guard",
-        jit_compile=False,
+        jit_compile=jit_compile,
         every_n_steps=1,
         make_callbacks=_guard(**options),
         time_target=time_target,
@@ -227,6 +227,11 @@ def all_configs():
         # gradients); the replay runs on a trip only, never in a timed run.
         _guard_config("guard", "NonFiniteGuard() alone: the sentinel (loss + weight gradients)", {},
                       _GUARD_TARGET, quick=True),
+        # The same under XLA, against plain fit under XLA: what a GPU user
+        # gets, since Keras' jit_compile="auto" compiles with XLA on a GPU
+        # (not on a CPU-only machine). XLA fuses the sentinel's reductions.
+        _guard_config("guard_xla", "NonFiniteGuard() alone, jit_compile=True", {}, _GUARD_TARGET,
+                      quick=False, jit_compile=True),
         # No target of its own: the guard that checks every captured tensor on
         # every step (the default before the sentinel), for RESULTS.md.
         _guard_config(

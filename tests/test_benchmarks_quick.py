@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import kgrad
 from benchmarks import configs, run, timing
 
 
@@ -390,3 +391,15 @@ def test_guard_floor_variants_skip_a_bad_update_and_apply_a_clean_one(variant):
     assert not bool(flag.numpy())
     assert int(model.optimizer.iterations.numpy()) == 3
     assert not np.array_equal(model.weights[0].numpy(), before[0])
+
+
+def test_the_guard_under_xla_is_compared_with_plain_fit_under_xla():
+    by_name = {config.name: config for config in configs.all_configs()}
+    guard, guard_xla = by_name["guard"], by_name["guard_xla"]
+    assert (guard.baseline, guard_xla.baseline) == (configs.BASELINE, configs.BASELINE_XLA)
+    assert guard_xla.jit_compile and guard_xla.time_target == guard.time_target == 1.05
+    assert not guard_xla.quick
+    names = {config.name for config in configs.select_configs(["guard_xla"])}
+    assert names == {"baseline", "baseline_xla", "guard_xla"}
+    (callback,) = guard_xla.make_callbacks(None, None, None)
+    assert isinstance(callback, kgrad.NonFiniteGuard)
