@@ -229,7 +229,7 @@ def all_configs():
                       _GUARD_TARGET, quick=True),
         # The same under XLA, against plain fit under XLA: what a GPU user
         # gets, since Keras' jit_compile="auto" compiles with XLA on a GPU
-        # (not on a CPU-only machine). XLA fuses the sentinel's reductions.
+        # (not on a CPU-only machine).
         _guard_config("guard_xla", "NonFiniteGuard() alone, jit_compile=True", {}, _GUARD_TARGET,
                       quick=False, jit_compile=True),
         # No target of its own: the guard that checks every captured tensor on
