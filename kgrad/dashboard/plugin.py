@@ -6,7 +6,9 @@ shows a "kgrad" tab. Its frontend is a plain ES module (``static/``) that
 TensorBoard loads in an iframe; it asks these routes (under
 ``/data/plugin/kgrad/``) for data:
 
-- ``runs``: the kgrad runs and the heatmap quantities;
+- ``runs``: the kgrad runs, each with a revision that changes when its event
+  files do (the page polls it to show the steps of a run still training),
+  and the heatmap quantities;
 - ``heatmap?run=R&quantity=Q``: a layer x step matrix (`views.RunView.heatmap`);
 - ``summary?run=R``: health table, NaN/Inf timeline, guard reports;
 - ``histogram?run=R&tag=T``: one histogram tag over steps.
@@ -16,6 +18,7 @@ directory, never joined into a path; anything unknown or malformed gets a
 400/404 text answer naming the parameter.
 """
 
+import itertools
 import json
 import os
 
@@ -60,6 +63,8 @@ class KgradPlugin(base_plugin.TBPlugin):
         super().__init__(context)
         self._cache = LogCache(context.logdir or "") if context.logdir else None
         self._views = {}  # run -> RunView of its current data
+        self._revisions = {}  # run -> number of its current RunView, new whenever its data is
+        self._counter = itertools.count(1)
 
     def get_plugin_apps(self):
         apps = {f"/{name}": self._static for name in _STATIC_FILES}
@@ -88,7 +93,11 @@ class KgradPlugin(base_plugin.TBPlugin):
             if not is_kgrad_run(data):
                 continue
             known = self._views.get(run)
-            fresh[run] = known if known is not None and known.data is data else views.RunView(run, data)
+            if known is not None and known.data is data:
+                fresh[run] = known
+            else:  # new run, or its files changed: LogCache read it again
+                fresh[run] = views.RunView(run, data)
+                self._revisions[run] = next(self._counter)
         self._views = fresh
         return fresh
 
@@ -130,7 +139,12 @@ class KgradPlugin(base_plugin.TBPlugin):
         quantities = [
             {"key": key, "label": q[0], "unit": q[1], "scale": q[2]} for key, q in views.QUANTITIES.items()
         ]
-        return {"runs": list(runs), "quantities": quantities, "logdir_has_runs": bool(runs)}
+        return {
+            "runs": list(runs),
+            "revisions": {run: self._revisions[run] for run in runs},
+            "quantities": quantities,
+            "logdir_has_runs": bool(runs),
+        }
 
     def _run(self, request, allowed):
         arguments = _parameters(request, allowed)
