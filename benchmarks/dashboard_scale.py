@@ -31,8 +31,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
-from kgrad.state import ProbeRecord  # noqa: E402
-from kgrad.tensorboard import ProbeWriter  # noqa: E402
+from kgrad.logs.record import ProbeRecord  # noqa: E402
+from kgrad.logs.writer import ProbeWriter  # noqa: E402
 
 
 def layer_tags(layer):

@@ -53,7 +53,7 @@ from tensorflow.core.framework import attr_value_pb2  # noqa: E402
 import kgrad  # noqa: E402
 from benchmarks.models import MODELS, make_data, make_dataset  # noqa: E402
 from benchmarks.timing import median_interval  # noqa: E402
-from kgrad import install  # noqa: E402
+from kgrad.backends.tensorflow.differentiate import install  # noqa: E402
 
 VARIANTS = (
     "plain", "copy", "sums_unordered", "sums", "sums_branch", "sums_branch_unlowered", "sums_snapshot",

@@ -40,7 +40,7 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks import bench, configs, run  # noqa: E402
 from benchmarks.models import MODELS  # noqa: E402
-from kgrad import stats  # noqa: E402
+from kgrad.backends.tensorflow.summarize import stats  # noqa: E402
 
 _REAL_SUMMARIZE_MANY = stats.summarize_many
 
@@ -67,7 +67,7 @@ def _floor_of_current_thread():
 
 
 def _summarize_many(tensors, bucket_count=None):
-    """`kgrad.stats.summarize_many`, or a floor's stand-in in a floor's thread."""
+    """`kgrad.backends.tensorflow.summarize.stats.summarize_many`, or a floor's stand-in in a floor's thread."""
     floor = _floor_of_current_thread()
     if floor is None or not tensors:
         return _REAL_SUMMARIZE_MANY(tensors, bucket_count)

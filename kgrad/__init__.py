@@ -36,47 +36,48 @@ __all__ = [
 # Each public name and the module that defines it: a name added to __all__
 # is added here too (tests/test_public_api.py checks both lists agree).
 _MODULES = {
-    "CAPTURE_KINDS": "kgrad.config",
-    "GUARD_KINDS": "kgrad.config",
+    "CAPTURE_KINDS": "kgrad.plan.options",
+    "GUARD_KINDS": "kgrad.plan.options",
     "GradientProbe": "kgrad.callbacks.gradient_probe",
-    "HealthThresholds": "kgrad.report",
-    "NonFiniteError": "kgrad.guard",
+    "HealthThresholds": "kgrad.report.health",
+    "NonFiniteError": "kgrad.report.non_finite",
     "NonFiniteGuard": "kgrad.callbacks.non_finite_guard",
-    "NonFiniteReport": "kgrad.guard",
-    "NoiseScaleSmoother": "kgrad.instruments.noise_scale",
-    "ProbeRecord": "kgrad.state",
-    "ProbeResult": "kgrad.probe_result",
-    "ProbeTape": "kgrad.tape",
-    "ProbingModel": "kgrad.model",
-    "first_non_finite": "kgrad.guard",
-    "health_report": "kgrad.report",
-    "prediction_gradient": "kgrad.losses",
-    "read_logs": "kgrad.reading",
-    "replay_step": "kgrad.replay",
-    "tap": "kgrad.taps",
-    "write_html_report": "kgrad.html_report",
+    "NonFiniteReport": "kgrad.report.non_finite",
+    "NoiseScaleSmoother": "kgrad.report.noise_scale",
+    "ProbeRecord": "kgrad.logs.record",
+    "ProbeResult": "kgrad.backends.tensorflow.capture.probe_result",
+    "ProbeTape": "kgrad.backends.tensorflow.capture.tape",
+    "ProbingModel": "kgrad.backends.tensorflow.differentiate.model",
+    "first_non_finite": "kgrad.backends.tensorflow.guard.locate",
+    "health_report": "kgrad.report.health",
+    "prediction_gradient": "kgrad.backends.tensorflow.differentiate.losses",
+    "read_logs": "kgrad.logs.reading",
+    "replay_step": "kgrad.backends.tensorflow.guard.replay",
+    "tap": "kgrad.backends.tensorflow.capture.taps",
+    "write_html_report": "kgrad.report.html",
 }
 
 if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.callbacks.gradient_probe import GradientProbe  # noqa: F401
     from kgrad.callbacks.non_finite_guard import NonFiniteGuard  # noqa: F401
-    from kgrad.config import CAPTURE_KINDS, GUARD_KINDS  # noqa: F401
-    from kgrad.guard import NonFiniteError, NonFiniteReport, first_non_finite  # noqa: F401
-    from kgrad.html_report import write_html_report  # noqa: F401
-    from kgrad.instruments.noise_scale import NoiseScaleSmoother  # noqa: F401
-    from kgrad.losses import prediction_gradient  # noqa: F401
-    from kgrad.model import ProbingModel  # noqa: F401
-    from kgrad.probe_result import ProbeResult  # noqa: F401
-    from kgrad.reading import read_logs  # noqa: F401
-    from kgrad.replay import replay_step  # noqa: F401
-    from kgrad.report import HealthThresholds, health_report  # noqa: F401
-    from kgrad.state import ProbeRecord  # noqa: F401
-    from kgrad.tape import ProbeTape  # noqa: F401
-    from kgrad.taps import tap  # noqa: F401
+    from kgrad.plan.options import CAPTURE_KINDS, GUARD_KINDS  # noqa: F401
+    from kgrad.backends.tensorflow.guard.locate import first_non_finite  # noqa: F401
+    from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
+    from kgrad.report.html import write_html_report  # noqa: F401
+    from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
+    from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
+    from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
+    from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
+    from kgrad.logs.reading import read_logs  # noqa: F401
+    from kgrad.backends.tensorflow.guard.replay import replay_step  # noqa: F401
+    from kgrad.report.health import HealthThresholds, health_report  # noqa: F401
+    from kgrad.logs.record import ProbeRecord  # noqa: F401
+    from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
+    from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
 
 
 def __getattr__(name):
-    """Loads a public name, or a submodule (``kgrad.stats``), on first use."""
+    """Loads a public name, or a submodule (``kgrad.backends.tensorflow.summarize.stats``), on first use."""
     if name in _MODULES:
         value = getattr(importlib.import_module(_MODULES[name]), name)
         globals()[name] = value  # later lookups do not come here

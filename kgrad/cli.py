@@ -10,10 +10,11 @@ import os
 import sys
 import tempfile
 
+import kgrad
 # Light: NumPy and TensorBoard's event reader. `kgrad demo` imports Keras
 # (TensorFlow, ~3 s) when it runs, so that `--help` and `report` answer at once.
-from kgrad import report, report_table
-from kgrad.reading import read_logs
+from kgrad.report import health as report, table as report_table
+from kgrad.logs.reading import read_logs
 
 #: Exit status of ``kgrad report`` when a layer is flagged.
 EXIT_FLAGGED = 1
@@ -70,6 +71,7 @@ def build_parser():
         prog="kgrad",
         description="See what the gradients are doing inside a Keras model while it trains.",
     )
+    parser.add_argument("--version", action="version", version=f"kgrad {kgrad.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo_parser = commands.add_parser(
         "demo",
@@ -166,7 +168,7 @@ def _report(args):
             exploding_norm=args.exploding_norm,
             dead_fraction=args.dead_fraction,
         )
-        logs = read_logs(args.log_dir)
+        logs = _named_runs(read_logs(args.log_dir), args.log_dir)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     runs = report.health_report(logs, thresholds)
@@ -180,7 +182,7 @@ def _report(args):
         )
     print(report_table.format_report(runs, thresholds))
     if args.html:
-        from kgrad import html_report  # only `--html` pays for it
+        from kgrad.report import html as html_report  # only `--html` pays for it
 
         try:
             html_report.write_html_report(args.log_dir, args.html, thresholds)
@@ -188,6 +190,18 @@ def _report(args):
             parser.error(f"cannot write --html {args.html!r}: {error.strerror or error}")
         print(f"HTML report: {args.html}")
     return EXIT_FLAGGED if any(run.flagged for run in runs) else 0
+
+
+def _named_runs(logs, log_dir):
+    """``logs`` with the run ``"."`` (event files right in ``log_dir``) named by the folder.
+
+    `read_logs` names such a run ``"."``, as TensorBoard does; in a report it
+    reads better as ``"run1"`` for ``kgrad report logs/run1``.
+    """
+    name = os.path.basename(os.path.abspath(log_dir)) or "."
+    if "." not in logs or name in logs:
+        return logs
+    return {name if run == "." else run: run_logs for run, run_logs in logs.items()}
 
 
 def main(argv=None):

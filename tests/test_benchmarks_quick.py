@@ -287,7 +287,7 @@ def test_probe_floor_replaces_the_statistics_in_floor_threads_only():
     import tensorflow as tf
 
     from benchmarks import probe_floor
-    from kgrad import stats
+    from kgrad.backends.tensorflow.summarize import stats
 
     tensors = [tf.constant([1.0, 5.0, 2.0]), tf.constant([[3.0, -1.0]])]
     results = {}
@@ -315,7 +315,7 @@ def test_probe_floor_times_every_floor_against_plain_fit():
     import dataclasses
 
     from benchmarks import probe_floor
-    from kgrad import stats
+    from kgrad.backends.tensorflow.summarize import stats
 
     settings = dataclasses.replace(run.PRESETS["quick"], pairs=1, min_pairs=1, steps_per_epoch=3)
     results = probe_floor.measure(["mlp"], settings)["mlp"]

@@ -23,9 +23,9 @@ import pytest
 import kgrad
 from kgrad import demo
 from kgrad.dashboard import events, views
-from kgrad.reading import Series
-from kgrad.state import ProbeRecord
-from kgrad.tensorboard import ProbeWriter
+from kgrad.logs.reading import Series
+from kgrad.logs.record import ProbeRecord
+from kgrad.logs.writer import ProbeWriter
 
 XSS_LAYERS = ("dense_in", "<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>")
 DEMO_LAYERS = [f"hidden_{i}" for i in range(1, 9)] + ["output"]

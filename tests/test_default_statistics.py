@@ -8,11 +8,13 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad import demo, layout, norms
+from kgrad import demo
+from kgrad.logs import layout
+from kgrad.backends.tensorflow.summarize import norms
 from kgrad.dashboard import events
-from kgrad.config import ProbeConfig
-from kgrad.summaries import SummaryBuilder
-from kgrad.tag_selection import weight_tags_written
+from kgrad.plan.options import ProbeConfig
+from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
+from kgrad.plan.tag_selection import weight_tags_written
 
 STATS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
 # The demo's MLP: 8 hidden Dense layers and an output, a kernel and a bias each.

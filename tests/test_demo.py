@@ -6,7 +6,8 @@ import os
 import pytest
 
 import kgrad
-from kgrad import demo, report
+from kgrad import demo
+from kgrad.report import health as report
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
-from kgrad import event_file, tensorboard
+from kgrad.logs import event_file, writer as tensorboard
 
 
 def scalar_summary(tag, value):

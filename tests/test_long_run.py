@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import kgrad
-from kgrad.step import ProbingStep
+from kgrad.backends.tensorflow.differentiate.step import ProbingStep
 
 KILLED_FIT = os.path.join(os.path.dirname(__file__), "scripts", "killed_fit.py")
 

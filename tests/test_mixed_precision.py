@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad.report import health_report
+from kgrad.report.health import health_report
 
 FEATURES = 4
 BATCH = 4

@@ -14,8 +14,8 @@ from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
 
 import kgrad
 from fit_helpers import RecordCollector, classification_data, compile_classifier, sequential_classifier
-from kgrad.state import ProbeState
-from kgrad.step import ProbingStep
+from kgrad.backends.tensorflow.handover.state import ProbeState
+from kgrad.backends.tensorflow.differentiate.step import ProbingStep
 
 EVERY_N_STEPS = 5
 STEPS_PER_EPOCH = 7  # not a multiple of 5: the probed batches move every epoch

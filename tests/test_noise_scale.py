@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad.instruments import noise_scale
-from kgrad.instruments.summaries import add_per_example_summaries, record_layer_inputs
-from kgrad.reading import Series
-from kgrad.summaries import SummaryBuilder
+from kgrad.report import noise_scale
+from kgrad.backends.tensorflow.summarize.instruments import add_per_example_summaries, record_layer_inputs
+from kgrad.logs.reading import Series
+from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
 
 
 def direct(per_example):

@@ -1,10 +1,10 @@
-"""`kgrad.norms`: L2 norms, checked against NumPy in float64, also at magnitudes beyond float32's squares."""
+"""`kgrad.backends.tensorflow.summarize.norms`: L2 norms, checked against NumPy in float64, also at magnitudes beyond float32's squares."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from kgrad import norms, stats
+from kgrad.backends.tensorflow.summarize import norms, stats
 
 NAN, INF = float("nan"), float("inf")
 MODES = ["eager", "xla"]

@@ -8,13 +8,13 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad.instruments.per_example import per_example_sq_norms
-from kgrad.instruments.summaries import (
+from kgrad.backends.tensorflow.summarize.per_example import per_example_sq_norms
+from kgrad.backends.tensorflow.summarize.instruments import (
     add_per_example_summaries,
     probe_per_example_norms,
     record_layer_inputs,
 )
-from kgrad.summaries import SummaryBuilder
+from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
 
 
 @pytest.fixture(autouse=True)
@@ -403,8 +403,8 @@ import numpy as np, tensorflow as tf
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, kgrad
-from kgrad.instruments.summaries import add_per_example_summaries, record_layer_inputs
-from kgrad.summaries import SummaryBuilder
+from kgrad.backends.tensorflow.summarize.instruments import add_per_example_summaries, record_layer_inputs
+from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
 data = np.load(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
@@ -494,8 +494,8 @@ CONVOLUTIONS = {
 @pytest.mark.parametrize("name", sorted(CONVOLUTIONS))
 def test_both_convolution_forms_equal_a_per_example_tape(name, method):
     # The patches from strided slices, or from tf.image.extract_patches: both exact on every geometry.
-    from kgrad.instruments import _factors
-    from kgrad.instruments.per_example import _reduce
+    from kgrad.backends.tensorflow.summarize import _factors
+    from kgrad.backends.tensorflow.summarize.per_example import _reduce
 
     layer = CONVOLUTIONS[name]()
     layer = layer.__class__.from_config({**layer.get_config(), "dtype": "float64"})

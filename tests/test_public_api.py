@@ -69,7 +69,7 @@ def test_names_load_lazily_and_dir_lists_them():
     # kgrad/__init__.py maps each public name to its module (PEP 562).
     assert sorted(kgrad._MODULES) == sorted(kgrad.__all__)
     assert set(kgrad.__all__) <= set(dir(kgrad))
-    assert kgrad.stats.MOMENT_NAMES[0] == "norm"  # submodules too
+    assert kgrad.plan.tag_names.MOMENT_NAMES[0] == "norm"  # submodules too
     with pytest.raises(AttributeError, match="module 'kgrad' has no attribute 'nope'"):
         kgrad.nope  # noqa: B018
 

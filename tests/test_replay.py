@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad import guard_state, tripped_batch
-from kgrad.guard import TRIPPED_OUTPUT
-from kgrad.locate import locate
-from kgrad.replay import BATCH_OUTPUT
+from kgrad.backends.tensorflow.guard import sentinel as guard_state, tripped_batch
+from kgrad.backends.tensorflow.guard.watched import TRIPPED_OUTPUT
+from kgrad.backends.tensorflow.guard.locate import locate
+from kgrad.backends.common.batch_dump import BATCH_OUTPUT
 from fit_helpers import sqrt_at_zero_loss
 
 BATCH = 4
@@ -437,7 +437,7 @@ def test_nan_born_in_the_backward_pass_of_the_loss(jit_compile):
 
 
 def test_an_output_whose_input_was_already_non_finite_is_named_as_carrying_it():
-    from kgrad.probe_result import ProbeResult
+    from kgrad.backends.tensorflow.capture.probe_result import ProbeResult
 
     bad = tf.constant([1.0, np.inf])
     probe = ProbeResult(activations={"scale": bad * 2.0}, gradients={}, input=None, input_gradient=None,
@@ -450,7 +450,7 @@ def test_an_output_whose_input_was_already_non_finite_is_named_as_carrying_it():
 
 
 def test_the_replay_changes_no_weight_statistic_or_metric():
-    from kgrad.replay import replay_fields
+    from kgrad.backends.tensorflow.guard.replay import replay_fields
 
     x, y = _data()
     x[BAD_ROW, 0] = 0.0

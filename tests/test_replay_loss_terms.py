@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kgrad
-from kgrad.loss_parts import loss_parts
+from kgrad.backends.tensorflow.guard.loss_parts import loss_parts
 
 BATCH = 4
 BAD_STEP = 2  # the batch whose targets turn the penalty's term negative

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from kgrad import report, report_table
-from kgrad.reading import Series
+from kgrad.report import health as report, table as report_table
+from kgrad.logs.reading import Series
 
 STEPS = np.array([0, 10, 20])
 

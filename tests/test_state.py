@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kgrad.state import ProbeRecord, ProbeState
+from kgrad.backends.tensorflow.handover.state import ProbeState
+from kgrad.logs.record import ProbeRecord
 
 BUCKETS = 2
 

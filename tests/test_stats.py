@@ -1,10 +1,10 @@
-"""`kgrad.stats`: on-device summaries, checked against NumPy in float64."""
+"""`kgrad.backends.tensorflow.summarize.stats`: on-device summaries, checked against NumPy in float64."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from kgrad import stats
+from kgrad.backends.tensorflow.summarize import stats
 
 NAN, INF = float("nan"), float("inf")
 MODES = ["eager", "xla"]

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import kgrad
 from fit_helpers import classification_data, compile_classifier, functional_classifier
-from kgrad import stats
-from kgrad.summaries import SummaryBuilder
+from kgrad.backends.tensorflow.summarize import stats
+from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
 
 
 def _builder(tensors, bucket_count=4):

@@ -1,4 +1,4 @@
-"""Interception of layer / op outputs (`kgrad.taps`), `kgrad.tap` and layer selection."""
+"""Interception of layer / op outputs (`kgrad.backends.tensorflow.capture.taps`), `kgrad.tap` and layer selection."""
 
 import keras
 import numpy as np
@@ -6,7 +6,9 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad import selection, taps
+from kgrad.plan import operations
+from kgrad.plan import selection
+from kgrad.backends.tensorflow.capture import taps
 
 
 @pytest.fixture(autouse=True)
@@ -84,13 +86,13 @@ def test_tap_rejects_a_bad_name(name):
 
 
 def test_functional_non_layer_operations_are_tappable_by_name():
-    names = list(taps.tappable_operations(_sin_cos_model()))
+    names = list(operations.tappable_operations(_sin_cos_model()))
     assert names == ["d1", "sin", "cos", "add", "d2"]
 
 
 def test_nested_layers_are_reachable_by_path_and_by_unique_plain_name():
     model = _nested_model()
-    named = taps.tappable_operations(model)
+    named = operations.tappable_operations(model)
     assert set(named) == {"inner", "inner/idense", "idense", "head"}
     assert named["inner/idense"] is named["idense"] is model.get_layer("inner").get_layer("idense")
 
@@ -101,7 +103,7 @@ def test_ambiguous_plain_names_are_reachable_by_path_only():
 
     inputs = keras.Input((2,))
     model = keras.Model(inputs, inner("left")(inputs) + inner("right")(inputs))
-    named = taps.tappable_operations(model)
+    named = operations.tappable_operations(model)
     assert "dense" not in named
     assert named["left/dense"] is not named["right/dense"]
     selected = selection.resolve_layers(model, ["left/dense", "right/dense"])
@@ -128,7 +130,7 @@ def test_default_selection_takes_a_recurrent_layer_not_its_cell():
         [keras.Input((4, 3)), keras.layers.LSTM(2, name="lstm"), keras.layers.Dense(1, name="out")]
     )
     assert list(selection.resolve_layers(model, None)) == ["lstm", "out"]
-    assert "lstm_cell" in taps.tappable_operations(model)
+    assert "lstm_cell" in operations.tappable_operations(model)
 
 
 def test_all_selects_every_layer_and_operation():

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 import kgrad
-from kgrad import layout, tensorboard
+from kgrad.logs import layout, writer as tensorboard
 
 # The tag scheme, spelled out here on purpose: it is the users' TensorBoard
 # layout, so a change must show up as a failing test.

@@ -18,7 +18,7 @@ from fit_helpers import (
     sequential_classifier,
     weights_max_abs_difference,
 )
-from kgrad.step import ProbingStep
+from kgrad.backends.tensorflow.differentiate.step import ProbingStep
 
 import keras
 

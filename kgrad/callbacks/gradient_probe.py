@@ -5,9 +5,11 @@ import os
 
 import keras
 
-from kgrad import install, replicas, selection
-from kgrad.config import ProbeConfig
-from kgrad.tensorboard import ProbeWriter
+from kgrad.backends.tensorflow.differentiate import install
+from kgrad.backends.tensorflow.handover import replicas
+from kgrad.plan import selection
+from kgrad.plan.options import ProbeConfig
+from kgrad.logs.writer import ProbeWriter
 
 
 class GradientProbe(keras.callbacks.Callback):
@@ -61,7 +63,7 @@ class GradientProbe(keras.callbacks.Callback):
             moment (norm, mean, std, min, max, zero fraction, non-finite
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (305 scalar tags for the same MLP). See
-            `kgrad.summaries` for the tags.
+            `kgrad.backends.tensorflow.summarize.summaries` for the tags.
         instruments: Extra statistics, off by default: ``["per_example"]``
             logs per-example gradient norms of the weights of Dense,
             EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers

@@ -8,11 +8,12 @@ import warnings
 
 import keras
 
-from kgrad import install
-from kgrad import replay as replay_module
-from kgrad.config import SENTINEL_KINDS, GuardConfig
-from kgrad.guard import NonFiniteError
-from kgrad.tensorboard import write_guard_report
+from kgrad.backends.common import batch_dump
+from kgrad.backends.tensorflow.differentiate import install
+from kgrad.backends.tensorflow.guard import replay as replay_module
+from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
+from kgrad.report.non_finite import NonFiniteError
+from kgrad.logs.writer import write_guard_report
 
 _ACTIONS = ("stop", "warn", "raise")
 
@@ -30,7 +31,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
     eagerly on its own batch (kept on the device, never copied on clean
     steps) from the weights before the bad update, with every layer, nested
     layer, ``keras.ops`` node and `kgrad.tap` captured, forward and
-    backward (`kgrad.replay`). The report (`kgrad.NonFiniteReport`) says
+    backward (`kgrad.backends.tensorflow.guard.replay`). The report (`kgrad.NonFiniteReport`) says
     where the first NaN/Inf was born: in the forward pass (the first
     operation whose inputs are finite and whose output is not), in the
     backward pass (from the loss down), with the input data (and the batch
@@ -61,7 +62,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             skips those steps itself; by default only the forward pass is
             checked then, so expected skips do not stop training.
         log_dir: If given, each report is also written to ``<log_dir>/kgrad``
-            (tag ``guard/report``, see `kgrad.tensorboard.write_guard_report`),
+            (tag ``guard/report``, see `kgrad.logs.writer.write_guard_report`),
             where the kgrad tab of TensorBoard shows it.
         dump_dir: If given, a tripped step's batch (``step_<step>.npz``) and
             the model at the last finite weights (``step_<step>.keras``) are
@@ -175,7 +176,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         print(f"kgrad.NonFiniteGuard stopped training: {report} {weights}", file=sys.stderr)
 
     def _replayed(self, report, batch):
-        """``report`` with where the NaN was born (`kgrad.replay`), and the dump's three lines."""
+        """``report`` with where the NaN was born (`kgrad.backends.tensorflow.guard.replay`), and the dump's three lines."""
         spe = self.model.steps_per_execution
         kept = self._step.tripped_batch()
         data, seeds_after, kept_index = (None, None, None) if kept is None else kept
@@ -192,10 +193,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
         elif self.replay:
             fields.update(self._replay_fields(report, data, seeds_after))
         if self.dump_dir is not None and data is not None:
-            lines, note = replay_module.dump(self.model, data, self.dump_dir, report.step)
+            lines, note = batch_dump.dump(self.model, data, self.dump_dir, report.step)
             fields["reproduce"] = lines
             if note:
-                fields["replay_note"] = replay_module.join_notes(
+                fields["replay_note"] = batch_dump.join_notes(
                     fields.get("replay_note"), f"Not dumped: {note}."
                 )
         return dataclasses.replace(report, **fields)
@@ -208,13 +209,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
                     "replay_note": f"The replay failed ({type(error).__name__}: {error}); "
                                    "the report is what the every-step check saw."}
         if born is None:
-            return {"replayed": False, "replay_note": replay_module.join_notes(
+            return {"replayed": False, "replay_note": batch_dump.join_notes(
                 f"The replay of step {report.step} was finite: it did not reproduce the trip (a "
                 "random draw that is not from the model's seed generators, or a value that "
                 "changed since?); the report is what the every-step check saw.", note)}
         if born["born_in"] == "weights":
             born["born_step"] = report.last_finite_step
-        note = replay_module.join_notes(born.get("replay_note"), note)
+        note = batch_dump.join_notes(born.get("replay_note"), note)
         return {**born, "replayed": True, "replay_note": note}
 
     def _latest_summaries(self, tape, layer, last_finite_step):

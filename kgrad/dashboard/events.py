@@ -22,9 +22,9 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2, types_pb2
 
-from kgrad import weight_shapes
+from kgrad.logs import weight_shapes
 from kgrad.dashboard import layout
-from kgrad.reading import Series
+from kgrad.logs.reading import Series
 
 #: Scalar tags the dashboard draws or the health report needs (prefixes).
 SCALAR_PREFIXES = (

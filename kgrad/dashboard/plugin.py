@@ -27,7 +27,7 @@ from werkzeug import wrappers
 
 from kgrad.dashboard import views
 from kgrad.dashboard.events import LogCache
-from kgrad.report import is_kgrad_run
+from kgrad.report.health import is_kgrad_run
 
 PLUGIN_NAME = "kgrad"
 _STATIC = os.path.join(os.path.dirname(__file__), "static")

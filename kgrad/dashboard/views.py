@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from kgrad import layer_series, report
+from kgrad.report import layer_series, health as report
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
-from kgrad.reading import Series
+from kgrad.logs.reading import Series
 
 #: Heatmap quantities: key -> (label, unit, colour scale, histogram prefix).
 QUANTITIES = {
@@ -69,7 +69,7 @@ class RunView:
 
     @property
     def health(self):
-        """The run's `kgrad.report.RunHealth`."""
+        """The run's `kgrad.report.health.RunHealth`."""
         return self._once("health", lambda: report.run_health(self.run, self.data, self.thresholds))
 
     @property

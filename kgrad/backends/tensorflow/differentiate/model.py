@@ -1,0 +1,142 @@
+"""`ProbingModel`: a `keras.Model` whose ``train_step`` captures inside its tape."""
+
+import keras
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+
+from kgrad.plan.options import ProbeConfig
+from kgrad.plan.step_plan import StepPlan
+from kgrad.backends.tensorflow.differentiate.prebuild import BuiltBeforeTracing
+from kgrad.backends.tensorflow.differentiate.step import ProbingStep
+
+
+@keras.saving.register_keras_serializable(package="kgrad")
+class ProbingModel(keras.Model):
+    """A ``keras.Model`` that probes gradients inside its own ``train_step``.
+
+    Use it as a base class for a subclassed model, or build it functionally
+    like ``keras.Model(inputs, outputs)``. Training is exactly Keras' own
+    ``train_step``; on probed steps the same tape also captures activations,
+    dJ/d(activation), dJ/dŷ, dJ/dx and the weight gradients, summarized on
+    device. Configure what is captured with `configure_probe`; read the latest
+    summaries with `probe_results`, or pass a `kgrad.GradientProbe` to ``fit``
+    to log them to TensorBoard.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> inputs = keras.Input((4,))
+    >>> hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    >>> outputs = keras.layers.Dense(1, name="out")(hidden)
+    >>> model = kgrad.ProbingModel(inputs, outputs)
+    >>> model.configure_probe(layers=["hidden"], every_n_steps=2)
+    >>> model.compile("sgd", "mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, verbose=0)
+    >>> record = model.probe_results
+    >>> record.step, round(record.scalars["activation_zero_fraction/hidden"], 2) >= 0
+    (0, True)
+    """
+
+    # Read by `kgrad.backends.common.own_step.has_own_train_step`: this
+    # class's train_step is kgrad's, not a train_step of the user's own.
+    _kgrad_probing_model = True
+
+    def __new__(cls, *args, **kwargs):
+        # `keras.Model(inputs, outputs)` returns a `Functional`; do the same,
+        # or Keras would rewrite `ProbingModel.__bases__` to include
+        # `Functional` and break every class that subclasses it afterwards.
+        if cls is ProbingModel and functional_init_arguments(args, kwargs):
+            return FunctionalProbingModel.__new__(FunctionalProbingModel, *args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        # A user subclass built functionally: swap its `ProbingModel` base for
+        # `FunctionalProbingModel` ourselves, as Keras swaps `Model` for
+        # `Functional`, so that Keras' own swap never reaches `ProbingModel`.
+        if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
+            _use_functional_base(type(self))
+        super().__init__(*args, **kwargs)
+
+    def configure_probe(self, **options):
+        """Sets what the probe captures; see `kgrad.GradientProbe` for options.
+
+        Args:
+            **options: ``layers``, ``every_n_steps``, ``capture``,
+                ``histograms``, ``bucket_count``, ``statistics``
+                (``"default"`` or ``"all"``).
+        """
+        object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
+        self._set_probing_step(ProbingStep(self))
+        self.train_function = None
+
+    @property
+    def probe_config(self):
+        """The `kgrad.plan.options.ProbeConfig` set by `configure_probe` (or the default)."""
+        return self.__dict__.get("_kgrad_config") or ProbeConfig()
+
+    def _set_probing_step(self, step):
+        # object.__setattr__: the probe's variables must stay out of the
+        # model's tracked weights (and out of saved models).
+        object.__setattr__(self, "_kgrad_step", step)
+
+    def _probing_step(self):
+        if self.__dict__.get("_kgrad_step") is None:
+            self._set_probing_step(ProbingStep(self))
+        return self.__dict__["_kgrad_step"]
+
+    def make_train_function(self, force=False):
+        step = self._probing_step()
+        step.prepare()
+        if self.train_function is not None and not force:
+            return self.train_function
+        if "_kgrad_installation" in self.__dict__:
+            # A kgrad callback is attached: its train function chose the plan.
+            super().make_train_function(force=True)
+            return self.train_function
+
+        def make_function():
+            super(ProbingModel, self).make_train_function(force=True)
+            # Keras builds the optimizer and metrics in the first trace, which
+            # makes the probing step trace twice: built first, it traces once.
+            return BuiltBeforeTracing(self, self.train_function)
+
+        plan = StepPlan(
+            probe=self.probe_config,
+            steps_per_execution=self.steps_per_execution,
+            replicas=self.distribute_strategy.num_replicas_in_sync,
+        )
+        self.train_function = step.function_for(plan, make_function).function
+        return self.train_function
+
+    def train_step(self, data):
+        return self._probing_step().train_step(data)
+
+    @property
+    def probe_results(self):
+        """The latest probed step as a `kgrad.ProbeRecord`, or ``None``.
+
+        Reading it copies the summaries from device memory (a host sync).
+        """
+        state = self._probing_step().state
+        if state is None:
+            return None
+        records, _ = state.read_since(max(0, int(state.written.numpy()) - 1))
+        return records[-1] if records else None
+
+
+@keras.saving.register_keras_serializable(package="kgrad")
+class FunctionalProbingModel(ProbingModel, Functional):
+    """What ``kgrad.ProbingModel(inputs, outputs)`` returns.
+
+    As ``keras.Model(inputs, outputs)`` returns a ``Functional``. Not public:
+    test ``isinstance(model, kgrad.ProbingModel)``.
+    """
+
+
+def _use_functional_base(cls):
+    """Replaces `ProbingModel` by `FunctionalProbingModel` among the bases of ``cls``."""
+    if cls is ProbingModel:
+        return FunctionalProbingModel
+    if issubclass(cls, ProbingModel) and not issubclass(cls, Functional):
+        cls.__bases__ = tuple(_use_functional_base(base) for base in cls.__bases__)
+    return cls

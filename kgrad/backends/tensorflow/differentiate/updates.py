@@ -1,0 +1,106 @@
+"""The backward pass and update of one probing step, in its three forms.
+
+`probed_update`: the plain backward pass, or on probed steps the one over the
+captured tensors too and the summaries, in a ``tf.cond`` (none when every step
+is probed). `guarded_update`: every step the full backward pass, the finite
+check and an update only where it is finite. `every_step_update`: with
+several replicas, summaries on every step (collectives cannot sit in a
+branch), written only on probed steps. Each applies exactly the gradients of
+the loss that Keras' own step would.
+"""
+
+import tensorflow as tf
+
+from kgrad.backends.tensorflow.guard import watched as guard_module
+from kgrad.plan import selection
+from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
+from kgrad.backends.tensorflow.summarize.pipeline import inverse_loss_scale
+
+
+def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_gradient, probe_now, step):
+    """Multi-replica: summaries of the global batch computed on every step.
+
+    They are written only on probed steps; computing them on every step
+    is the price of TensorFlow not allowing collectives inside a branch.
+    """
+    if plan.guard is not None:
+        raise ValueError(
+            "kgrad.NonFiniteGuard does not support tf.distribute strategies with "
+            f"more than one replica yet (this model trains on {plan.replicas} replicas): "
+            "skipping a bad update must be decided in a branch, which "
+            "MirroredStrategy forbids. Use it on a single device, or use "
+            "keras.callbacks.TerminateOnNaN with the strategy."
+        )
+    gradients = tape.gradient(loss, weights)
+    builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient)
+    model.optimizer.apply_gradients(zip(gradients, weights))
+    pipeline.record(step, builder.scalars(), builder.histograms(), weights, where=probe_now)
+
+
+def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, prediction_gradient):
+    """One backward pass: over the probed tensors too on probed steps only.
+
+    Returns the scalars and histograms, or, when the statistics run after
+    the step, the builder's inputs.
+    """
+    def probed():
+        gradients = tape.gradient(loss, weights)
+        builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient)
+        if plan.defers_statistics:  # no branch then: every step is probed
+            return split_sparse(gradients), pipeline.defer(builder)
+        return split_sparse(gradients), (builder.scalars(), builder.histograms())
+
+    def plain():
+        return split_sparse(tape.plain_gradient(loss, weights)), pipeline.no_summaries()
+
+    gradients, summaries = probed() if plan.probes_every_step else tf.cond(probe_now, probed, plain)
+    model.optimizer.apply_gradients(zip(join_sparse(gradients, weights), weights))
+    return summaries
+
+
+def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
+                   shared_guard_state, keep_batch=None, put_back_forward_state=None):
+    """Every step: one full backward pass, the finite check, a guarded apply.
+
+    ``shared_guard_state(tape_name, names, on_trip_only)`` gives the step's
+    `kgrad.backends.tensorflow.guard.sentinel.GuardState` for the checked tensors; ``keep_batch``
+    (or ``None``) runs in the branch of a trip (`kgrad.backends.tensorflow.guard.tripped_batch.batch_keeper`),
+    ``put_back_forward_state`` (or ``None``) in the branch of a skipped
+    update (`kgrad.backends.tensorflow.differentiate.forward_state.state_before_forward`).
+    """
+    current = traced
+    gradients = tape.gradient(loss, weights)
+    probe = tape.probe
+    watched, on_trip_only = guard_module.watched_tensors(
+        plan.guard, model, probe, loss,
+        prediction_gradient if model._compile_loss is not None else None,
+        gradients, weights, _guard_layer_names(model, plan),
+    )
+    current.guard_state = shared_guard_state(None, [name for name, _ in watched], on_trip_only)
+    summaries = (tf.zeros([0]), tf.zeros([0, 1, 3]))
+    if plan.probe is not None:
+        def probed():
+            builder = current.pipeline.summarize(probe, gradients, weights, x, prediction_gradient)
+            return builder.scalars(), builder.histograms()
+
+        summaries = probed() if plan.probes_every_step else tf.cond(
+            probe_now, probed, current.pipeline.no_summaries
+        )
+
+    def apply():
+        model.optimizer.apply_gradients(zip(gradients, weights))
+
+    # After the summaries, which read the weights before the update; the
+    # loss scale is read before the update changes it.
+    current.guard_state.guarded_apply(
+        [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates,
+        inverse_loss_scale(model.optimizer), on_trip=keep_batch, on_skip=put_back_forward_state,
+    )
+    return summaries
+
+
+def _guard_layer_names(model, plan):
+    probe, guard = plan.probe, plan.guard
+    if probe is None or probe.layers is guard.layers:
+        return None
+    return list(selection.resolve_layers(model, guard.layers))

@@ -1,0 +1,228 @@
+"""The guard's device variables and the graph code of its every-step check and guarded update."""
+
+import numpy as np
+import tensorflow as tf
+
+from kgrad.backends.tensorflow.handover import replicas
+from kgrad.backends.tensorflow.summarize import stats
+from kgrad.report.non_finite import FORWARD_KINDS, NonFiniteReport, split_name
+from kgrad.backends.tensorflow.handover.replicas import state_variable, sum_over_replicas
+
+
+#: Kinds of checked tensors that loss scaling multiplies (see `GuardState.guarded_apply`).
+SCALED_KINDS = frozenset({"loss", "weight_grad", "grad", "input_grad"})
+
+
+class GuardState:
+    """Device variables of the guard, and the graph code that fills them.
+
+    Args:
+        names: Tensor names (``"<kind>/<layer>"``) in check order.
+        on_trip_only: Names of the tensors that are computed and checked on a
+            tripped step only (see `watched_tensors`).
+    """
+
+    def __init__(self, names, on_trip_only=()):
+        self.names = tuple(names)
+        self.on_trip_only = frozenset(on_trip_only)
+        count = len(self.names)
+        self.tripped = state_variable(False, "kgrad_guard_tripped")
+        self.trip_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_step")
+        self.counts = state_variable(tf.zeros([count, 2]), "kgrad_guard_counts")
+        self.last_finite_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_last_step")
+        self.last_finite_half_squares = state_variable(tf.zeros([count]), "kgrad_guard_last_squares")
+
+    def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None,
+                      on_skip=None):
+        """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
+
+        Graph code: runs inside the train step, every step. A clean step costs
+        one sum of squares per tensor, two branches (the check and the
+        update) and two small selects (the record of the last finite step).
+        ``on_trip`` (a zero-argument callable, or ``None``) runs in the branch
+        of the step that trips the guard only: the step's batch is kept there
+        (`TrippedBatch.keep`), at no cost to a clean step.
+        ``on_skip`` (a zero-argument callable, or ``None``) runs in the branch
+        of every step whose ``apply`` does not run: the state the forward
+        pass wrote is put back there (`kgrad.backends.tensorflow.differentiate.forward_state`).
+        ``apply`` runs when every tensor is finite and, with
+        ``halt_updates``, no earlier step of the execution tripped; it also
+        runs on a step whose sums overflowed but whose exact counts find no
+        NaN or Inf. The tensors of ``on_trip_only`` names are zero-argument
+        callables, called only when another tensor of the step is non-finite.
+
+        ``inverse_scale`` (a scalar tensor, or ``None``): 1 / the loss scale
+        the step's loss was multiplied by (mixed precision); the norms kept
+        for the report are then those of the true loss and its gradients.
+
+        Returns:
+            A boolean tensor: whether ``apply`` ran.
+        """
+        every_step = [t for name, t in zip(self.names, tensors) if name not in self.on_trip_only]
+        unscale = self._unscale_half_squares(inverse_scale)
+        # Half sums of squares (`tf.nn.l2_loss`, one kernel each): non-finite
+        # whenever an element is; the host doubles them for the norms.
+        # Summed over replicas: every replica then takes the same branch and
+        # the same apply decision, which the optimizer's all-reduce needs.
+        half_squares = sum_over_replicas(
+            tf.stack([tf.nn.l2_loss(tf.cast(t, tf.float32)) for t in every_step])
+        )
+        clean = tf.reduce_all(tf.math.is_finite(half_squares))
+        if halt_updates:
+            clean = tf.logical_and(clean, tf.logical_not(self.tripped))
+
+        def locate():
+            computed = [t() if name in self.on_trip_only else t for name, t in zip(self.names, tensors)]
+            counts = sum_over_replicas(tf.stack([stats.count_nonfinite(t) for t in computed]))
+            really_bad = tf.reduce_any(counts > 0)
+
+            def record_trip():
+                self.counts.assign(counts)
+                self.trip_step.assign(tf.cast(step, tf.int64))
+                self.tripped.assign(True)
+                if on_trip is not None:
+                    on_trip()
+                return tf.constant(False)
+
+            first_trip = tf.logical_and(really_bad, tf.logical_not(self.tripped))
+            # No NaN or Inf, only squares that overflowed: a clean step,
+            # whose update is applied.
+            return tf.cond(
+                first_trip, record_trip, lambda: tf.logical_not(really_bad)
+            )
+
+        def not_clean():
+            if not halt_updates:
+                return locate()
+            # After a trip the rest of the execution updates nothing, checks
+            # nothing and keeps the last finite step from before the trip.
+            return tf.cond(self.tripped, lambda: tf.constant(False), locate)
+
+        # A clean step's branch holds nothing: the record of a finite step
+        # is two small selects after it, not writes inside a branch that
+        # runs every step (see benchmarks/RESULTS.md, "The guard's branches").
+        may_apply = tf.cond(clean, lambda: tf.constant(True), not_clean)
+        # Every applied step is a finite one (an overflowed sum is kept as
+        # Inf, which the host reports as unknown).
+        self.last_finite_half_squares.assign(
+            tf.where(may_apply, self._spread(unscale(half_squares)), self.last_finite_half_squares)
+        )
+        self.last_finite_step.assign(
+            tf.where(may_apply, tf.cast(step, tf.int64), self.last_finite_step)
+        )
+
+        def update():
+            apply()
+            return tf.no_op()
+
+        def skipped():
+            if on_skip is not None:
+                on_skip()
+            return tf.no_op()
+
+        # A branch of its own: the update is traced once (a large model's
+        # update is a good part of its step's graph; tracing it into two
+        # branches cost the MobileNet ~170 MB of peak memory).
+        tf.cond(may_apply, update, skipped)
+        return may_apply
+
+    def _unscale_half_squares(self, inverse_scale):
+        """``fn(half squares of the every-step tensors) -> those of the unscaled loss's tensors``."""
+        if inverse_scale is None:
+            return lambda half_squares: half_squares
+        # The loss and the gradients were multiplied by the scale; inputs,
+        # activations and dJ/dŷ (of the compiled loss) were not.
+        scaled = [
+            split_name(name)[0] in SCALED_KINDS for name in self.names if name not in self.on_trip_only
+        ]
+        factors = tf.where(tf.constant(scaled), tf.square(tf.cast(inverse_scale, tf.float32)), 1.0)
+        return lambda half_squares: half_squares * factors
+
+    def _spread(self, every_step_values):
+        """Values of the every-step tensors, at their places among ``names`` (0 elsewhere)."""
+        if not self.on_trip_only:
+            return every_step_values
+        positions = [[i] for i, name in enumerate(self.names) if name not in self.on_trip_only]
+        return tf.scatter_nd(positions, every_step_values, [len(self.names)])
+
+    def read_report(self, last_summaries_for):
+        """Host side: the `NonFiniteReport` of a tripped guard, or ``None``.
+
+        Args:
+            last_summaries_for: ``fn(layer, last_finite_step) -> dict``, the
+                summaries of that layer from the latest finite probed step.
+        """
+        if not bool(self.tripped.numpy()):
+            return None
+        counts = self.counts.numpy()
+        bad = {
+            name: (int(nan), int(inf))
+            for name, (nan, inf) in zip(self.names, counts)
+            if nan > 0 or inf > 0
+        }
+        first = next(iter(bad))
+        index = self.names.index(first)
+        kind, layer = split_name(first)
+        last_step = int(self.last_finite_step.numpy())
+        return NonFiniteReport(
+            step=int(self.trip_step.numpy()),
+            tensor=first,
+            layer=layer,
+            kind=kind,
+            pass_="forward" if kind in FORWARD_KINDS else "backward",
+            nan_count=bad[first][0],
+            inf_count=bad[first][1],
+            last_finite_step=last_step if last_step >= 0 else None,
+            last_finite_norm=_finite_or_none(
+                np.sqrt(2.0 * self.last_finite_half_squares.numpy()[index])
+                if last_step >= 0 and first not in self.on_trip_only
+                else None
+            ),
+            last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
+            non_finite=bad,
+        )
+
+    def reset(self, everything=False):
+        """Re-arms the guard; with ``everything``, also forgets earlier steps."""
+        self.tripped.assign(False)
+        if everything:
+            self.trip_step.assign(-1)
+            self.counts.assign(tf.zeros_like(self.counts))
+            self.last_finite_step.assign(-1)
+            self.last_finite_half_squares.assign(tf.zeros_like(self.last_finite_half_squares))
+
+
+def _finite_or_none(value):
+    """A norm whose sum of squares overflowed is unknown, not Inf."""
+    return float(value) if value is not None and np.isfinite(value) else None
+
+
+class SharedGuardStates:
+    """The `GuardState`s of one probing step, shared by all its traced functions.
+
+    A `GradientProbe` with a `NonFiniteGuard` runs the guard-only function
+    for executions without a probed step and the probing function for the
+    others: both check the same tensors, so they share one trip flag and
+    one "last finite step".
+
+    Args:
+        model: The model, whose distribution strategy creates the variables.
+    """
+
+    def __init__(self, model):
+        self._model = model
+        self._states = {}
+
+    def get(self, tape_name, names, on_trip_only):
+        """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
+        key = (tape_name, tuple(names), frozenset(on_trip_only))
+        if key not in self._states:
+            self._states[key] = replicas.create_variables(
+                self._model, lambda: GuardState(names, on_trip_only)
+            )
+        return self._states[key]
+
+    def reset(self, everything=False):
+        """`GuardState.reset` of every state."""
+        for state in self._states.values():
+            state.reset(everything)

@@ -1,0 +1,368 @@
+"""The probing pipeline: from what one backward pass captured to a record for the host.
+
+A `ProbePipeline` serves one probed model, or one `kgrad.ProbeTape` of a
+custom ``train_step``. In the traced step it *summarizes* (`summarize`: the
+statistics of the activations, dJ/d(activation), dJ/dŷ, dJ/dx and weight
+gradients, on device, unscaled from any loss scaling) and *hands over*
+(`record`: update ratios ‖Δw‖/‖w‖ from the weights before and after the
+update, then one row of a `kgrad.backends.tensorflow.handover.state.ProbeState` ring buffer). On the host,
+`read_since` returns the `kgrad.ProbeRecord`s written since the last read.
+
+It knows nothing about ``fit``, schedules or branches: the caller decides
+which steps are summarized (`kgrad.backends.tensorflow.differentiate.step`, `kgrad.backends.tensorflow.differentiate.custom_step`).
+
+Example:
+
+>>> import keras, tensorflow as tf
+>>> from kgrad.plan.options import ProbeConfig
+>>> from kgrad.backends.tensorflow.capture.tape import ProbeTape
+>>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+>>> pipeline = ProbePipeline(model, ProbeConfig(histograms=False), capacity=2)
+>>> with ProbeTape(model) as tape:
+...     loss = tf.reduce_sum(model(tf.ones((3, 2))))
+>>> gradients = tape.gradient(loss, model.trainable_weights)
+>>> builder = pipeline.summarize(tape.probe, gradients, model.trainable_weights)
+>>> _ = pipeline.record(0, builder.scalars(), builder.histograms(), model.trainable_weights)
+>>> records, _ = pipeline.read_since(0)
+>>> round(records[0].scalars["grad_norm/out"], 5) == round(3 ** 0.5, 5)  # ‖ones(3, 1)‖
+True
+"""
+
+import warnings
+
+import keras
+import tensorflow as tf
+
+from kgrad.backends.tensorflow.summarize import norms
+from kgrad.backends.tensorflow.handover import replicas
+from kgrad.backends.tensorflow.handover.state import ProbeState
+from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
+from kgrad.plan.tag_names import io_names
+from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
+
+
+class ProbePipeline:
+    """Summaries and device buffer of one probed model (or one tape).
+
+    Args:
+        model: The model whose weights and layers are summarized; weight
+            tags are paths relative to it.
+        config: The `kgrad.plan.options.ProbeConfig`.
+        capacity: Records the device buffer holds (probed steps per
+            execution, plus one).
+        optimizer: The optimizer that applies the gradients, for the loss
+            scale (``LossScaleOptimizer``: gradients are divided back, the
+            loss-scale tags added), or ``None``.
+        name: The name of the tape it serves, or ``None`` for a model's own probe.
+    """
+
+    def __init__(self, model, config, capacity, optimizer=None, name=None):
+        self.model = model
+        self.name = name
+        self.config = config
+        self.capacity = capacity
+        self.optimizer = optimizer
+        self.state = None
+        self.names = None  # (scalar tags, histogram tags), known once traced
+        self.weight_shapes = {}  # weight path -> shape, known once traced (for the logs)
+        self._snapshots = None
+        self._deferred_builder = None
+        self._after_step_function = None
+
+    # -- summarize (graph code) ------------------------------------------------------
+
+    def summarize(self, probe, gradients, weights, x=None, prediction_gradient=None):
+        """The `SummaryBuilder` of one probed step.
+
+        Args:
+            probe: The step's `kgrad.ProbeResult`.
+            gradients: Gradients of ``weights`` (of the possibly scaled loss).
+            weights: The trainable weights, before the update.
+            x: The model's input, to name its gradients (or ``None``).
+            prediction_gradient: ``fn() -> dJ/dŷ`` or ``None``; called only
+                if dJ/dŷ is captured.
+        """
+        capture, unscale = self.config.captures, self._unscale()
+        builder = SummaryBuilder(
+            self.config.histograms, self.config.bucket_count, statistics=self.config.statistics
+        )
+        # Under tf.distribute, statistics are of the global batch.
+        batch = replicas.gather_batch
+        if capture("activations"):
+            for name, tensor in probe.activations.items():
+                builder.add_tensor("activation", name, batch(tensor))
+        if capture("activation_gradients"):
+            for name, gradient in probe.gradients.items():
+                if gradient is not None:  # None: unknown (see ProbeResult.gradients)
+                    builder.add_tensor("grad", name, batch(unscale(gradient)))
+        if capture("prediction_gradient") and prediction_gradient is not None:
+            _add_prediction_gradient(
+                builder, self.model, tf.nest.map_structure(batch, prediction_gradient())
+            )
+        if capture("input_gradient") and probe.input_gradient is not None:
+            input_gradients = tf.nest.flatten(probe.input_gradient)
+            names = io_names(input_gradients, "input", _float_input_names(self.model, x))
+            for name, gradient in zip(names, input_gradients):
+                builder.add_tensor("input_grad", name, batch(unscale(gradient)))
+        if capture("weight_gradients"):
+            self._add_weight_gradients(builder, gradients, weights, unscale)
+        if "per_example" in self.config.instruments:
+            self._add_per_example(builder, probe, gradients, weights, unscale)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # The loss scale the step ran with (read before the update changes it).
+            builder.add_scalar("global/loss_scale", self.optimizer.scale_loss(tf.constant(1.0)))
+        self.names = (builder.scalar_names, builder.histogram_names)
+        return builder
+
+    def _add_per_example(self, builder, probe, gradients, weights, unscale):
+        from kgrad.backends.tensorflow.summarize.instruments import (
+            add_per_example_summaries,
+            describe_unsupported,
+        )
+
+        # ‖∇J‖² of a weight is its tape gradient's (one product less per
+        # weight than summing the per-example ones again), unless a loss of
+        # `add_loss` (beyond the weights' own regularizers) may depend on it.
+        regularized = sum(1 for weight in weights if getattr(weight, "regularizer", None) is not None)
+        added_losses = len(self.model.losses) > regularized
+        unsupported = add_per_example_summaries(
+            builder, self.model, probe, probe.layer_inputs, weights, unscale=unscale,
+            gradients=None if added_losses else gradients,
+        )
+        if unsupported:  # once per trace: never a guessed value, but say which are missing
+            warnings.warn(
+                f"kgrad: no per-example gradient norms for {describe_unsupported(unsupported)}",
+                stacklevel=2,
+            )
+
+    def no_summaries(self):
+        """Zeros shaped like the summaries, for the branch of steps that are not probed."""
+        scalar_names, histogram_names = self.names or ([], [])
+        return (
+            tf.zeros([len(scalar_names)]),
+            tf.zeros([len(histogram_names), self.config.bucket_count, 3]),
+        )
+
+    def _unscale(self):
+        # Mixed precision scales the loss; report gradients of the true loss.
+        inverse_scale = inverse_loss_scale(self.optimizer)
+        if inverse_scale is not None:
+            return lambda tensor: tf.cast(tensor, tf.float32) * inverse_scale
+        # A multiply by 1 would be one more pass over every gradient.
+        return lambda tensor: tf.cast(tensor, tf.float32)
+
+    def _add_weight_gradients(self, builder, gradients, weights, unscale):
+        paths = [model_relative_path(self.model, weight) for weight in weights]
+        self.weight_shapes = {path: tuple(weight.shape) for path, weight in zip(paths, weights)}
+        with_a_matrix = layers_with_a_matrix(paths, [weight.shape for weight in weights])
+        matrix = [path.rpartition("/")[0] in with_a_matrix for path in paths]
+        # ‖w‖ and the update ratio only of the weights whose dJ/dw norm is
+        # written (by default not of biases): one snapshot copy, one norm and
+        # one norm of the change less per weight that nobody reads.
+        tracked = [
+            (weight, path)
+            for weight, path, gradient, has_matrix in zip(weights, paths, gradients, matrix)
+            if weight_tags_written(self.config.statistics, gradient, has_matrix)
+        ]
+        snapshots = self._ensure_snapshots([weight for weight, _ in tracked])
+        values = [tf.cast(weight.value, tf.float32) for weight, _ in tracked]
+        if tracked:
+            builder.add_scalars(
+                [f"weight_norm/{path}" for _, path in tracked],
+                tf.sqrt(2.0 * tf.stack([tf.nn.l2_loss(value) for value in values])),
+            )
+        for value, snapshot in zip(values, snapshots):
+            snapshot.assign(value)
+        indices = []
+        for path, gradient, has_matrix in zip(paths, gradients, matrix):
+            if gradient is not None:
+                # Each replica holds the gradient of its share of the loss.
+                gradient = replicas.sum_over_replicas(unscale(tf.convert_to_tensor(gradient)))
+                indices.append(builder.add_tensor("weight_grad", path, gradient, has_matrix))
+        # From the per-weight norms of the moments: no second pass over the gradients.
+        builder.add_scalar(
+            "global/grad_norm",
+            lambda moments, tensors: norms.combined_norm(tf.gather(moments[:, 0], indices)),
+        )
+
+    def _ensure_snapshots(self, weights):
+        if self._snapshots is None or len(self._snapshots) != len(weights):
+            self._snapshots = replicas.create_variables(
+                self.model,
+                lambda: [
+                    replicas.state_variable(tf.zeros(w.shape, tf.float32), "kgrad_snapshot")
+                    for w in weights
+                ],
+            )
+        return self._snapshots
+
+    # -- summarize after an XLA step -------------------------------------------------
+
+    def defer(self, builder):
+        """The builder's input tensors, to summarize after the step (`summarize_after_step`)."""
+        self._deferred_builder = builder
+        return builder.inputs()
+
+    def summarize_after_step(self, step, tensors, weights):
+        """Summarizes and records what a step returned instead of summaries.
+
+        Runs right after the step's function, in a ``tf.function`` of its own
+        that XLA does not compile: the same statistics, with TensorFlow's
+        kernels, so that the step's compilation stays close to the plain
+        step's in time and memory. No host sync: it is enqueued like the step.
+
+        Returns:
+            The record written, as `record` returns it.
+        """
+        if self._after_step_function is None:
+            def summarize_and_record(step, tensors):
+                builder = self._deferred_builder.with_inputs(tensors)
+                # The weights have been updated: `record` compares them with
+                # the snapshot taken before the update, as in the step.
+                return self.record(step, builder.scalars(), builder.histograms(), weights)
+
+            self._after_step_function = tf.function(
+                summarize_and_record, reduce_retracing=True, autograph=False
+            )
+        return self._after_step_function(step, list(tensors))
+
+    # -- hand over -------------------------------------------------------------------
+
+    def record(self, step, scalars, histograms, weights, where=None):
+        """Adds the update ratios and writes one record; run after the update.
+
+        Args:
+            step: The record's step (``optimizer.iterations`` before the update).
+            scalars: ``[n]`` scalars in the builder's ``scalar_names`` order.
+            histograms: ``[k, buckets, 3]`` histograms.
+            weights: The weights summarized, now updated.
+            where: Optional scalar bool tensor: write only where true, without
+                a branch (multi-replica steps).
+
+        Returns:
+            ``(written, step, scalars, histograms)``, see `ProbeState.write`.
+        """
+        scalar_names, histogram_names = self.names
+        tracked = []
+        if self.config.captures("weight_gradients"):
+            # The weights whose ‖w‖ before the update is among the scalars
+            # (see `_add_weight_gradients`), in the order of their snapshots.
+            written = set(scalar_names)
+            for weight in weights:
+                path = model_relative_path(self.model, weight)
+                if f"weight_norm/{path}" in written:
+                    tracked.append((weight, path))
+        if tracked:
+            paths = [path for _, path in tracked]
+            before = tf.gather(scalars, [scalar_names.index(f"weight_norm/{path}") for path in paths])
+            changes = tf.sqrt(tf.stack([
+                norms.sum_of_squares(tf.cast(weight.value, tf.float32) - snapshot.value())
+                for (weight, _), snapshot in zip(tracked, self._snapshots)
+            ]))
+            # A weight that was all zeros (a bias at step 0) is compared with
+            # its new value, which is all of its change: ratio 1.
+            ratios = tf.where(
+                before > 0, tf.math.divide_no_nan(changes, before), tf.cast(changes > 0, tf.float32)
+            )
+            scalars = tf.concat([scalars, ratios], axis=0)
+            scalar_names = scalar_names + [f"update_ratio/{path}" for path in paths]
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # A LossScaleOptimizer skips the update of a step whose scaled
+            # gradients overflowed (that is how it finds its scale, not an
+            # explosion) and does not advance the iterations then.
+            skipped = tf.equal(self.optimizer.iterations, step)
+            scalars = tf.concat([scalars, tf.cast(skipped, tf.float32)[tf.newaxis]], axis=0)
+            scalar_names = scalar_names + ["global/loss_scale_skipped"]
+        state = self._ensure_state(scalar_names, histogram_names)
+        return state.write(step, scalars, histograms, where=where)
+
+    def _ensure_state(self, scalar_names, histogram_names):
+        state = self.state
+        if (
+            state is None
+            or state.scalar_names != tuple(scalar_names)
+            or state.histogram_names != tuple(histogram_names)
+        ):
+            self.state = replicas.create_variables(
+                self.model,
+                lambda: ProbeState(
+                    self.capacity, scalar_names, histogram_names, self.config.bucket_count
+                ),
+            )
+        return self.state
+
+    # -- host side -------------------------------------------------------------------
+
+    def reset(self):
+        """Empties the buffer, for a new ``fit``."""
+        if self.state is not None:
+            self.state.reset()
+
+    def read_since(self, delivered, latest=None):
+        """The records written after the first ``delivered``; see `ProbeState.read_since`."""
+        if self.state is None:
+            return [], delivered
+        return self.state.read_since(delivered, latest=latest)
+
+
+def scales_loss(optimizer):
+    """Whether ``optimizer.scale_loss`` multiplies the loss (mixed precision, or
+    a ``loss_scale_factor``), so that gradients must be divided back."""
+    return optimizer is not None and (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        or getattr(optimizer, "loss_scale_factor", None) is not None
+    )
+
+
+def inverse_loss_scale(optimizer):
+    """Graph code: 1 / the factor ``optimizer.scale_loss`` multiplies a loss by now, or ``None``.
+
+    Read it before the update: a ``LossScaleOptimizer``'s update changes its scale.
+    """
+    if not scales_loss(optimizer):
+        return None
+    return 1.0 / tf.cast(optimizer.scale_loss(tf.constant(1.0)), tf.float32)
+
+
+def model_relative_path(model, weight):
+    """``weight.path`` without the model's own name, stable across re-runs."""
+    prefix = f"{model.name}/"
+    return weight.path[len(prefix) :] if weight.path.startswith(prefix) else weight.path
+
+
+def _add_prediction_gradient(builder, model, gradient):
+    if gradient is None:
+        return
+    gradients = tf.nest.flatten(gradient)
+    names = io_names(gradient, "output", getattr(model, "output_names", None))
+    for name, tensor in zip(names, gradients):
+        builder.add_tensor("pred_grad", name, tensor)
+        example = norms.example_norms(tensor)
+        builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(example))
+        builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(example))
+
+
+def _float_input_names(model, x):
+    """Names of the float leaves of ``x``: its dict keys, or the model's Input names."""
+    if x is None:
+        return None
+    leaves = tf.nest.flatten(x)
+    if isinstance(x, dict):
+        names = sorted(x)  # the order in which tf.nest flattens a dict
+    else:
+        # Keras 3 models have no `input_names`; their Input tensors are named.
+        names = [getattr(tensor, "name", None) for tensor in _model_inputs(model)]
+    if len(names) != len(leaves) or None in names:
+        return None
+    return [
+        name
+        for name, leaf in zip(names, leaves)
+        if getattr(leaf, "dtype", None) is not None and tf.as_dtype(leaf.dtype).is_floating
+    ]
+
+
+def _model_inputs(model):
+    try:
+        return tf.nest.flatten(model.inputs or [])
+    except (AttributeError, ValueError):  # subclassed models have no inputs
+        return []

@@ -1,0 +1,323 @@
+"""What kgrad writes to TensorBoard: the Summary of each probed step.
+
+Records arrive as host values (`kgrad.ProbeRecord`); histograms are the
+``[k, 3]`` buckets computed on device, written with the histogram plugin's
+metadata, so no full tensor ever crosses to the host. The tag scheme is
+documented in `kgrad.backends.tensorflow.summarize.summaries`; the file itself is `kgrad.logs.event_file`'s.
+"""
+
+import os
+
+import numpy as np
+from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
+from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from kgrad.logs import weight_shapes
+from kgrad.logs.event_file import EventFile
+from kgrad.logs.layout import custom_scalar_layout
+from kgrad.logs.weight_shapes import WEIGHT_SHAPES_TAG
+
+#: Tag of a tripped `kgrad.NonFiniteGuard`'s report (a text summary of JSON).
+GUARD_REPORT_TAG = "guard/report"
+
+#: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
+RUN_NAME = "kgrad"
+
+# What each tag prefix measures; shown by TensorBoard as the chart's description.
+_KIND_DESCRIPTIONS = {
+    "activation": "the output of layer `{name}`",
+    "grad": "dJ/d(output of layer `{name}`)",
+    "pred_grad": "dJ/dŷ for output `{name}`",
+    "input_grad": "dJ/dx for input `{name}`",
+    "weight_grad": "dJ/dw for weight `{name}`",
+}
+_STAT_WORDS = {
+    "norm": "L2 norm of",
+    "mean": "mean of",
+    "std": "standard deviation of",
+    "min": "min of",
+    "max": "max of",
+    "zero_fraction": "fraction of zeros in",
+    "nonfinite": "count of NaN/Inf in",
+    "hist": "histogram of",
+}
+_OTHER_DESCRIPTIONS = {
+    "weight_norm": "‖w‖ of weight `{name}` before the update",
+    "update_ratio": "‖Δw‖ / ‖w‖ of weight `{name}` in the probed step",
+    "pred_grad_example_norm_mean": "mean over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+    "pred_grad_example_norm_max": "max over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+}
+# Tags under ``global/`` described one by one.
+_GLOBAL_DESCRIPTIONS = {
+    "global/grad_norm": "‖dJ/dw‖ over all trainable weights",
+    "global/loss_scale": "loss scale of the LossScaleOptimizer in the probed step",
+    "global/loss_scale_skipped": "1 if the loss scaler skipped the update "
+    "(its scaled gradients overflowed), else 0",
+}
+
+
+def describe_tag(tag):
+    """A one-line description of a kgrad tag, for TensorBoard's tooltips.
+
+    Example:
+
+    >>> from kgrad.logs.writer import describe_tag
+    >>> describe_tag("grad_norm/dense_1")
+    'kgrad: L2 norm of dJ/d(output of layer `dense_1`)'
+    """
+    if tag in _GLOBAL_DESCRIPTIONS:
+        return "kgrad: " + _GLOBAL_DESCRIPTIONS[tag]
+    prefix, _, name = tag.partition("/")
+    if prefix in _OTHER_DESCRIPTIONS:
+        return "kgrad: " + _OTHER_DESCRIPTIONS[prefix].format(name=name)
+    for kind, what in _KIND_DESCRIPTIONS.items():
+        stat = prefix[len(kind) + 1 :]
+        if prefix.startswith(kind + "_") and stat in _STAT_WORDS:
+            return f"kgrad: {_STAT_WORDS[stat]} {what.format(name=name)}"
+    return "kgrad"
+
+
+#: The `kgrad.NonFiniteReport` fields of the replay, written with the report as they are.
+_REPLAY_FIELDS = (
+    "born_in", "born_at", "born_type", "born_path", "born_tape", "born_nan_count", "born_inf_count",
+    "born_input_range", "born_inside", "born_step", "batch_index", "replayed", "replay_note", "reproduce",
+)
+
+
+def write_guard_report(log_dir, report):
+    """Writes a tripped guard's `kgrad.NonFiniteReport` to ``<log_dir>/kgrad``.
+
+    One text summary at the bad step, tag `GUARD_REPORT_TAG`, holding JSON:
+    the report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
+    ``[[tensor, nan, inf], ...]``, the replay's ``born_*`` fields, no
+    ``last_summaries``) and ``"message"``,
+    the text the guard prints. The kgrad tab shows it on its NaN/Inf timeline;
+    TensorBoard's Text tab shows it too.
+    """
+    import json
+
+    fields = {
+        "message": str(report),
+        "step": report.step,
+        "tensor": report.tensor,
+        "layer": report.layer,
+        "kind": report.kind,
+        "pass": report.pass_,
+        "nan_count": report.nan_count,
+        "inf_count": report.inf_count,
+        "last_finite_step": report.last_finite_step,
+        "last_finite_norm": report.last_finite_norm,
+        "non_finite": [[name, nan, inf] for name, (nan, inf) in report.non_finite.items()],
+        # Where the replay found it born, for tools that read the logs.
+        **{name: getattr(report, name) for name in _REPLAY_FIELDS},
+    }
+    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
+    events.write_summary(_text_summary(GUARD_REPORT_TAG, json.dumps(fields)), report.step)
+    events.close()
+
+
+def _text_summary(tag, text, plugin_name="text"):
+    """A serialized Summary of one string, for TensorBoard's Text tab (``plugin_name="text"``)."""
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[text.encode("utf-8")]
+    )
+    summary = summary_pb2.Summary()
+    value = summary.value.add(tag=tag)
+    if plugin_name == "text":
+        from tensorboard.plugins.text import metadata as text_metadata
+
+        value.metadata.CopyFrom(text_metadata.create_summary_metadata(display_name=tag, description=""))
+    else:
+        value.metadata.display_name = tag
+        value.metadata.plugin_data.plugin_name = plugin_name
+    value.tensor.CopyFrom(tensor)
+    return summary.SerializeToString()
+
+
+class ProbeWriter:
+    """Writes `kgrad.ProbeRecord`s to ``<log_dir>/kgrad``, created lazily.
+
+    Each record is one Summary in one event (`kgrad.logs.event_file.EventFile`).
+    The first record of a set of tags is built as a proto, with each tag's
+    metadata; later ones fill the values into its bytes (`_SummaryLayout`).
+
+    Args:
+        log_dir: The TensorBoard log directory (the one given to Keras'
+            ``TensorBoard`` callback, if any).
+        weight_shapes: ``fn() -> {weight path: shape}`` of the probed
+            weights, or ``None``: written once per event file, with the
+            first record (see `kgrad.logs.weight_shapes`).
+    """
+
+    def __init__(self, log_dir, weight_shapes=None):
+        self.log_dir = os.fspath(log_dir)
+        self._weight_shapes = weight_shapes
+        self.run_dir = os.path.join(self.log_dir, RUN_NAME)
+        self._events = None
+        self._described = set()  # tags whose metadata this event file holds
+        self._layouts = {}  # (scalar tags, histogram tags, shapes) -> _SummaryLayout
+        self._wrote_layout = False  # the custom-scalars layout, once per event file
+
+    def _event_file(self):
+        if self._events is None:
+            # Created on first write: no event file for runs that never log.
+            self._events = EventFile(self.run_dir)
+            # Per file: a layout is made once its tags are described in it.
+            self._described = set()
+            self._layouts = {}
+            self._wrote_layout = False
+        return self._events
+
+    def write(self, record):
+        """Writes one record's scalars and histograms at ``record.step``."""
+        events = self._event_file()
+        if not self._wrote_layout and any(not tag.startswith("global/") for tag in record.scalars):
+            # From the first record with layers: a step the loss scaler
+            # skipped holds only global/ tags. TensorBoard reads one layout.
+            layout = custom_scalar_layout(record.scalars)
+            events.write_summary(custom_scalar_summary.pb(layout).SerializeToString(), step=0)
+            self._wrote_layout = True
+            self._write_weight_shapes(events, record.step)
+        events.write_summary(self._serialized_summary(record), record.step)
+
+    def _write_weight_shapes(self, events, step):
+        shapes = self._weight_shapes() if self._weight_shapes is not None else None
+        if shapes:
+            text = weight_shapes.encode(shapes)
+            events.write_summary(_text_summary(WEIGHT_SHAPES_TAG, text, weight_shapes.PLUGIN_NAME), step)
+
+    def _serialized_summary(self, record):
+        histograms = [np.asarray(buckets) for buckets in record.histograms.values()]
+        key = (tuple(record.scalars), tuple(record.histograms), tuple(h.shape for h in histograms))
+        layout = self._layouts.get(key)
+        if layout is None and (
+            not self._described.issuperset(key[0]) or not self._described.issuperset(key[1])
+        ):
+            # TensorBoard reads a tag's plugin and description from its first
+            # event in a file, as tf.summary writes them; later events omit them.
+            summary = summary_pb2.Summary()
+            for tag, value in record.scalars.items():
+                self._add(summary, tag, scalar_metadata).tensor.CopyFrom(_scalar_proto(value))
+            for tag, buckets in record.histograms.items():
+                self._add(summary, tag, histogram_metadata).tensor.CopyFrom(_histogram_proto(buckets))
+            return summary.SerializeToString()
+        if layout is None:
+            layout = self._layouts[key] = _SummaryLayout(key[0], zip(key[1], key[2]))
+        scalars = np.fromiter(record.scalars.values(), np.float32, count=len(record.scalars))
+        return layout.fill(scalars, histograms)
+
+    def _add(self, summary, tag, plugin_metadata):
+        entry = summary.value.add(tag=tag)
+        if tag not in self._described:
+            self._described.add(tag)
+            entry.metadata.CopyFrom(
+                plugin_metadata.create_summary_metadata(display_name=tag, description=describe_tag(tag))
+            )
+        return entry
+
+    def flush(self):
+        """Writes buffered events to disk (called at the end of each epoch)."""
+        if self._events is not None:
+            self._events.flush()
+
+    def close(self):
+        """Flushes and closes the event file; a later `write` opens a new one."""
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+
+class _SummaryLayout:
+    """The serialized Summary of records with the same tags, and where each value goes.
+
+    Records of a run have the same tags, so their Summaries differ only in
+    the bytes of the values: a float32 per scalar, the float64 buckets of
+    each histogram, each at a fixed offset. Filling those bytes with NumPy
+    costs a copy and one scatter per record, where setting the values of a
+    proto costs ~1 µs each (thousands in a large model's record).
+
+    Args:
+        scalar_tags: Tags of the scalars, in record order.
+        histograms: ``(tag, shape)`` of each histogram, in record order.
+    """
+
+    def __init__(self, scalar_tags, histograms):
+        pieces, scalar_starts, self._histogram_spans = [], [], []
+        size = source = 0
+        for tag in scalar_tags:
+            piece = _one_value_summary(tag, _scalar_proto(_SCALAR_MARK))
+            scalar_starts.append(size + _offset(piece, _SCALAR_MARK_BYTES))
+            pieces.append(piece)
+            size += len(piece)
+        for tag, shape in histograms:
+            mark = np.full(shape, _HISTOGRAM_MARK)
+            piece = _one_value_summary(tag, _histogram_proto(mark))
+            if mark.size:
+                start = size + _offset(piece, _histogram_bytes(mark))
+                self._histogram_spans.append((start, source, mark.nbytes))
+                source += mark.nbytes
+            pieces.append(piece)
+            size += len(piece)
+        # Serialized messages concatenate: the pieces' values append in order.
+        self._template = b"".join(pieces)
+        scalar_starts = np.asarray(scalar_starts, np.int64)
+        self._scalar_index = (scalar_starts[:, np.newaxis] + np.arange(4)).ravel()
+
+    def fill(self, scalars, histograms):
+        """The serialized Summary of float32 ``scalars`` and ``[k, 3]`` ``histograms``."""
+        summary = bytearray(self._template)
+        np.frombuffer(summary, np.uint8)[self._scalar_index] = np.asarray(scalars, "<f4").view(np.uint8)
+        if self._histogram_spans:
+            # One conversion for all histograms, then a copy of each into its place.
+            buckets = np.concatenate([np.ravel(h) for h in histograms]).astype("<f8").view(np.uint8)
+            memory = memoryview(summary)
+            for start, source, size in self._histogram_spans:
+                memory[start : start + size] = buckets[source : source + size]
+        return bytes(summary)
+
+
+# Values whose bytes cannot occur elsewhere in a piece: 0xFF is never part
+# of a UTF-8 tag, and protobuf's short lengths and field keys never hold two
+# in a row.
+_SCALAR_MARK = np.float32(np.finfo(np.float32).max)
+_SCALAR_MARK_BYTES = _SCALAR_MARK.astype("<f4").tobytes()
+_HISTOGRAM_MARK = np.finfo(np.float64).max
+
+
+def _one_value_summary(tag, tensor):
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, tensor=tensor)]).SerializeToString()
+
+
+def _offset(piece, value_bytes):
+    """Where ``value_bytes`` starts in ``piece``, which holds it exactly once."""
+    if piece.count(value_bytes) != 1:
+        raise AssertionError(f"kgrad: cannot place a value in the serialized Summary {piece!r}.")
+    return piece.index(value_bytes)
+
+
+# Tensor protos built directly: `tensor_util.make_tensor_proto` is general and
+# costs tens of microseconds per value, hundreds of values per record.
+_SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
+
+
+def _scalar_proto(value):
+    """A float32 scalar TensorProto, as ``tf.summary.scalar`` writes it."""
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[value]
+    )
+
+
+def _histogram_proto(buckets):
+    """A float64 ``[k, 3]`` TensorProto, as ``tf.summary.histogram`` writes it."""
+    shape = tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in np.shape(buckets)]
+    )
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=_histogram_bytes(buckets)
+    )
+
+
+def _histogram_bytes(buckets):
+    return np.ascontiguousarray(buckets, dtype=np.float64).tobytes()

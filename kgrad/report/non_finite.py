@@ -1,0 +1,186 @@
+"""What the guard reports: where a step first went non-finite, in words.
+
+Backend-free: the sentinel and the replay of each backend fill a
+`NonFiniteReport`; `kgrad.NonFiniteGuard` prints it and raises `NonFiniteError`.
+"""
+
+import dataclasses
+
+#: Kinds computed by the forward pass; the rest come from the backward pass.
+FORWARD_KINDS = ("input", "activation", "prediction", "loss")
+
+@dataclasses.dataclass(frozen=True)
+class NonFiniteReport:
+    """Where a step first went non-finite.
+
+    Returned by `kgrad.first_non_finite` and kept by `kgrad.NonFiniteGuard`
+    (``guard.report``); ``str(report)`` is the message printed.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)),
+    ...     keras.layers.Dense(2, name="hidden"), keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> x = np.ones((4, 2), "float32"); x[3, 1] = np.inf
+    >>> guard = kgrad.NonFiniteGuard()
+    >>> _ = model.fit(x, np.ones((4, 1)), batch_size=2, callbacks=[guard],
+    ...               shuffle=False, verbose=0)
+    >>> report = guard.report
+    >>> report.step, report.kind, report.last_finite_step  # what the every-step check saw
+    (1, 'loss', 0)
+    >>> report.born_in, report.born_at, report.born_inf_count, report.batch_index  # the replay
+    ('data', 'input', 1, 1)
+
+    Attributes:
+        step: ``optimizer.iterations`` of the bad step.
+        tensor: Name of the first non-finite tensor, e.g. ``"grad/dense_2"``.
+        layer: The layer (or tap, input, output, weight path) it belongs to.
+        kind: ``"input"``, ``"activation"``, ``"prediction"``,
+            ``"pred_grad"``, ``"grad"`` (dJ/d activation) or ``"weight_grad"``.
+        pass_: ``"forward"`` or ``"backward"``.
+        nan_count: NaN elements in that tensor.
+        inf_count: Inf elements in that tensor.
+        last_finite_step: The latest step on which every watched tensor was
+            finite (``None`` if there was none).
+        last_finite_norm: L2 norm of the same tensor on that step (``None``
+            for dJ/dŷ, which is only computed on a tripped step, and when
+            its sum of squares overflowed float32).
+        last_summaries: Full summaries of that layer from the latest probed
+            step, when a `kgrad.GradientProbe` ran alongside (else ``{}``).
+        non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
+            non-finite tensor of the step, in check order.
+        born_in: Where the first NaN/Inf was born, found by replaying the
+            step (`kgrad.backends.tensorflow.guard.replay`): ``"forward"``, ``"backward"``, ``"data"``
+            (it arrived with the inputs, targets or sample weights) or
+            ``"weights"`` (an earlier update made a weight non-finite);
+            ``None`` when not replayed (see ``replay_note``).
+        born_at: The layer, operation, `kgrad.tap`, input or weight it was
+            born at: forward, the first one whose inputs are all finite and
+            whose output is not; backward, the first one from the loss down
+            whose dJ/d(input) is non-finite while dJ/d(output) is finite.
+        born_type: Its class name (``"Lambda"``, ``"Sqrt"``, ``"kgrad.tap"``...).
+        born_path: Its path in nested models (``"outer/inner"``).
+        born_nan_count, born_inf_count: NaN and Inf elements of its output
+            (backward: of dJ/d(its input)).
+        born_input_range: ``(min, max)`` of the finite values of its (first)
+            input, or ``None`` if it has none.
+        born_inside: The `kgrad.tap` inside that layer where the value was
+            first seen non-finite, or ``None``.
+        born_step: For ``born_in="weights"``, the step whose update made
+            the weight non-finite (the last update applied); else ``step``.
+        born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape`
+            (its logged name) whose pass the value was born in; else ``None``.
+        batch_index: The batch within the epoch (``None`` when unknown: with
+            ``steps_per_execution > 1`` and a batch that variables cannot
+            hold, ragged or strings).
+        replayed: ``True`` if the replay reproduced the trip, ``False`` if it
+            did not (then the fields above are ``None`` and the sentinel's
+            fields are what is known), ``None`` if there was no replay.
+        replay_note: Why there is no replay or it did not reproduce the
+            trip, or what may make the replay differ from the step.
+        reproduce: The three lines of Python that replay the step from the
+            files of ``NonFiniteGuard(dump_dir=...)``, or ``None``.
+    """
+
+    step: int
+    tensor: str
+    layer: str
+    kind: str
+    pass_: str
+    nan_count: int
+    inf_count: int
+    last_finite_step: object
+    last_finite_norm: object
+    last_summaries: dict
+    non_finite: dict
+    born_in: object = None
+    born_at: object = None
+    born_type: object = None
+    born_path: object = None
+    born_nan_count: object = None
+    born_inf_count: object = None
+    born_input_range: object = None
+    born_inside: object = None
+    born_step: object = None
+    born_tape: object = None
+    batch_index: object = None
+    replayed: object = None
+    replay_note: object = None
+    reproduce: object = None
+
+    def __str__(self):
+        lines = [
+            f"Non-finite values at step {self.step}: first in {self.pass_} order is "
+            f"{self.kind} of {self.layer!r} ({self.tensor}) with {self.nan_count} NaN "
+            f"and {self.inf_count} Inf."
+        ]
+        if self.last_finite_step is not None and self.last_finite_norm is not None:
+            lines.append(
+                f"On the last finite step ({self.last_finite_step}) its L2 norm was "
+                f"{self.last_finite_norm:.6g}."
+            )
+        elif self.last_finite_step is not None:
+            lines.append(f"The last finite step was {self.last_finite_step}.")
+        others = [name for name in self.non_finite if name != self.tensor]
+        if others:
+            lines.append(f"Also non-finite on this step: {', '.join(others[:10])}"
+                         + (" ..." if len(others) > 10 else "") + ".")
+        return " ".join(lines + describe_birth(self))
+
+
+class NonFiniteError(RuntimeError):
+    """Raised by `kgrad.NonFiniteGuard(action="raise")`; ``.report`` says where.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> model.compile("sgd", "mse")
+    >>> x = np.ones((4, 2), "float32"); x[2, 0] = np.nan
+    >>> try:
+    ...     model.fit(x, np.ones((4, 1)), batch_size=2, verbose=0, shuffle=False,
+    ...               callbacks=[kgrad.NonFiniteGuard(action="raise")])
+    ... except kgrad.NonFiniteError as error:
+    ...     print(error.report.step, error.report.born_in, error.report.born_nan_count)
+    1 data 1
+    """
+
+    def __init__(self, report):
+        super().__init__(str(report))
+        self.report = report
+
+
+def split_name(tensor_name):
+    """``"grad/dense_1"`` -> (``"grad"``, ``"dense_1"``)."""
+    kind, _, layer = tensor_name.partition("/")
+    return kind, layer
+
+
+def describe_birth(report):
+    """The sentences of ``str(report)`` about the replay and the dump."""
+    lines = []
+    if report.born_in is not None:
+        where = {"forward": "in the forward pass", "backward": "in the backward pass",
+                 "data": "with the input data", "weights": "in the weights"}[report.born_in]
+        verb = "arrived" if report.born_in == "data" else "was born"
+        inside = f", at the kgrad.tap {report.born_inside!r} inside it" if report.born_inside else ""
+        if report.born_tape is not None:
+            inside += f", in the pass of ProbeTape {report.born_tape!r}"
+        lines.append(
+            f"Replayed: the first NaN/Inf {verb} {where} at {report.born_at!r} ({report.born_type}, "
+            f"path {report.born_path!r}{inside}): {report.born_nan_count} NaN and "
+            f"{report.born_inf_count} Inf."
+        )
+        if report.born_input_range is not None:
+            low, high = report.born_input_range
+            lines.append(f"Its finite input values ranged over [{low:.6g}, {high:.6g}].")
+        if report.born_in == "weights" and report.born_step is not None:
+            lines.append(f"The update of step {report.born_step} made it non-finite.")
+        if report.batch_index is not None:
+            lines.append(f"Batch {report.batch_index} of the epoch.")
+    if report.replay_note:
+        lines.append(report.replay_note)
+    if report.reproduce:
+        lines.append(f"To replay it:\n{report.reproduce}")
+    return lines
