@@ -67,7 +67,7 @@ def _floor_of_current_thread():
 
 
 def _summarize_many(tensors, bucket_count=None):
-    """`kgrad.backends.tensorflow.summarize.stats.summarize_many`, or a floor's stand-in in a floor's thread."""
+    """`summarize.stats.summarize_many`, or a floor's stand-in in a floor's thread."""
     floor = _floor_of_current_thread()
     if floor is None or not tensors:
         return _REAL_SUMMARIZE_MANY(tensors, bucket_count)

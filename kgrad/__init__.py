@@ -33,6 +33,10 @@ __all__ = [
     "write_html_report",
 ]
 
+# The names whose meaning is the backend's own come from the backend Keras runs
+# on (`kgrad.backends.current()`), which names the supported ones otherwise.
+_BACKEND = "kgrad.backends"
+
 # Each public name and the module that defines it: a name added to __all__
 # is added here too (tests/test_public_api.py checks both lists agree).
 _MODULES = {
@@ -45,15 +49,15 @@ _MODULES = {
     "NonFiniteReport": "kgrad.report.non_finite",
     "NoiseScaleSmoother": "kgrad.report.noise_scale",
     "ProbeRecord": "kgrad.logs.record",
-    "ProbeResult": "kgrad.backends.tensorflow.capture.probe_result",
-    "ProbeTape": "kgrad.backends.tensorflow.capture.tape",
-    "ProbingModel": "kgrad.backends.tensorflow.differentiate.model",
-    "first_non_finite": "kgrad.backends.tensorflow.guard.locate",
+    "ProbeResult": _BACKEND,
+    "ProbeTape": _BACKEND,
+    "ProbingModel": _BACKEND,
+    "first_non_finite": _BACKEND,
     "health_report": "kgrad.report.health",
-    "prediction_gradient": "kgrad.backends.tensorflow.differentiate.losses",
+    "prediction_gradient": _BACKEND,
     "read_logs": "kgrad.logs.reading",
-    "replay_step": "kgrad.backends.tensorflow.guard.replay",
-    "tap": "kgrad.backends.tensorflow.capture.taps",
+    "replay_step": _BACKEND,
+    "tap": _BACKEND,
     "write_html_report": "kgrad.report.html",
 }
 
@@ -61,7 +65,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.callbacks.gradient_probe import GradientProbe  # noqa: F401
     from kgrad.callbacks.non_finite_guard import NonFiniteGuard  # noqa: F401
     from kgrad.plan.options import CAPTURE_KINDS, GUARD_KINDS  # noqa: F401
-    from kgrad.backends.tensorflow.guard.locate import first_non_finite  # noqa: F401
+    from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
     from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
     from kgrad.report.html import write_html_report  # noqa: F401
     from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
@@ -77,9 +81,12 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
 
 
 def __getattr__(name):
-    """Loads a public name, or a submodule (``kgrad.backends.tensorflow.summarize.stats``), on first use."""
+    """Loads a public name, or a submodule (``kgrad.report``), on first use."""
     if name in _MODULES:
-        value = getattr(importlib.import_module(_MODULES[name]), name)
+        module = importlib.import_module(_MODULES[name])
+        if _MODULES[name] == _BACKEND:
+            module = module.current()
+        value = getattr(module, name)
         globals()[name] = value  # later lookups do not come here
         return value
     if not name.startswith("__"):

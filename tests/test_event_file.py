@@ -7,7 +7,7 @@ import pytest
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
-from kgrad.logs import event_file, writer as tensorboard
+from kgrad.logs import event_file, summary_bytes
 
 
 def scalar_summary(tag, value):
@@ -70,9 +70,9 @@ def proto_summary(scalars, histograms):
     """The reference: the Summary built field by field, as for a record's first event."""
     summary = summary_pb2.Summary()
     for tag, value in scalars.items():
-        summary.value.add(tag=tag).tensor.CopyFrom(tensorboard._scalar_proto(value))
+        summary.value.add(tag=tag).tensor.CopyFrom(summary_bytes.scalar_proto(value))
     for tag, buckets in histograms.items():
-        summary.value.add(tag=tag).tensor.CopyFrom(tensorboard._histogram_proto(buckets))
+        summary.value.add(tag=tag).tensor.CopyFrom(summary_bytes.histogram_proto(buckets))
     return summary
 
 
@@ -80,7 +80,7 @@ def test_summary_layout_fills_the_bytes_protobuf_would_write():
     rng = np.random.default_rng(0)
     scalar_tags = ["grad_norm/a", "weight_norm/ü/kernel", "x" * 300, "global/grad_norm"]
     shapes = {"grad_hist/a": (30, 3), "weight_grad_hist/b" * 20: (1, 3), "h": (7, 3)}
-    layout = tensorboard._SummaryLayout(scalar_tags, shapes.items())
+    layout = summary_bytes.SummaryLayout(scalar_tags, shapes.items())
     for values in (rng.normal(size=4), [np.nan, np.inf, -0.0, 3e38]):
         scalars = dict(zip(scalar_tags, np.asarray(values, np.float32).tolist()))
         histograms = {tag: rng.normal(size=shape).astype(np.float32) for tag, shape in shapes.items()}

@@ -256,10 +256,9 @@ def test_records_taken_from_the_outputs_are_the_records_in_the_buffer(with_guard
     # A function that probes every step returns its record with its outputs:
     # the probe takes it from there and never calls the buffer's reader.
     buffer_reads = []
-    read_all = kgrad.backends.tensorflow.handover.state.ProbeState._read_all
-    monkeypatch.setattr(
-        kgrad.backends.tensorflow.handover.state.ProbeState, "_read_all", lambda self: buffer_reads.append(1) or read_all(self)
-    )
+    probe_state = kgrad.backends.tensorflow.handover.state.ProbeState
+    read_all = probe_state._read_all
+    monkeypatch.setattr(probe_state, "_read_all", lambda self: buffer_reads.append(1) or read_all(self))
     x, y = classification_data()
     model = compile_classifier(sequential_classifier(), jit_compile=jit_compile)
     probe = kgrad.GradientProbe(every_n_steps=1, bucket_count=5)

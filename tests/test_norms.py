@@ -1,4 +1,4 @@
-"""`kgrad.backends.tensorflow.summarize.norms`: L2 norms, checked against NumPy in float64, also at magnitudes beyond float32's squares."""
+"""`summarize.norms`: L2 norms, checked against NumPy in float64, also beyond float32's squares."""
 
 import numpy as np
 import pytest

@@ -494,7 +494,7 @@ CONVOLUTIONS = {
 @pytest.mark.parametrize("name", sorted(CONVOLUTIONS))
 def test_both_convolution_forms_equal_a_per_example_tape(name, method):
     # The patches from strided slices, or from tf.image.extract_patches: both exact on every geometry.
-    from kgrad.backends.tensorflow.summarize import _factors
+    from kgrad.backends.tensorflow.summarize import conv_factor_parts
     from kgrad.backends.tensorflow.summarize.per_example import _reduce
 
     layer = CONVOLUTIONS[name]()
@@ -505,7 +505,7 @@ def test_both_convolution_forms_equal_a_per_example_tape(name, method):
     a = tf.constant(rng.normal(size=shape))
     layer.build(a.shape)
     delta = tf.constant(rng.normal(size=layer(a).shape))
-    factors = _factors.conv_factors(layer, a, delta, method=method)
+    factors = conv_factor_parts.conv_factors(layer, a, delta, method=method)
     got = {key: _reduce(factored)[0].numpy() for key, factored in factors.items()}
     for i in range(shape[0]):
         with tf.GradientTape() as tape:

@@ -1,4 +1,4 @@
-"""Interception of layer / op outputs (`kgrad.backends.tensorflow.capture.taps`), `kgrad.tap` and layer selection."""
+"""Interception of layer / op outputs (`capture.taps`), `kgrad.tap` and layer selection."""
 
 import keras
 import numpy as np

@@ -5,11 +5,9 @@ import os
 
 import keras
 
-from kgrad.backends.tensorflow.differentiate import install
-from kgrad.backends.tensorflow.handover import replicas
-from kgrad.plan import selection
-from kgrad.plan.options import ProbeConfig
+from kgrad import backends
 from kgrad.logs.writer import ProbeWriter
+from kgrad.plan.options import ProbeConfig
 
 
 class GradientProbe(keras.callbacks.Callback):
@@ -103,6 +101,8 @@ class GradientProbe(keras.callbacks.Callback):
         instruments=(),
     ):
         super().__init__()
+        # A backend kgrad does not run on is named here, before fit starts or any folder exists.
+        backends.current()
         self.config = ProbeConfig(
             layers=layers,
             every_n_steps=every_n_steps,
@@ -133,12 +133,13 @@ class GradientProbe(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Checked before anything is installed: Keras calls no on_train_end
         # when this raises, so a bad name must leave the model untouched.
-        selection.resolve_layers(self.model, self.config.layers)
+        backend = backends.current()
+        backend.check_layers(self.model, self.config.layers)
         # Under a multi-worker strategy every worker runs the probe (its
         # collectives need all of them) but only the chief writes events.
-        writes = self.log_dir is not None and replicas.is_chief(self.model.distribute_strategy)
+        writes = self.log_dir is not None and backend.is_chief(self.model)
         log_dir = _writable(self.log_dir) if writes else None
-        self._step = install.attach(self.model, "probe", self.config)
+        self._step = backend.attach(self.model, "probe", self.config)
         self._probing_function = self.model.train_function
         # The host knows exactly which steps an execution runs, unless an
         # epoch of unknown length ends in a short execution of several steps.
@@ -154,7 +155,7 @@ class GradientProbe(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._collect()
-        install.detach(self.model, "probe")
+        backends.current().detach(self.model, "probe")
         for writer in self._writers.values():
             writer.close()
 
@@ -180,7 +181,7 @@ class GradientProbe(keras.callbacks.Callback):
 
         Asked per batch: a `NonFiniteGuard` may attach after this callback.
         """
-        return install.unprobed_train_function(self.model) if self._exact_count else None
+        return backends.current().unprobed_train_function(self.model) if self._exact_count else None
 
     # -- delivering probed steps -----------------------------------------------------
 

@@ -8,12 +8,11 @@ import warnings
 
 import keras
 
+from kgrad import backends
 from kgrad.backends.common import batch_dump
-from kgrad.backends.tensorflow.differentiate import install
-from kgrad.backends.tensorflow.guard import replay as replay_module
+from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
 from kgrad.report.non_finite import NonFiniteError
-from kgrad.logs.writer import write_guard_report
 
 _ACTIONS = ("stop", "warn", "raise")
 
@@ -92,6 +91,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
     def __init__(self, action="stop", watch=SENTINEL_KINDS, layers=None, ignore_loss_scale_skips=True,
                  log_dir=None, dump_dir=None, replay=True):
         super().__init__()
+        # A backend kgrad does not run on is named here, before fit starts or any folder exists.
+        backends.current()
         if action not in _ACTIONS:
             raise ValueError(
                 f"`action` must be one of {list(_ACTIONS)}. Received: action={action!r}."
@@ -123,7 +124,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self._step = None
 
     def on_train_begin(self, logs=None):
-        self._step = install.attach(self.model, "guard", self.config)
+        self._step = backends.current().attach(self.model, "guard", self.config)
         self.report = None
         self.reports = []
 
@@ -131,7 +132,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self._step.start_epoch()
 
     def on_train_end(self, logs=None):
-        install.detach(self.model, "guard")
+        backends.current().detach(self.model, "guard")
 
     def on_train_batch_end(self, batch, logs=None):
         tripped = self._step.guard_tripped
@@ -167,7 +168,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.model.stop_training = True
         if self.action == "raise":
             # Keras calls no on_train_end when a callback raises.
-            install.detach(self.model, "guard")
+            backends.current().detach(self.model, "guard")
             raise NonFiniteError(report)
         weights = (
             "The weights are not finite: an update with finite gradients made them so."
@@ -176,7 +177,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         print(f"kgrad.NonFiniteGuard stopped training: {report} {weights}", file=sys.stderr)
 
     def _replayed(self, report, batch):
-        """``report`` with where the NaN was born (`kgrad.backends.tensorflow.guard.replay`), and the dump's three lines."""
+        """``report`` with where the NaN was born (`guard.replay`), and the dump's three lines."""
         spe = self.model.steps_per_execution
         kept = self._step.tripped_batch()
         data, seeds_after, kept_index = (None, None, None) if kept is None else kept
@@ -203,7 +204,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def _replay_fields(self, report, data, seeds_after):
         try:
-            born, note = replay_module.replay_fields(self.model, data, seeds_after)
+            born, note = backends.current().replay_fields(self.model, data, seeds_after)
         except Exception as error:  # noqa: BLE001 - the sentinel's report stands
             return {"replayed": False,
                     "replay_note": f"The replay failed ({type(error).__name__}: {error}); "

@@ -9,7 +9,7 @@ documented in `kgrad.backends.tensorflow.summarize.summaries`; the file itself i
 import os
 
 import numpy as np
-from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
@@ -17,6 +17,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from kgrad.logs import weight_shapes
 from kgrad.logs.event_file import EventFile
 from kgrad.logs.layout import custom_scalar_layout
+from kgrad.logs.summary_bytes import SCALAR_SHAPE, SummaryLayout, histogram_proto, scalar_proto
 from kgrad.logs.weight_shapes import WEIGHT_SHAPES_TAG
 
 #: Tag of a tripped `kgrad.NonFiniteGuard`'s report (a text summary of JSON).
@@ -121,7 +122,7 @@ def write_guard_report(log_dir, report):
 def _text_summary(tag, text, plugin_name="text"):
     """A serialized Summary of one string, for TensorBoard's Text tab (``plugin_name="text"``)."""
     tensor = tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[text.encode("utf-8")]
+        dtype=types_pb2.DT_STRING, tensor_shape=SCALAR_SHAPE, string_val=[text.encode("utf-8")]
     )
     summary = summary_pb2.Summary()
     value = summary.value.add(tag=tag)
@@ -141,7 +142,7 @@ class ProbeWriter:
 
     Each record is one Summary in one event (`kgrad.logs.event_file.EventFile`).
     The first record of a set of tags is built as a proto, with each tag's
-    metadata; later ones fill the values into its bytes (`_SummaryLayout`).
+    metadata; later ones fill the values into its bytes (`SummaryLayout`).
 
     Args:
         log_dir: The TensorBoard log directory (the one given to Keras'
@@ -157,7 +158,7 @@ class ProbeWriter:
         self.run_dir = os.path.join(self.log_dir, RUN_NAME)
         self._events = None
         self._described = set()  # tags whose metadata this event file holds
-        self._layouts = {}  # (scalar tags, histogram tags, shapes) -> _SummaryLayout
+        self._layouts = {}  # (scalar tags, histogram tags, shapes) -> SummaryLayout
         self._wrote_layout = False  # the custom-scalars layout, once per event file
 
     def _event_file(self):
@@ -199,12 +200,12 @@ class ProbeWriter:
             # event in a file, as tf.summary writes them; later events omit them.
             summary = summary_pb2.Summary()
             for tag, value in record.scalars.items():
-                self._add(summary, tag, scalar_metadata).tensor.CopyFrom(_scalar_proto(value))
+                self._add(summary, tag, scalar_metadata).tensor.CopyFrom(scalar_proto(value))
             for tag, buckets in record.histograms.items():
-                self._add(summary, tag, histogram_metadata).tensor.CopyFrom(_histogram_proto(buckets))
+                self._add(summary, tag, histogram_metadata).tensor.CopyFrom(histogram_proto(buckets))
             return summary.SerializeToString()
         if layout is None:
-            layout = self._layouts[key] = _SummaryLayout(key[0], zip(key[1], key[2]))
+            layout = self._layouts[key] = SummaryLayout(key[0], zip(key[1], key[2]))
         scalars = np.fromiter(record.scalars.values(), np.float32, count=len(record.scalars))
         return layout.fill(scalars, histograms)
 
@@ -227,97 +228,3 @@ class ProbeWriter:
         if self._events is not None:
             self._events.close()
             self._events = None
-
-
-class _SummaryLayout:
-    """The serialized Summary of records with the same tags, and where each value goes.
-
-    Records of a run have the same tags, so their Summaries differ only in
-    the bytes of the values: a float32 per scalar, the float64 buckets of
-    each histogram, each at a fixed offset. Filling those bytes with NumPy
-    costs a copy and one scatter per record, where setting the values of a
-    proto costs ~1 µs each (thousands in a large model's record).
-
-    Args:
-        scalar_tags: Tags of the scalars, in record order.
-        histograms: ``(tag, shape)`` of each histogram, in record order.
-    """
-
-    def __init__(self, scalar_tags, histograms):
-        pieces, scalar_starts, self._histogram_spans = [], [], []
-        size = source = 0
-        for tag in scalar_tags:
-            piece = _one_value_summary(tag, _scalar_proto(_SCALAR_MARK))
-            scalar_starts.append(size + _offset(piece, _SCALAR_MARK_BYTES))
-            pieces.append(piece)
-            size += len(piece)
-        for tag, shape in histograms:
-            mark = np.full(shape, _HISTOGRAM_MARK)
-            piece = _one_value_summary(tag, _histogram_proto(mark))
-            if mark.size:
-                start = size + _offset(piece, _histogram_bytes(mark))
-                self._histogram_spans.append((start, source, mark.nbytes))
-                source += mark.nbytes
-            pieces.append(piece)
-            size += len(piece)
-        # Serialized messages concatenate: the pieces' values append in order.
-        self._template = b"".join(pieces)
-        scalar_starts = np.asarray(scalar_starts, np.int64)
-        self._scalar_index = (scalar_starts[:, np.newaxis] + np.arange(4)).ravel()
-
-    def fill(self, scalars, histograms):
-        """The serialized Summary of float32 ``scalars`` and ``[k, 3]`` ``histograms``."""
-        summary = bytearray(self._template)
-        np.frombuffer(summary, np.uint8)[self._scalar_index] = np.asarray(scalars, "<f4").view(np.uint8)
-        if self._histogram_spans:
-            # One conversion for all histograms, then a copy of each into its place.
-            buckets = np.concatenate([np.ravel(h) for h in histograms]).astype("<f8").view(np.uint8)
-            memory = memoryview(summary)
-            for start, source, size in self._histogram_spans:
-                memory[start : start + size] = buckets[source : source + size]
-        return bytes(summary)
-
-
-# Values whose bytes cannot occur elsewhere in a piece: 0xFF is never part
-# of a UTF-8 tag, and protobuf's short lengths and field keys never hold two
-# in a row.
-_SCALAR_MARK = np.float32(np.finfo(np.float32).max)
-_SCALAR_MARK_BYTES = _SCALAR_MARK.astype("<f4").tobytes()
-_HISTOGRAM_MARK = np.finfo(np.float64).max
-
-
-def _one_value_summary(tag, tensor):
-    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, tensor=tensor)]).SerializeToString()
-
-
-def _offset(piece, value_bytes):
-    """Where ``value_bytes`` starts in ``piece``, which holds it exactly once."""
-    if piece.count(value_bytes) != 1:
-        raise AssertionError(f"kgrad: cannot place a value in the serialized Summary {piece!r}.")
-    return piece.index(value_bytes)
-
-
-# Tensor protos built directly: `tensor_util.make_tensor_proto` is general and
-# costs tens of microseconds per value, hundreds of values per record.
-_SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
-
-
-def _scalar_proto(value):
-    """A float32 scalar TensorProto, as ``tf.summary.scalar`` writes it."""
-    return tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[value]
-    )
-
-
-def _histogram_proto(buckets):
-    """A float64 ``[k, 3]`` TensorProto, as ``tf.summary.histogram`` writes it."""
-    shape = tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=size) for size in np.shape(buckets)]
-    )
-    return tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=_histogram_bytes(buckets)
-    )
-
-
-def _histogram_bytes(buckets):
-    return np.ascontiguousarray(buckets, dtype=np.float64).tobytes()

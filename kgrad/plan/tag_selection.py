@@ -1,6 +1,6 @@
 """Which tags a probe writes: ``statistics="default"`` or ``"all"``.
 
-`kgrad.plan.options.STATISTICS`; the tag scheme is in `kgrad.backends.tensorflow.summarize.summaries`. ``"all"``
+`kgrad.plan.options.STATISTICS`; the tag scheme is in `summarize.summaries`. ``"all"``
 writes every tag of the scheme. ``"default"`` writes what the report, the
 dashboard and people read (57 scalar and 20 histogram tags for the demo's
 9-layer MLP, against 305 and 38):

@@ -27,14 +27,20 @@ import math
 
 import numpy as np
 
-from kgrad.report import layer_series
-from kgrad.report import noise_scale
+from kgrad.report import layer_series, noise_scale
+from kgrad.report.flags import (  # noqa: F401 (FLAGS: the report's flags, read by the table and the tab)
+    FLAGS,
+    first_flag_steps,
+    largest_norm_by_step,
+    last,
+    layer_flags,
+    nonfinite_count,
+    nonfinite_norms,
+    trend,
+)
 
 #: Tag prefixes that mark a run as written by kgrad.
 _KGRAD_PREFIXES = ("grad_norm/", "weight_grad_norm/", "global/grad_norm")
-
-#: The flags `layer_flags` can raise, in the order they are shown.
-FLAGS = ("nonfinite", "exploding", "vanishing", "dead")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,27 +226,27 @@ def run_health(run, run_logs, thresholds):
         else layer_series.series(scalars, f"grad_norm/{layer}")
         for layer, weights in layers.items()
     }
-    latest = {layer: _last(series) for layer, series in gradients.items()}
+    latest = {layer: last(series) for layer, series in gradients.items()}
     peers = _peer_groups(layers, run_logs.get("weight_shapes") or {}) if use_weights else {}
     largest, largest_by_step = {}, {}
     for group in set(peers.values()) | {None}:
         members = {layer: gradients[layer] for layer in layers if peers.get(layer) == group}
         finite = [latest[layer] for layer in members if math.isfinite(latest[layer])]
         largest[group] = max(finite, default=math.nan)
-        largest_by_step[group] = _largest_by_step(members)
+        largest_by_step[group] = largest_norm_by_step(members)
     rows = []
     for layer, weights in layers.items():
         top = largest[peers.get(layer)]
         row = LayerHealth(
             layer=layer,
             grad_norm=latest[layer],
-            trend=_trend(gradients[layer]),
+            trend=trend(gradients[layer]),
             ratio_to_max=latest[layer] / top if top > 0 else math.nan,
-            zero_fraction=_last(layer_series.series(scalars, f"activation_zero_fraction/{layer}")),
-            update_ratio=_last(layer_series.update_ratio(scalars, weights)),
-            nonfinite=_nonfinite_count(scalars, layer, weights),
+            zero_fraction=last(layer_series.series(scalars, f"activation_zero_fraction/{layer}")),
+            update_ratio=last(layer_series.update_ratio(scalars, weights)),
+            nonfinite=nonfinite_count(scalars, layer, weights),
             flags=(),
-            nonfinite_norms=_nonfinite_norms(gradients[layer]),
+            nonfinite_norms=nonfinite_norms(gradients[layer]),
         )
         flags = layer_flags(row, thresholds)
         first = first_flag_steps(
@@ -270,102 +276,3 @@ def _peer_groups(layers, shapes):
         for layer, weights in layers.items()
         if weights and all(weight in shapes and len(shapes[weight]) < 2 for weight in weights)
     }
-
-
-def layer_flags(row, thresholds):
-    """The flags of one `LayerHealth` under ``thresholds``, in `FLAGS` order."""
-    raised = {
-        "nonfinite": row.nonfinite > 0 or row.nonfinite_norms > 0,
-        "exploding": row.grad_norm > thresholds.exploding_norm,
-        # 0 / 0 has no ratio, but a layer that gets no gradient at all has vanished
-        # gradients even when no other layer gets one either.
-        "vanishing": row.grad_norm == 0 or row.ratio_to_max < thresholds.vanishing_ratio,
-        "dead": row.zero_fraction >= thresholds.dead_fraction,
-    }
-    return tuple(flag for flag in FLAGS if raised[flag])
-
-
-def first_flag_steps(scalars, layer, weights, gradients, thresholds, largest_by_step=None):
-    """The first probed step at which each flag held for ``layer``.
-
-    Each step is judged on its own values, as `layer_flags` judges the latest
-    ones: ``vanishing`` holds where the layer's gradient norm is 0 or small
-    beside the largest layer's on the same step; ``nonfinite`` holds from the first step that
-    counted a NaN/Inf.
-
-    Args:
-        scalars: The run's ``"scalars"`` from `kgrad.read_logs`.
-        layer: The layer name.
-        weights: The layer's weight paths.
-        gradients: Layer name -> gradient-norm `Series` (or ``None``), every layer.
-        thresholds: A `HealthThresholds`.
-        largest_by_step: Step -> the largest finite gradient norm on that step,
-            computed from ``gradients`` when ``None`` (pass it for many layers).
-
-    Returns:
-        ``dict`` flag -> first step (an ``int``); flags that never held are absent.
-    """
-    held = {flag: [] for flag in FLAGS}  # flag -> steps at which it held
-    own = gradients.get(layer)
-    largest = _largest_by_step(gradients) if largest_by_step is None else largest_by_step
-    for step, norm in zip(*((own.steps.tolist(), own.values.tolist()) if own is not None else ((), ()))):
-        top = largest.get(step, 0.0)
-        if norm == 0 or (top > 0 and norm / top < thresholds.vanishing_ratio):
-            held["vanishing"].append(step)
-        if norm > thresholds.exploding_norm:
-            held["exploding"].append(step)
-        if not math.isfinite(norm):  # a logged NaN/Inf norm (not logged steps are absent)
-            held["nonfinite"].append(step)
-    zero = layer_series.series(scalars, f"activation_zero_fraction/{layer}")
-    if zero is not None:
-        held["dead"] = zero.steps[zero.values >= thresholds.dead_fraction].tolist()
-    tags = [f"{kind}_nonfinite/{layer}" for kind in ("activation", "grad")]
-    tags += [f"weight_grad_nonfinite/{w}" for w in weights]
-    for tag in (tag for tag in tags if tag in scalars):
-        held["nonfinite"].extend(scalars[tag].steps[scalars[tag].values > 0].tolist())
-    return {flag: int(min(steps)) for flag, steps in held.items() if steps}
-
-
-def _largest_by_step(gradients):
-    """Step -> the largest finite gradient norm of any layer on that step."""
-    largest = {}
-    for series in gradients.values():
-        if series is not None:
-            for step, norm in zip(series.steps.tolist(), series.values.tolist()):
-                if math.isfinite(norm):
-                    largest[step] = max(largest.get(step, 0.0), norm)
-    return largest
-
-
-def _last(series):
-    if series is None or len(series.values) == 0:
-        return math.nan
-    return float(series.values[-1])
-
-
-def _trend(series):
-    if series is None or len(series.values) < 2:
-        return math.nan
-    third = max(1, len(series.values) // 3)
-
-    def geometric_mean(values):
-        # A norm of exactly 0 (a layer behind a zero-initialized one, at step 0)
-        # makes the mean 0: a trend from 0 is infinite, not 1e308 from a floor.
-        if np.any(values == 0):
-            return 0.0
-        return float(np.exp(np.mean(np.log(values))))
-
-    first, last = geometric_mean(series.values[:third]), geometric_mean(series.values[-third:])
-    if first == 0:
-        return math.inf if last > 0 else math.nan
-    return last / first
-
-
-def _nonfinite_norms(series):
-    return 0 if series is None else int(np.sum(~np.isfinite(series.values)))
-
-
-def _nonfinite_count(scalars, layer, weights):
-    tags = [f"{kind}_nonfinite/{layer}" for kind in ("activation", "grad")]
-    tags += [f"weight_grad_nonfinite/{w}" for w in weights]
-    return int(sum(np.sum(scalars[tag].values) for tag in tags if tag in scalars))

@@ -1,12 +1,11 @@
 """`ProbeTape`: a `tf.GradientTape` that also sees inside the model."""
 
 import contextlib
-import warnings
 
 import tensorflow as tf
 
 from kgrad.backends.tensorflow.capture import active_collection
-from kgrad.backends.tensorflow.capture import logits_shortcut, taps
+from kgrad.backends.tensorflow.capture import logits_shortcut, tape_checks, taps
 from kgrad.plan import selection
 from kgrad.backends.tensorflow.capture.probe_result import ProbeResult
 from kgrad.backends.tensorflow.capture.recorder import Recorder
@@ -177,45 +176,9 @@ class ProbeTape(tf.GradientTape):
     def _check_forward_pass(self):
         if self._replaying:
             return  # the traced step passed these checks; the replay widened the capture
-        recorder = self._recorder
-        # A VAE's step calls `self.encoder` and `self.decoder`, never `self`:
-        # their layers are still the model's, and are captured.
-        if not recorder.model_called and (not recorder.calls_per_name or recorder._watch_inputs):
-            needs = " (watch_inputs=True needs the model's own call)" if recorder.calls_per_name else ""
-            raise ValueError(
-                "`model` was never called inside the `with` block of this "
-                f"ProbeTape{needs}. Received: model='{self._model.name}'. Call it inside "
-                "the block (e.g. `y = model(x)`), or open the ProbeTape on the "
-                "model you call."
-            )
-        if not self._explicit_layers:
-            return
-        for name in self._operations:
-            if name in recorder.non_float:
-                dtypes = [getattr(d, "name", str(d)) for d in recorder.non_float[name]]
-                raise ValueError(
-                    f"`layers` asks for layer {name!r}, which produced no "
-                    f"floating-point output (output dtypes: {dtypes}), so it has no "
-                    f"gradient to report. Received: layers={self._layers!r}. Remove "
-                    "it from `layers` and probe the first layer after it whose "
-                    "output is float."
-                )
-            if name in recorder.unreachable:
-                raise ValueError(
-                    f"`layers` asks for layer {name!r}, which ran inside a loop "
-                    "traced by tf.function (e.g. an RNN cell inside tf.while_loop, or "
-                    "tf.map_fn): the tape cannot differentiate with respect to those "
-                    f"tensors. Received: layers={self._layers!r}. Probe the layer "
-                    "that runs the loop (e.g. the LSTM layer) instead."
-                )
-            if name in recorder.calls_per_name:
-                continue
-            raise ValueError(
-                f"`layers` asks for layer {name!r}, which was never called during "
-                f"the forward pass of model '{self._model.name}' recorded by this "
-                f"ProbeTape. Received: layers={self._layers!r}. Check that the "
-                "model's call() uses it, or remove it from `layers`."
-            )
+        tape_checks.check_forward_pass(
+            self._recorder, self._model, self._layers, self._explicit_layers, self._operations
+        )
 
     # Not converted by AutoGraph when called in a user's tf.function: plain
     # graph-safe Python, whose `super()` calls AutoGraph would mangle.
@@ -293,7 +256,7 @@ class ProbeTape(tf.GradientTape):
             hidden.discard(index)
         for index in sorted(hidden):
             activation_gradients[index] = None
-            _warn_hidden_gradient(names[index])
+            tape_checks.warn_hidden_gradient(names[index])
         logits_gradients = {
             names[index]: gradient
             for index, gradient in zip(logits_indices, logits_part)
@@ -315,18 +278,6 @@ class ProbeTape(tf.GradientTape):
             logits_gradients=logits_gradients,
         )
         return tf.nest.pack_sequence_as(sources, user_part)
-
-
-def _warn_hidden_gradient(name):
-    warnings.warn(
-        f"kgrad.ProbeTape: dJ/d(output of {name!r}) is unknown, so tape.probe.gradients"
-        f"[{name!r}] is None. {name!r} ends in a softmax or sigmoid, and the loss did "
-        "not reach it on the tape: Keras computes cross-entropies from the logits "
-        "behind such outputs, and no such Keras loss was computed inside this "
-        "ProbeTape's `with` block. Compute the loss inside the block, or get dJ/dŷ "
-        "with kgrad.prediction_gradient(loss_fn, y_true, y_pred).",
-        stacklevel=3,
-    )
 
 
 def _zeros_for_none(gradients, tensors):

@@ -26,7 +26,7 @@ from keras.src import backend as keras_backend
 from kgrad.backends.tensorflow.guard import watched as guard_module
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
-from kgrad.backends.tensorflow.summarize.pipeline import inverse_loss_scale, scales_loss
+from kgrad.backends.tensorflow.summarize.loss_scale import inverse_loss_scale, scales_loss
 from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.tensorflow.capture.active_collection import set_active_collection, unique_name
 
@@ -56,7 +56,7 @@ class TapeCollection:
         self.applied = []  # guard: per guarded apply, whether it applied its update
         self._scaled_by = {}  # id(scaled loss) -> the optimizer whose scale_loss made it
 
-    #: Not the replay's `kgrad.backends.tensorflow.guard.own_step_replay.ReplayCollection`: tapes capture what they were asked.
+    #: Not the replay's `guard.own_step_replay.ReplayCollection`: tapes capture what they were asked.
     captures_everything = False
 
     def __enter__(self):

@@ -9,55 +9,32 @@ summaries of a `kgrad.backends.tensorflow.summarize.pipeline.ProbePipeline`. Ste
 compute nothing more than Keras would, except the step-index test. A function
 that runs only probed steps has no branch at all.
 
-A model's own ``train_step`` runs in a `kgrad.backends.tensorflow.differentiate.custom_step.TapeCollection`.
-
-Under XLA, a function that runs only probed steps returns the tensors to
-summarize instead of summarizing them (`SUMMARY_INPUTS_OUTPUT`), and the
+A model's own ``train_step`` runs in a `custom_step.TapeCollection`. Under
+XLA, a function that runs only probed steps returns the tensors to
+summarize instead of summarizing them (`traced.SUMMARY_INPUTS_OUTPUT`), and the
 pipeline computes the statistics with TensorFlow's own kernels right after the
 step: compiled into the step, they made the MobileNet's first XLA step ~3x
 slower (81 against 26 CPU-s) and its peak memory 1.9x the plain step's.
 """
 
-import dataclasses
 import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.guard import watched as guard_module
-from kgrad.backends.tensorflow.capture import forward
-from kgrad.backends.tensorflow.differentiate import forward_state, losses, updates
 from kgrad.backends.common import batch_dump
-from kgrad.backends.tensorflow.guard import sentinel as guard_state, tripped_batch
-from kgrad.backends.tensorflow.handover import replicas
-from kgrad.plan import selection
 from kgrad.backends.common.own_step import has_own_train_step
-from kgrad.backends.tensorflow.differentiate.custom_step import run_own_train_step
-from kgrad.backends.tensorflow.summarize.pipeline import ProbePipeline
-from kgrad.backends.tensorflow.handover.state import RECORD_OUTPUT
+from kgrad.backends.tensorflow.capture import forward
 from kgrad.backends.tensorflow.capture.tape import ProbeTape
-
-#: The key under which a step whose statistics run after it returns
-#: ``(step, tensors to summarize)``; `ProbingStep.take_outputs` takes it out.
-SUMMARY_INPUTS_OUTPUT = "kgrad_summary_inputs"
-
-
-@dataclasses.dataclass
-class _Traced:
-    """A traced function, the plan it was traced for, and the buffers it writes."""
-
-    plan: object
-    function: object
-    pipeline: object = None
-    guard_state: object = None
-    tripped_batch: object = None  # `kgrad.backends.tensorflow.guard.tripped_batch.TrippedBatch`, where variables hold the batch
-    compiled_step: object = None  # the step's own XLA function (`StepPlan.compiles_step_inside`)
-    batch_not_kept: object = None  # why no batch is kept for the replay (`keep_tripped_batch`)
-    tape_pipelines: dict = dataclasses.field(default_factory=dict)
-    tape_guard_states: dict = dataclasses.field(default_factory=dict)
-    steps_in_epoch: object = None  # the model's `kgrad.backends.tensorflow.guard.tripped_batch.StepsInEpoch`, shared
-
+from kgrad.backends.tensorflow.differentiate import forward_state, losses, updates
+from kgrad.backends.tensorflow.differentiate import traced as traced_module
+from kgrad.backends.tensorflow.differentiate.custom_step import run_own_train_step
+from kgrad.backends.tensorflow.guard import sentinel as guard_state, tripped_batch, watched as guard_module
+from kgrad.backends.tensorflow.handover import replicas
+from kgrad.backends.tensorflow.handover.state import RECORD_OUTPUT
+from kgrad.backends.tensorflow.summarize.pipeline import ProbePipeline
+from kgrad.plan import selection
 
 class ProbingStep:
     """A probing replacement for ``model.train_step``.
@@ -72,9 +49,9 @@ class ProbingStep:
     def __init__(self, model):
         self.model = model
         self._counter = None
-        self._traced = []  # `_Traced`, the most recently used last
-        self._current = None  # the `_Traced` of the probing function
-        self._running = None  # the `_Traced` that runs (or is traced) now
+        self._traced = []  # `Traced`, the most recently used last
+        self._current = None  # the `Traced` of the probing function
+        self._running = None  # the `Traced` that runs (or is traced) now
         self._guard_states = guard_state.SharedGuardStates(model)
         self._steps_in_epoch = tripped_batch.StepsInEpoch(model)
         self.guard_tripped = None  # the guard's flag as of the latest execution
@@ -94,11 +71,11 @@ class ProbingStep:
 
     def guard_states(self):
         """``{name: GuardState}`` of the latest execution: ``None`` for the model's own, else one per tape."""
-        return _by_name(self._running, "guard_state", "tape_guard_states")
+        return traced_module.by_name(self._running, "guard_state", "tape_guard_states")
 
     def pipelines(self):
         """``{name: ProbePipeline}``: ``None`` for the model's own, else one per tape."""
-        return _by_name(self._current, "pipeline", "tape_pipelines")
+        return traced_module.by_name(self._current, "pipeline", "tape_pipelines")
 
     def prepare(self):
         """Resets the probe schedule and buffers; call eagerly before ``fit`` trains."""
@@ -119,7 +96,7 @@ class ProbingStep:
         self._guard_states.reset(everything=True)
 
     def function_for(self, plan, make_function, main=True):
-        """The traced train function for ``plan`` (a `_Traced`): one traced earlier, or ``make_function()``.
+        """The traced train function for ``plan`` (a `Traced`): one traced earlier, or ``make_function()``.
 
         One traced by an earlier fit for the same plan is reused, with the
         buffers it writes; a new one is traced on its first call. ``main``:
@@ -137,7 +114,7 @@ class ProbingStep:
                     self.model, plan.probe, plan.record_capacity, self.model.optimizer
                 )
             # The function is traced on its first call (`run`), reading `_running.plan`.
-            traced = _Traced(plan, None, pipeline, steps_in_epoch=self._steps_in_epoch)
+            traced = traced_module.Traced(plan, None, pipeline, steps_in_epoch=self._steps_in_epoch)
             traced.function = make_function()
         if main:
             self._current = traced
@@ -155,20 +132,19 @@ class ProbingStep:
         """Removes kgrad's entries from a train function's outputs and keeps them."""
         if not isinstance(outputs, dict):
             return outputs
-        outputs = dict(outputs)
-        # Keras' logs must not show kgrad's outputs.
-        if guard_module.TRIPPED_OUTPUT in outputs:
-            self.guard_tripped = outputs.pop(guard_module.TRIPPED_OUTPUT)
+        outputs, kgrad_outputs = traced_module.split_outputs(outputs)
+        if guard_module.TRIPPED_OUTPUT in kgrad_outputs:
+            self.guard_tripped = kgrad_outputs[guard_module.TRIPPED_OUTPUT]
         # A reference to the device tensors, read only if the guard trips.
-        self.guard_batch = outputs.pop(batch_dump.BATCH_OUTPUT, None)
-        summary_inputs = outputs.pop(SUMMARY_INPUTS_OUTPUT, None)
+        self.guard_batch = kgrad_outputs.get(batch_dump.BATCH_OUTPUT)
+        summary_inputs = kgrad_outputs.get(traced_module.SUMMARY_INPUTS_OUTPUT)
         if summary_inputs is not None:
             step, tensors = summary_inputs
             self.latest_record = self._running.pipeline.summarize_after_step(
                 step, tensors, self.model.trainable_weights
             )
         else:
-            self.latest_record = outputs.pop(RECORD_OUTPUT, None)
+            self.latest_record = kgrad_outputs.get(RECORD_OUTPUT)
         return outputs
 
     def start_at(self, step_index):
@@ -249,7 +225,10 @@ class ProbingStep:
             warnings.warn("The model does not have any trainable weights.", stacklevel=2)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         weights = model.trainable_weights
-        prediction_gradient = lambda: self._prediction_gradient(y, y_pred, sample_weight)  # noqa: E731
+        # dJ/dŷ of the compiled loss (None if the model has none), computed only where asked for.
+        prediction_gradient = lambda: losses.compiled_prediction_gradient(  # noqa: E731
+            model, y, y_pred, sample_weight
+        )
         if plan.replicas > 1:
             updates.every_step_update(
                 model, plan, traced.pipeline, tape, loss, weights, x, prediction_gradient,
@@ -269,7 +248,7 @@ class ProbingStep:
         if plan.defers_statistics:
             # A tuple: tf.data's structures (Keras wraps the outputs in a
             # tf.experimental.Optional) take a list for one tensor.
-            return {**outputs, SUMMARY_INPUTS_OUTPUT: (step, tuple(summaries))}
+            return {**outputs, traced_module.SUMMARY_INPUTS_OUTPUT: (step, tuple(summaries))}
         pipeline = traced.pipeline
         if pipeline is not None and pipeline.names is not None:
             if plan.probes_every_step:
@@ -320,16 +299,3 @@ class ProbingStep:
     def _guard_state_for_tape(self, name, names, on_trip_only):
         self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only)
         return self._running.tape_guard_states[name]
-
-    def _prediction_gradient(self, y, y_pred, sample_weight):
-        """dJ/dŷ of the compiled loss, or ``None`` if the model has none."""
-        return losses.compiled_prediction_gradient(self.model, y, y_pred, sample_weight)
-
-
-def _by_name(traced, own, per_tape):
-    """``{None: traced.<own>}`` if set, else ``traced.<per_tape>`` (one per ProbeTape)."""
-    if traced is None:
-        return {}
-    if getattr(traced, own) is not None:
-        return {None: getattr(traced, own)}
-    return dict(getattr(traced, per_tape))

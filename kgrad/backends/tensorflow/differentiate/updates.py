@@ -14,7 +14,7 @@ import tensorflow as tf
 from kgrad.backends.tensorflow.guard import watched as guard_module
 from kgrad.plan import selection
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
-from kgrad.backends.tensorflow.summarize.pipeline import inverse_loss_scale
+from kgrad.backends.tensorflow.summarize.loss_scale import inverse_loss_scale
 
 
 def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_gradient, probe_now, step):

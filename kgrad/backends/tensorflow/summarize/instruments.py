@@ -6,7 +6,7 @@ device, inside the probed step:
 =============================================  ==================================================
 ``example_grad_norm_<stat>/<weight path>``     statistics over the batch of ‖∇_w ℓ_i‖ (``mean``,
                                                ``max``... and ``example_grad_norm_hist/`` with
-                                               histograms); ℓ_i as in `kgrad.backends.tensorflow.summarize.per_example`
+                                               histograms); ℓ_i as in `summarize.per_example`
 ``noise_example_sq_norm_mean/<layer>``         mean_i ‖B·∇ℓ_i‖² over the layer's weights
 ``noise_batch_sq_norm/<layer>``                ‖Σ_i ∇ℓ_i‖² = ‖∇J‖² (regularization left out)
 ``global/noise_example_sq_norm_mean``          the same over every trainable weight
@@ -91,7 +91,8 @@ def probe_per_example_norms(model, probe, layer_inputs, unscale=None, output_gra
         layer = named.get(_base_name(name))
         # A layer made of layers (MultiHeadAttention, a nested model): its
         # weights are its leaves', reported when those are captured.
-        if isinstance(layer, keras.layers.Layer) and layer.trainable_weights and not operations.children(layer):
+        leaf = not operations.children(layer)
+        if isinstance(layer, keras.layers.Layer) and layer.trainable_weights and leaf:
             calls.setdefault(_base_name(name), []).append(name)
     coupled = coupling_layers(model)
     output_gradients = output_gradients or {}

@@ -9,7 +9,7 @@ update, then one row of a `kgrad.backends.tensorflow.handover.state.ProbeState` 
 `read_since` returns the `kgrad.ProbeRecord`s written since the last read.
 
 It knows nothing about ``fit``, schedules or branches: the caller decides
-which steps are summarized (`kgrad.backends.tensorflow.differentiate.step`, `kgrad.backends.tensorflow.differentiate.custom_step`).
+which steps are summarized (`differentiate.step`, `differentiate.custom_step`).
 
 Example:
 
@@ -36,6 +36,8 @@ import tensorflow as tf
 from kgrad.backends.tensorflow.summarize import norms
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.handover.state import ProbeState
+from kgrad.backends.tensorflow.summarize.loss_scale import unscaler
+from kgrad.backends.tensorflow.summarize import model_io
 from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
 from kgrad.plan.tag_names import io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
@@ -82,7 +84,7 @@ class ProbePipeline:
             prediction_gradient: ``fn() -> dJ/dŷ`` or ``None``; called only
                 if dJ/dŷ is captured.
         """
-        capture, unscale = self.config.captures, self._unscale()
+        capture, unscale = self.config.captures, unscaler(self.optimizer)
         builder = SummaryBuilder(
             self.config.histograms, self.config.bucket_count, statistics=self.config.statistics
         )
@@ -96,12 +98,12 @@ class ProbePipeline:
                 if gradient is not None:  # None: unknown (see ProbeResult.gradients)
                     builder.add_tensor("grad", name, batch(unscale(gradient)))
         if capture("prediction_gradient") and prediction_gradient is not None:
-            _add_prediction_gradient(
+            model_io.add_prediction_gradient(
                 builder, self.model, tf.nest.map_structure(batch, prediction_gradient())
             )
         if capture("input_gradient") and probe.input_gradient is not None:
             input_gradients = tf.nest.flatten(probe.input_gradient)
-            names = io_names(input_gradients, "input", _float_input_names(self.model, x))
+            names = io_names(input_gradients, "input", model_io.float_input_names(self.model, x))
             for name, gradient in zip(names, input_gradients):
                 builder.add_tensor("input_grad", name, batch(unscale(gradient)))
         if capture("weight_gradients"):
@@ -143,16 +145,8 @@ class ProbePipeline:
             tf.zeros([len(histogram_names), self.config.bucket_count, 3]),
         )
 
-    def _unscale(self):
-        # Mixed precision scales the loss; report gradients of the true loss.
-        inverse_scale = inverse_loss_scale(self.optimizer)
-        if inverse_scale is not None:
-            return lambda tensor: tf.cast(tensor, tf.float32) * inverse_scale
-        # A multiply by 1 would be one more pass over every gradient.
-        return lambda tensor: tf.cast(tensor, tf.float32)
-
     def _add_weight_gradients(self, builder, gradients, weights, unscale):
-        paths = [model_relative_path(self.model, weight) for weight in weights]
+        paths = [model_io.model_relative_path(self.model, weight) for weight in weights]
         self.weight_shapes = {path: tuple(weight.shape) for path, weight in zip(paths, weights)}
         with_a_matrix = layers_with_a_matrix(paths, [weight.shape for weight in weights])
         matrix = [path.rpartition("/")[0] in with_a_matrix for path in paths]
@@ -249,7 +243,7 @@ class ProbePipeline:
             # (see `_add_weight_gradients`), in the order of their snapshots.
             written = set(scalar_names)
             for weight in weights:
-                path = model_relative_path(self.model, weight)
+                path = model_io.model_relative_path(self.model, weight)
                 if f"weight_norm/{path}" in written:
                     tracked.append((weight, path))
         if tracked:
@@ -303,66 +297,3 @@ class ProbePipeline:
         if self.state is None:
             return [], delivered
         return self.state.read_since(delivered, latest=latest)
-
-
-def scales_loss(optimizer):
-    """Whether ``optimizer.scale_loss`` multiplies the loss (mixed precision, or
-    a ``loss_scale_factor``), so that gradients must be divided back."""
-    return optimizer is not None and (
-        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-        or getattr(optimizer, "loss_scale_factor", None) is not None
-    )
-
-
-def inverse_loss_scale(optimizer):
-    """Graph code: 1 / the factor ``optimizer.scale_loss`` multiplies a loss by now, or ``None``.
-
-    Read it before the update: a ``LossScaleOptimizer``'s update changes its scale.
-    """
-    if not scales_loss(optimizer):
-        return None
-    return 1.0 / tf.cast(optimizer.scale_loss(tf.constant(1.0)), tf.float32)
-
-
-def model_relative_path(model, weight):
-    """``weight.path`` without the model's own name, stable across re-runs."""
-    prefix = f"{model.name}/"
-    return weight.path[len(prefix) :] if weight.path.startswith(prefix) else weight.path
-
-
-def _add_prediction_gradient(builder, model, gradient):
-    if gradient is None:
-        return
-    gradients = tf.nest.flatten(gradient)
-    names = io_names(gradient, "output", getattr(model, "output_names", None))
-    for name, tensor in zip(names, gradients):
-        builder.add_tensor("pred_grad", name, tensor)
-        example = norms.example_norms(tensor)
-        builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(example))
-        builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(example))
-
-
-def _float_input_names(model, x):
-    """Names of the float leaves of ``x``: its dict keys, or the model's Input names."""
-    if x is None:
-        return None
-    leaves = tf.nest.flatten(x)
-    if isinstance(x, dict):
-        names = sorted(x)  # the order in which tf.nest flattens a dict
-    else:
-        # Keras 3 models have no `input_names`; their Input tensors are named.
-        names = [getattr(tensor, "name", None) for tensor in _model_inputs(model)]
-    if len(names) != len(leaves) or None in names:
-        return None
-    return [
-        name
-        for name, leaf in zip(names, leaves)
-        if getattr(leaf, "dtype", None) is not None and tf.as_dtype(leaf.dtype).is_floating
-    ]
-
-
-def _model_inputs(model):
-    try:
-        return tf.nest.flatten(model.inputs or [])
-    except (AttributeError, ValueError):  # subclassed models have no inputs
-        return []

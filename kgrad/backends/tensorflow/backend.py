@@ -1,0 +1,35 @@
+"""kgrad on Keras' TensorFlow backend: the names `kgrad.backends.interface.Backend` lists.
+
+The stages of a traced step live beside this module: ``capture/`` (taps on
+layer and op outputs, `ProbeTape`), ``differentiate/`` (the probing
+``train_step``, one backward pass), ``summarize/`` (statistics on device),
+``handover/`` (the device buffer the host reads after probed steps) and
+``guard/`` (the sentinel, the kept batch and the replay).
+"""
+
+from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
+from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
+from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
+from kgrad.backends.tensorflow.differentiate.install import (  # noqa: F401
+    attach,
+    detach,
+    unprobed_train_function,
+)
+from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
+from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
+from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
+from kgrad.backends.tensorflow.guard.replay import replay_fields, replay_step  # noqa: F401
+from kgrad.backends.tensorflow.handover import replicas
+from kgrad.plan import selection
+
+NAME = "tensorflow"
+
+
+def check_layers(model, layers):
+    """Raises a ValueError naming a layer ``model`` does not have (`kgrad.plan.selection`)."""
+    selection.resolve_layers(model, layers)
+
+
+def is_chief(model):
+    """Under a multi-worker strategy every worker probes (its collectives need all), the chief writes."""
+    return replicas.is_chief(model.distribute_strategy)

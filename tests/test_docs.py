@@ -1,0 +1,138 @@
+"""Every ```python block of README.md and docs/*.md runs.
+
+The blocks of one page run in order, in one fresh Python process, in a temporary folder,
+so that a block may use what an earlier block of the same page defined (as a reader
+does). A block that is not meant to run is preceded by a comment that says why::
+
+    <!-- not run: a fragment of a GAN's train_step -->
+
+(docs/development.md documents this for authors.)
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>\S.*?)\s*-->$")
+FENCE = re.compile(r"^```(?P<language>[\w+-]*)\s*$")
+# Pages whose blocks take more than ~20 s together on 2 CPU cores.
+SLOW_PAGES = set()  # none today: every page runs in 4-13 s
+
+# Runs the blocks given as JSON [[name, source], ...] in one namespace; a traceback
+# names the page and line of the block ("docs/fit.md:12").
+RUNNER = """
+import json, sys
+namespace = {"__name__": "__main__"}
+for name, source in json.load(open(sys.argv[1])):
+    exec(compile(source, name, "exec"), namespace)
+"""
+
+
+def _relative(page):
+    return page.relative_to(ROOT).as_posix()
+
+
+def code_blocks(page):
+    """``[(line, language, source, not_run_reason)]`` of the fenced blocks of a Markdown page.
+
+    ``line`` is the 1-based line of the block's first line of code; ``not_run_reason``
+    the reason of a ``<!-- not run: reason -->`` comment on the line before the fence
+    (blank lines between them allowed), else ``None``.
+    """
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        opening = FENCE.match(lines[index])
+        if not opening:
+            index += 1
+            continue
+        before = [line for line in lines[:index] if line.strip()]
+        marker = NOT_RUN.match(before[-1].strip()) if before else None
+        end = index + 1
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        source = "\n".join(lines[index + 1 : end]) + "\n"
+        blocks.append((index + 2, opening["language"], source, marker and marker["reason"]))
+        index = end + 1
+    return blocks
+
+
+def _page_param(page):
+    name = _relative(page)
+    marks = [pytest.mark.slow] if name in SLOW_PAGES else []
+    return pytest.param(page, id=name, marks=marks)
+
+
+RUNNABLE_PAGES = [
+    _page_param(page)
+    for page in PAGES
+    if any(language == "python" and not reason for _, language, _, reason in code_blocks(page))
+]
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_python_blocks_of_the_page_run(page, tmp_path):
+    blocks = [
+        (f"{_relative(page)}:{line}", source)
+        for line, language, source, reason in code_blocks(page)
+        if language == "python" and not reason
+    ]
+    blocks_file = tmp_path / "blocks.json"
+    blocks_file.write_text(json.dumps(blocks))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(blocks_file)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"a ```python block of {_relative(page)} failed:\n{result.stderr[-4000:]}"
+
+
+def test_every_page_with_python_has_its_blocks_run():
+    runnable = {param.id for param in RUNNABLE_PAGES}
+    assert "README.md" in runnable
+    for page in PAGES:
+        blocks = code_blocks(page)
+        if any(language == "python" and not reason for _, language, _, reason in blocks):
+            assert _relative(page) in runnable
+
+
+def test_not_run_markers_are_few_and_each_stands_before_a_python_block():
+    markers = {}
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        marked = [number for number, line in enumerate(lines, 1) if NOT_RUN.match(line.strip())]
+        skipped = [line for line, language, _, reason in code_blocks(page) if reason]
+        assert all(language == "python" for _, language, _, reason in code_blocks(page) if reason), page
+        # Each marker is followed by the block it skips (nothing but blank lines between).
+        assert len(marked) == len(skipped), f"{_relative(page)}: a not-run marker before no block"
+        if marked:
+            markers[_relative(page)] = marked
+    assert sum(len(lines) for lines in markers.values()) <= 5, markers
+
+
+def test_code_blocks_finds_blocks_lines_and_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "text\n```python\nx = 1\n```\n\n<!-- not run: a fragment -->\n\n```python\n...\n```\n"
+        "```bash\nls\n```\n```\nplain output\n```\n"
+    )
+    assert code_blocks(page) == [
+        (3, "python", "x = 1\n", None),
+        (9, "python", "...\n", "a fragment"),
+        (12, "bash", "ls\n", None),
+        (15, "", "plain output\n", None),
+    ]
