@@ -35,9 +35,7 @@ OPTION_VALUES = {
 
 
 def _report_parser():
-    (subparsers,) = [
-        action for action in cli.build_parser()._actions if action.dest == "command"
-    ]
+    (subparsers,) = [action for action in cli.build_parser()._actions if action.dest == "command"]
     return subparsers.choices["report"]
 
 
