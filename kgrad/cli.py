@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 import tempfile
+import types
 
 import kgrad
 # Light: NumPy and TensorBoard's event reader. `kgrad demo` imports Keras
@@ -157,11 +158,31 @@ def _import_quietly(name):
     return module
 
 
+def _use_file_systems_for(log_dir, parser):
+    """Reads local logs without TensorFlow, and others (``gs://``) through it.
+
+    TensorBoard's event reader imports TensorFlow whenever it is installed, for
+    its file systems: ~4 s before the first line of a report. A local folder
+    needs none of them, so this process tells TensorBoard to use its own
+    TensorFlow-free stub (the ``tensorboard.compat.notf`` switch TensorBoard
+    checks); a URL imports TensorFlow, without its start-up lines.
+    """
+    if "://" in log_dir:
+        try:
+            _import_quietly("tensorflow")
+        except ImportError:
+            parser.error(
+                f"LOG_DIR={log_dir!r} is on a file system that kgrad reads through TensorFlow, "
+                "which is not installed. Install it (`pip install tensorflow`), or copy the "
+                "logs to a local folder and pass that."
+            )
+        return
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+
+
 def _report(args):
     parser = args.parser
-    # TensorBoard's event reader imports TensorFlow when it is installed (for
-    # its file systems): imported here first, without its start-up lines.
-    _import_quietly("tensorflow")
+    _use_file_systems_for(args.log_dir, parser)
     try:
         thresholds = report.HealthThresholds(
             vanishing_ratio=args.vanishing_ratio,

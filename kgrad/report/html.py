@@ -22,7 +22,7 @@ from kgrad.dashboard.events import find_runs, read_run
 from kgrad.report.health import is_kgrad_run
 from kgrad.report.table import nonfinite_cell
 
-_STATIC = os.path.join(os.path.dirname(__file__), "dashboard", "static")
+_STATIC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "dashboard", "static")
 #: The tab's modules, in dependency order, inlined into one module script.
 _MODULES = ("common.js", "heatmap.js", "panels.js", "app.js")
 #: Histograms are left out past this many float32 values (about 4 bytes each, x1.33 in base64).

@@ -1,16 +1,16 @@
 """The probing ``train_step``: Keras' own step, plus capture on probed steps.
 
-What the step computes is a `kgrad.plan.step_plan.StepPlan`, chosen before it is traced
-(`function_for`). Each step runs one forward pass inside a `ProbeTape` and one
-backward pass. A ``tf.cond`` on the step index picks which backward pass: the
-plain one over the weights (what Keras does), or, on probed steps, the one
-over the weights *and* the captured activations and inputs, followed by the
-summaries of a `kgrad.backends.tensorflow.summarize.pipeline.ProbePipeline`. Steps that are not probed
-compute nothing more than Keras would, except the step-index test. A function
-that runs only probed steps has no branch at all.
+What the step computes is a `kgrad.plan.step_plan.StepPlan`, chosen before it
+is traced (`function_for`). Each step runs one forward pass inside a
+`ProbeTape` and one backward pass. A ``tf.cond`` on the step index picks which
+backward pass: the plain one over the weights (what Keras does), or, on probed
+steps, the one over the weights *and* the captured activations and inputs,
+followed by the summaries of a `summarize.pipeline.ProbePipeline`. Steps that
+are not probed compute nothing more than Keras would, except the step-index
+test. A function that runs only probed steps has no branch at all. A model's
+own ``train_step`` runs in a `custom_step.TapeCollection`.
 
-A model's own ``train_step`` runs in a `custom_step.TapeCollection`. Under
-XLA, a function that runs only probed steps returns the tensors to
+Under XLA, a function that runs only probed steps returns the tensors to
 summarize instead of summarizing them (`traced.SUMMARY_INPUTS_OUTPUT`), and the
 pipeline computes the statistics with TensorFlow's own kernels right after the
 step: compiled into the step, they made the MobileNet's first XLA step ~3x
@@ -225,7 +225,6 @@ class ProbingStep:
             warnings.warn("The model does not have any trainable weights.", stacklevel=2)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         weights = model.trainable_weights
-        # dJ/dŷ of the compiled loss (None if the model has none), computed only where asked for.
         prediction_gradient = lambda: losses.compiled_prediction_gradient(  # noqa: E731
             model, y, y_pred, sample_weight
         )
