@@ -55,13 +55,46 @@ def layer_weights(scalars):
                 layers[layer].append(path)
     holders = {owner: _holder(captured, owner) for owner in uncaptured}
     held = [holder for holder in holders.values() if holder is not None]
+    row_of_owner = {}
     for owner, paths in uncaptured.items():
         holder = holders[owner]
-        if holder is not None and held.count(holder) == 1:
-            layers[holder].extend(paths)
-        else:
-            layers.setdefault(owner, []).extend(paths)
-    return layers
+        row_of_owner[owner] = holder if holder is not None and held.count(holder) == 1 else owner
+        layers.setdefault(row_of_owner[owner], []).extend(paths)
+    weight_rows = []
+    for tag in scalars:
+        if tag.startswith("weight_grad_norm/"):
+            owner = tag[len("weight_grad_norm/") :].rpartition("/")[0] or tag[len("weight_grad_norm/") :]
+            weight_rows.append(row_of_owner.get(owner) or _captured_layer(captured, owner))
+    return {row: layers[row] for row in _forward_order(captured, weight_rows)}
+
+
+def _forward_order(captured, weight_rows):
+    """The rows in forward order, from the captured layers' order and the weights' order.
+
+    Both orders are forward orders (Keras lists weights in the order their
+    layers were built); rows of uncaptured layers are known from the weights
+    only, and go where their weights are among the captured layers'. A captured
+    layer without weights (an activation) stays right after the layer before it.
+
+    >>> _forward_order(["conv1", "relu", "dense_2"], ["conv1", "conv2", "dense_1", "dense_2"])
+    ['conv1', 'relu', 'conv2', 'dense_1', 'dense_2']
+    """
+    with_weights = set(weight_rows)
+    order, next_captured = [], 0
+    for row in weight_rows:
+        if row in order:
+            continue
+        if row in captured:
+            end = captured.index(row) + 1
+        else:  # first the weightless captured layers that follow the last row placed
+            end = next_captured
+            while end < len(captured) and captured[end] not in with_weights:
+                end += 1
+        order += [name for name in captured[next_captured:end] if name not in order]
+        next_captured = max(next_captured, end)
+        if row not in order:
+            order.append(row)
+    return order + [name for name in captured[next_captured:] if name not in order]
 
 
 def _captured_layer(captured, owner):
