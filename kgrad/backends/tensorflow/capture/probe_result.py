@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import tensorflow as tf
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeResult:
@@ -21,6 +23,10 @@ class ProbeResult:
             dict...) when every input is float; otherwise it is the list of
             the gradients of the float inputs, in ``tf.nest.flatten`` order.
         prediction: The model's output.
+        prediction_gradient: dJ/dŷ from the same backward pass, like
+            ``prediction``; ``None`` when the target does not reach it on the
+            tape (under Keras' logits shortcut, see ``gradients``) or an
+            output is not float.
         layer_inputs: ``dict`` name -> input of each captured layer (its
             ``call``'s first argument), with ``ProbeTape(record_inputs=True)``.
         unconnected: Names of the activations the differentiated target does
@@ -53,3 +59,26 @@ class ProbeResult:
     unconnected: frozenset = frozenset()
     layer_inputs: dict = dataclasses.field(default_factory=dict)
     logits_gradients: dict = dataclasses.field(default_factory=dict)
+    prediction_gradient: object = None
+
+
+def zeros_for_none(gradients, tensors):
+    return [
+        tf.zeros_like(tensor) if gradient is None else gradient
+        for gradient, tensor in zip(gradients, tensors)
+    ]
+
+
+def like_inputs(inputs, gradients):
+    """Packs input gradients like the inputs, when every input is float."""
+    if len(gradients) == len(tf.nest.flatten(inputs)):
+        return tf.nest.pack_sequence_as(inputs, gradients)
+    # Integer inputs (skipped) have no gradient: no place to pack a None in.
+    return gradients[0] if len(gradients) == 1 else list(gradients)
+
+
+def packed_like(structure, gradients):
+    """``gradients`` of the float leaves of ``structure``, packed like it; ``None`` if one is missing."""
+    if structure is None or None in gradients or len(gradients) != len(tf.nest.flatten(structure)):
+        return None
+    return tf.nest.pack_sequence_as(structure, gradients)

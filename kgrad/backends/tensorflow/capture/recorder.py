@@ -131,6 +131,8 @@ class Recorder:
         if self.prediction is None and not in_symbolic_scope():
             if _current_graph() is self._graph:
                 self.prediction = outputs
+                for tensor in taps.float_leaves(outputs):
+                    self._tape.watch(tensor)  # for ProbeResult.prediction_gradient
 
     def watched_inputs(self):
         """The float input tensors that were watched, in flatten order."""

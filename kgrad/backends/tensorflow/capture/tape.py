@@ -7,6 +7,7 @@ import tensorflow as tf
 from kgrad.backends.tensorflow.capture import active_collection
 from kgrad.backends.tensorflow.capture import logits_shortcut, tape_checks, taps
 from kgrad.plan import selection
+from kgrad.backends.tensorflow.capture import probe_result
 from kgrad.backends.tensorflow.capture.probe_result import ProbeResult
 from kgrad.backends.tensorflow.capture.recorder import Recorder
 
@@ -230,18 +231,23 @@ class ProbeTape(tf.GradientTape):
         for call in shortcuts:
             logits.setdefault(position[id(call.output)], call.logits)
         logits_indices = sorted(logits)
+        # dJ/dŷ from the same pass, also when the output layer is not captured
+        # (a generator ending in Reshape): the recorder watched the prediction.
+        predictions = taps.float_leaves(self._recorder.prediction)
         every_gradient = super().gradient(
             target,
             flat_sources + captured + inputs + [call.value for call in shortcuts]
-            + [logits[index] for index in logits_indices],
+            + [logits[index] for index in logits_indices] + predictions,
             output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients,
         )
+        split = len(every_gradient) - len(predictions)
+        every_gradient, prediction_part = every_gradient[:split], every_gradient[split:]
         user_part = every_gradient[: len(flat_sources)]
         probe_part = every_gradient[len(flat_sources) : len(flat_sources) + len(captured) + len(inputs)]
         shortcut_part = every_gradient[len(flat_sources) + len(captured) + len(inputs) :]
         value_gradients, logits_part = shortcut_part[: len(shortcuts)], shortcut_part[len(shortcuts) :]
-        activation_gradients = _zeros_for_none(probe_part[: len(captured)], captured)
+        activation_gradients = probe_result.zeros_for_none(probe_part[: len(captured)], captured)
         hidden = set()  # activations whose dJ/d(activation) the tape cannot see
         for index, tensor in enumerate(captured):
             if probe_part[index] is None and logits_shortcut.has_logits_shortcut(tensor):
@@ -262,15 +268,16 @@ class ProbeTape(tf.GradientTape):
             for index, gradient in zip(logits_indices, logits_part)
             if gradient is not None
         }
-        input_gradients = _zeros_for_none(probe_part[len(captured) :], inputs)
+        input_gradients = probe_result.zeros_for_none(probe_part[len(captured) :], inputs)
         self._probe = ProbeResult(
             activations=dict(zip(names, captured)),
             gradients=dict(zip(names, activation_gradients)),
             input=self._recorder.inputs,
-            input_gradient=_like_inputs(self._recorder.inputs, input_gradients)
+            input_gradient=probe_result.like_inputs(self._recorder.inputs, input_gradients)
             if inputs
             else None,
             prediction=self._recorder.prediction,
+            prediction_gradient=probe_result.packed_like(self._recorder.prediction, prediction_part),
             layer_inputs=dict(self._recorder.layer_inputs),
             unconnected=frozenset(
                 name for name, gradient in zip(names, probe_part) if gradient is None
@@ -278,18 +285,3 @@ class ProbeTape(tf.GradientTape):
             logits_gradients=logits_gradients,
         )
         return tf.nest.pack_sequence_as(sources, user_part)
-
-
-def _zeros_for_none(gradients, tensors):
-    return [
-        tf.zeros_like(tensor) if gradient is None else gradient
-        for gradient, tensor in zip(gradients, tensors)
-    ]
-
-
-def _like_inputs(inputs, gradients):
-    """Packs input gradients like the inputs, when every input is float."""
-    if len(gradients) == len(tf.nest.flatten(inputs)):
-        return tf.nest.pack_sequence_as(inputs, gradients)
-    # Integer inputs (skipped) have no gradient: no place to pack a None in.
-    return gradients[0] if len(gradients) == 1 else list(gradients)

@@ -269,16 +269,21 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
 
 
 def _prediction_gradient(probe):
-    """``fn() -> dJ/dŷ`` of the tape's model when its outputs were captured, else ``None``.
+    """``fn() -> dJ/dŷ`` of the tape's model from the tape's own backward pass, else ``None``.
 
     In a custom step kgrad does not know the loss, so dJ/dŷ is what the
-    tape's backward pass found for the captured output layer.
+    tape's backward pass found: that of the captured output layer (with the
+    logits shortcut's correction), or else of the prediction itself, which
+    every `kgrad.ProbeTape` watches (a model ending in a layer without
+    weights, such as a generator's final ``Reshape``, is not captured by default).
     """
     if probe.prediction is None:
         return None
     by_tensor = {id(tensor): name for name, tensor in probe.activations.items()}
     leaves = tf.nest.flatten(probe.prediction)
     names = [by_tensor.get(id(leaf)) for leaf in leaves]
-    if None in names or any(probe.gradients[name] is None for name in names):
+    if None not in names and all(probe.gradients[name] is not None for name in names):
+        return lambda: tf.nest.pack_sequence_as(probe.prediction, [probe.gradients[n] for n in names])
+    if probe.prediction_gradient is None:
         return None
-    return lambda: tf.nest.pack_sequence_as(probe.prediction, [probe.gradients[n] for n in names])
+    return lambda: probe.prediction_gradient
