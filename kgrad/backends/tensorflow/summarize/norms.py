@@ -1,4 +1,4 @@
-"""L2 norms on device, exact at any magnitude, NaN or Inf when an element is.
+"""L2 norms on device, exact at any magnitude, NaN or Inf when an element is: TensorFlow's kernels.
 
 A norm read alone must not look finite when its tensor is not, so these are
 the norms of *every* element (as ``tf.norm``'s), unlike the mean, std, min
@@ -9,16 +9,25 @@ tensor is divided by its largest magnitude first.
 
 import tensorflow as tf
 
+# Written once for every backend with keras.ops, at the cost of TensorFlow's
+# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
+from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
+
 
 def sum_of_squares(x):
     """``sum(x²)`` in float32, in one pass over ``x`` with no temporary.
 
     ``tf.nn.l2_loss`` is one fused kernel; ``reduce_sum(square(x))`` is two
-    passes and a tensor the size of ``x``.
+    passes and a tensor the size of ``x`` (``keras.ops``' only way: 2.2x the
+    CPU time without XLA, ``benchmarks/keras_ops_norms.py``), so it stays here.
 
     Example:
 
     >>> import tensorflow as tf
+
+# Written once for every backend with keras.ops, at the cost of TensorFlow's
+# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
+from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
     >>> from kgrad.backends.tensorflow.summarize import norms
     >>> float(norms.sum_of_squares(tf.constant([3.0, 4.0])))
     25.0
@@ -32,6 +41,10 @@ def l2_norm(x):
     Example:
 
     >>> import tensorflow as tf
+
+# Written once for every backend with keras.ops, at the cost of TensorFlow's
+# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
+from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
     >>> from kgrad.backends.tensorflow.summarize import norms
     >>> float(norms.l2_norm(tf.constant([[3.0], [4.0]])))
     5.0
@@ -61,6 +74,10 @@ def norms_many(tensors):
     Example:
 
     >>> import tensorflow as tf
+
+# Written once for every backend with keras.ops, at the cost of TensorFlow's
+# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
+from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
     >>> from kgrad.backends.tensorflow.summarize import norms
     >>> result = norms.norms_many([tf.constant([3.0, 4.0]), tf.constant([3e30, 4e30])])
     >>> [f"{value:.4g}" for value in result.numpy()]  # 3e30² is beyond float32
@@ -73,85 +90,5 @@ def norms_many(tensors):
     return tf.cond(
         tf.reduce_all(tf.math.is_finite(squares)),
         lambda: tf.sqrt(squares),
-        lambda: tf.stack([_norm(values) for values in flat]),
+        lambda: tf.stack([safe_norm(values) for values in flat]),
     )
-
-
-def example_norms(x):
-    """L2 norm of each example (row) of ``x``; a ``[batch]`` float32 tensor.
-
-    Exact also for gradients too large to square in float32.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad.backends.tensorflow.summarize import norms
-    >>> norms.example_norms(tf.constant([[3.0, 4.0], [0.0, 1.0]])).numpy().tolist()
-    [5.0, 1.0]
-    """
-    x = tf.cast(x, tf.float32)
-    batch = tf.shape(x)[0]
-    return _norm(tf.reshape(x, [batch, -1]), axis=1)
-
-
-def global_norm(tensors):
-    """The L2 norm of all ``tensors`` taken together, in float32.
-
-    Args:
-        tensors: A list of tensors of any float dtype and shape.
-
-    Returns:
-        A float32 scalar, ``sqrt(sum of all squares)``; 0 for an empty list,
-        Inf or NaN when an element is.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad.backends.tensorflow.summarize import norms
-    >>> float(norms.global_norm([tf.constant([3.0]), tf.constant([[4.0]])]))
-    5.0
-    """
-    if not tensors:
-        return tf.constant(0.0)
-    each = [_norm(tf.reshape(tf.cast(t, tf.float32), [-1])) for t in tensors]
-    return _norm(tf.stack(each))
-
-
-def combined_norm(tensor_norms):
-    """`global_norm` of tensors from their own norms, without another pass.
-
-    Args:
-        tensor_norms: Float32 scalars (a list or a vector), the L2 norm of each
-            tensor (`norms_many`, or a row of `kgrad.backends.tensorflow.summarize.stats.moments`: NaN or
-            Inf when the tensor holds one).
-
-    Returns:
-        A float32 scalar: 0 for no norms, NaN when a norm is NaN, else Inf
-        when one is Inf, as `global_norm` of the tensors themselves.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from kgrad.backends.tensorflow.summarize import norms
-    >>> tensors = [tf.constant([3.0]), tf.constant([[4.0]])]
-    >>> float(norms.combined_norm(norms.norms_many(tensors)))
-    5.0
-    """
-    tensor_norms = tf.reshape(tf.convert_to_tensor(tensor_norms, tf.float32), [-1])
-    # `_norm` rescales by the largest norm, so that norms beyond 1e19 still
-    # combine; a NaN or Inf is left to propagate.
-    return _norm(tensor_norms)
-
-
-def _safe_scale(values, axis=None):
-    # Dividing by the largest magnitude first keeps norms finite; Inf and NaN
-    # are left to propagate as they would without scaling.
-    scale = tf.reduce_max(tf.abs(values), axis=axis, keepdims=axis is not None)
-    usable = tf.logical_and(scale > 0, tf.math.is_finite(scale))
-    return tf.where(usable, scale, tf.ones_like(scale))
-
-
-def _norm(x, axis=None):
-    scale = _safe_scale(x, axis)
-    norm = tf.norm(x / scale, axis=axis, keepdims=axis is not None) * scale
-    return norm if axis is None else tf.squeeze(norm, axis)
