@@ -174,7 +174,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             "The weights are not finite: an update with finite gradients made them so."
             if report.born_in == "weights" else "The weights are those of the last finite step."
         )
-        print(f"kgrad.NonFiniteGuard stopped training: {report} {weights}", file=sys.stderr)
+        print(f"kgrad.NonFiniteGuard stopped training: {report.message(closing=weights)}", file=sys.stderr)
 
     def _replayed(self, report, batch):
         """``report`` with where the NaN was born (`guard.replay`), and the dump's three lines."""
@@ -197,9 +197,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             lines, note = batch_dump.dump(self.model, data, self.dump_dir, report.step)
             fields["reproduce"] = lines
             if note:
-                fields["replay_note"] = batch_dump.join_notes(
-                    fields.get("replay_note"), f"Not dumped: {note}."
-                )
+                fields["replay_note"] = batch_dump.join_notes(fields.get("replay_note"), note)
         return dataclasses.replace(report, **fields)
 
     def _replay_fields(self, report, data, seeds_after):

@@ -110,6 +110,14 @@ class NonFiniteReport:
     reproduce: object = None
 
     def __str__(self):
+        return self.message()
+
+    def message(self, closing=None):
+        """``str(report)``, with ``closing`` (a sentence) before the code that replays the step.
+
+        The replay's lines come last, each on a line of its own, so that they
+        can be copied and run as printed.
+        """
         lines = [
             f"Non-finite values at step {self.step}: first in {self.pass_} order is "
             f"{self.kind} of {self.layer!r} ({self.tensor}) with {self.nan_count} NaN "
@@ -126,7 +134,10 @@ class NonFiniteReport:
         if others:
             lines.append(f"Also non-finite on this step: {', '.join(others[:10])}"
                          + (" ..." if len(others) > 10 else "") + ".")
-        return " ".join(lines + describe_birth(self))
+        text = " ".join(lines + describe_birth(self) + ([closing] if closing else []))
+        if self.reproduce:
+            text += f"\nTo replay it, run:\n{self.reproduce}"
+        return text
 
 
 class NonFiniteError(RuntimeError):
@@ -181,6 +192,4 @@ def describe_birth(report):
             lines.append(f"Batch {report.batch_index} of the epoch.")
     if report.replay_note:
         lines.append(report.replay_note)
-    if report.reproduce:
-        lines.append(f"To replay it:\n{report.reproduce}")
     return lines

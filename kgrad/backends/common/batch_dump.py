@@ -5,6 +5,7 @@ the batch of the step that trips it and replays it from these files.
 """
 
 import os
+import re
 
 import numpy as np
 
@@ -69,7 +70,9 @@ def dump(model, batch, directory, step):
 
     Returns:
         ``(lines, note)``: the three lines of Python that replay the step
-        from them, and why the model could not be saved (or ``None``).
+        from them, and (sentences) why the batch or the model could not be
+        written or the model rebuilt from its file; then ``lines`` is ``None``:
+        no code is printed that would not run as printed.
     """
     stem = os.path.join(directory, f"step_{step}")
     try:
@@ -81,14 +84,63 @@ def dump(model, batch, directory, step):
         }
         np.savez(f"{stem}.npz", **arrays)
     except Exception as error:  # noqa: BLE001 - a failed dump must not hide the report
-        return None, f"the batch could not be written to {stem}.npz ({type(error).__name__}: {error})"
+        return None, f"Not dumped: the batch could not be written to {stem}.npz ({type(error).__name__}: {error})."
     try:
         model.save(f"{stem}.keras")
     except Exception as error:  # noqa: BLE001 - the batch is still worth keeping
-        return None, f"the model could not be saved to {stem}.keras ({type(error).__name__}: {error})"
+        return None, f"Not dumped: the model could not be saved to {stem}.keras ({type(error).__name__}: {error})."
+    problem = _rebuild_problem(model, f"{stem}.keras", x)
+    if problem is not None:
+        return None, problem
     lines = (
         "import keras, numpy as np, kgrad\n"
         f"model = keras.saving.load_model({stem + '.keras'!r}, safe_mode=False)\n"
         f"print(kgrad.replay_step(model, dict(np.load({stem + '.npz'!r})), step={step}))"
     )
     return lines, None
+
+
+def _rebuild_problem(model, path, x):
+    """Why the model saved at ``path`` cannot be rebuilt and run on ``x``, with what to do; else ``None``.
+
+    Keras saves an inline ``lambda`` of a ``Lambda`` layer as bytecode without
+    the module names it uses (``keras``, ``np``): loading works, calling it
+    raises ``NameError``. The replay's lines must run as printed, so the dump
+    is tried once here, on a trip only.
+    """
+    import keras
+
+    try:
+        rebuilt = keras.saving.load_model(path, safe_mode=False)
+        rebuilt(x, training=False)
+        return None
+    except Exception as error:  # noqa: BLE001 - said in the report, the batch is kept
+        reason = _first_cause(error)
+    inline = [
+        layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.Lambda) and getattr(layer.function, "__name__", "") == "<lambda>"
+    ]
+    if inline:
+        return (
+            f"The batch and the model are in {os.path.dirname(path) or '.'}, but the model cannot be "
+            f"rebuilt from {path} ({reason}): Lambda layer {', '.join(repr(name) for name in inline)} "
+            "holds an inline `lambda`, which Keras saves without the names it uses. To replay from "
+            "the files, give that Lambda a function defined with `def` and decorated with "
+            "@keras.saving.register_keras_serializable(), and import it before loading; in the "
+            "process that trained, kgrad.replay_step(model, batch) replays the step."
+        )
+    return (
+        f"The batch and the model are in {os.path.dirname(path) or '.'}, but the model cannot be "
+        f"rebuilt from {path} ({reason}); in the process that trained, "
+        "kgrad.replay_step(model, batch) replays the step."
+    )
+
+
+def _first_cause(error):
+    """``"NameError: name 'keras' is not defined"``: the error's own line, not Keras' wrapper line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras' bold names in terminals
+    for line in text.splitlines():
+        if "is not defined" in line:
+            return f"{type(error).__name__}: {line.strip()}"
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}".strip().rstrip(":")
