@@ -84,11 +84,13 @@ def dump(model, batch, directory, step):
         }
         np.savez(f"{stem}.npz", **arrays)
     except Exception as error:  # noqa: BLE001 - a failed dump must not hide the report
-        return None, f"Not dumped: the batch could not be written to {stem}.npz ({type(error).__name__}: {error})."
+        why = f"{type(error).__name__}: {error}"
+        return None, f"Not dumped: the batch could not be written to {stem}.npz ({why})."
     try:
         model.save(f"{stem}.keras")
     except Exception as error:  # noqa: BLE001 - the batch is still worth keeping
-        return None, f"Not dumped: the model could not be saved to {stem}.keras ({type(error).__name__}: {error})."
+        why = f"{type(error).__name__}: {error}"
+        return None, f"Not dumped: the model could not be saved to {stem}.keras ({why})."
     problem = _rebuild_problem(model, f"{stem}.keras", x)
     if problem is not None:
         return None, problem
