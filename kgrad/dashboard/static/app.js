@@ -2,12 +2,17 @@
 // health table, NaN/Inf timeline) and the histograms of a clicked layer.
 // `source` answers runs(), heatmap(run, quantity), summary(run) and
 // histogram(run, tag) with promises: HTTP in TensorBoard, embedded JSON in
-// the HTML report.
+// the HTML report. Data is fetched by `draw`; `layout` only lays out what was
+// fetched, so that a resize redraws at once, without asking the server again.
 import { el, sharedScale, formatNumber } from "./common.js";
-import { heatmapView, legendView } from "./heatmap.js";
-import { healthTable, timelineView, histogramView } from "./panels.js";
+import { heatmapView, legendView, LABEL_WIDTH } from "./heatmap.js";
+import { healthTable, timelineView, histogramView, showTip } from "./panels.js";
 
 const MAX_SIDE_BY_SIDE = 4;
+const GAP = 24; // px between run columns: .columns' gap in style.css
+const MIN_PLOT = 240; // px: the narrowest heatmap whose step ticks stay apart
+// TensorBoard reloads its own tabs every 30 s; a run still training shows its new steps sooner here.
+const POLL_MS = 10000;
 
 function controls(state, onChange) {
   const select = el("select", { class: "quantity", "data-role": "quantity" });
@@ -30,92 +35,101 @@ function controls(state, onChange) {
   return el("div", { class: "controls" }, [el("label", { text: "Colour: " }, select), runs]);
 }
 
-function tooltip() {
-  const tip = el("div", { class: "tooltip", role: "tooltip" });
-  tip.hidden = true;
-  return tip;
+// Scrolls the least that shows all of `node` (its top, when taller than the window):
+// the histograms are drawn below every run, out of sight on a small screen.
+function bringIntoView(node) {
+  const box = node.getBoundingClientRect();
+  if (box.top >= 0 && box.bottom <= window.innerHeight) return;
+  node.scrollIntoView({ block: box.height > window.innerHeight ? "start" : "nearest" });
 }
 
-function showTip(tip, cell, event, label) {
-  if (!cell) {
-    tip.hidden = true;
-    return;
+// The histograms of `layer` for the colour shown: the first tag of its row
+// (a layer's kernel, not its bias), one per run, side by side.
+async function showHistograms(state, layer, scroll) {
+  const ticket = ++state.histogramTicket;
+  state.selected = layer;
+  if (scroll) {
+    state.detail.replaceChildren(el("p", { text: `Loading the histograms of ${layer}…` }));
+    bringIntoView(state.detail);
   }
-  tip.hidden = false;
-  tip.dataset.run = cell.run;
-  tip.dataset.layer = cell.layer;
-  tip.dataset.step = String(cell.step);
-  tip.dataset.value = Number.isNaN(cell.value) ? "" : String(cell.value);
-  const lines = [
-    el("div", { class: "tip-layer", text: cell.layer }),
-    el("div", { class: "tip-step", text: `step ${cell.step}` }),
-    el("div", { class: "tip-value", text: `${label} = ${Number.isNaN(cell.value) ? "not logged" : formatNumber(cell.value, 4)}` }),
-  ];
-  if (cell.flags.length) lines.push(el("div", { class: "tip-flags", text: cell.flags.join(", ") }));
-  tip.replaceChildren(...lines);
-  // Beside the cursor, on the side where it fits: near the right edge of the
-  // page a fixed box would otherwise be squeezed and wrap the value.
-  tip.style.left = "0px";  // measured where nothing squeezes it
-  tip.style.top = "0px";
-  const box = tip.getBoundingClientRect();
-  const right = event.clientX + 14 + box.width <= window.innerWidth;
-  const below = event.clientY + 14 + box.height <= window.innerHeight;
-  tip.style.left = `${Math.max(0, right ? event.clientX + 14 : event.clientX - 14 - box.width)}px`;
-  tip.style.top = `${Math.max(0, below ? event.clientY + 14 : event.clientY - 14 - box.height)}px`;
-}
-
-async function showHistograms(state, detail, cell) {
-  detail.replaceChildren(el("p", { text: `Loading the histograms of ${cell.layer}…` }));
   const wanted = [];
   for (const run of state.shown) {
     const heatmap = state.heatmaps[run];
-    const row = heatmap ? heatmap.layers.indexOf(cell.layer) : -1;
-    // The first tag of the row (a layer's kernel, not its bias): one per run, side by side.
+    const row = heatmap ? heatmap.layers.indexOf(layer) : -1;
     if (row >= 0 && heatmap.histogram_tags[row].length) wanted.push([run, heatmap.histogram_tags[row][0]]);
   }
   const histograms = await Promise.all(wanted.map(([run, tag]) => state.source.histogram(run, tag)));
-  if (!histograms.length) {
-    detail.replaceChildren(el("p", { text: `No histograms were logged for ${cell.layer}.` }));
+  if (ticket !== state.histogramTicket) return; // another click or colour came meanwhile
+  state.histograms = { layer, list: histograms };
+  layoutHistograms(state);
+  if (scroll) bringIntoView(state.detail);
+}
+
+function layoutHistograms(state) {
+  const { detail } = state;
+  if (!state.histograms) return;
+  const { layer, list } = state.histograms;
+  if (!list.length) {
+    detail.replaceChildren(el("p", { text: `No histograms were logged for ${layer}.` }));
     return;
   }
   // One x-axis for every layer of these runs: small gradients look small.
-  const low = Math.min(...histograms.map((h) => h.range[0]));
-  const high = Math.max(...histograms.map((h) => h.range[1]));
-  const width = Math.min(520, (detail.clientWidth || 900) / Math.min(histograms.length, 3) - 24);
+  const low = Math.min(...list.map((h) => h.range[0]));
+  const high = Math.max(...list.map((h) => h.range[1]));
+  const perRow = Math.min(list.length, 3);
+  // .histograms' gap is 20 px; a canvas has a 1 px border each side.
+  const width = Math.min(520, Math.floor(((detail.clientWidth || 900) - 20 * (perRow - 1)) / perRow) - 2);
   detail.replaceChildren(
-    el("h3", { text: `Histograms of ${cell.layer} over steps` }),
+    el("h3", { text: `Histograms of ${layer} over steps` }),
     el("p", {
       class: "hint",
       text: `x-axis shared by every layer and run shown: ${formatNumber(low)} … ${formatNumber(high)}; colour: share of the step's values.`,
     }),
-    el("div", { class: "histograms", "data-layer": cell.layer }, histograms.map((h) => histogramView(h, [low, high], width))),
+    el("div", { class: "histograms", "data-layer": layer }, list.map((h) => histogramView(h, [low, high], width))),
   );
+  detail.dataset.width = String(detail.clientWidth);
 }
 
-async function draw(state, body) {
-  const started = performance.now();
-  body.dataset.state = "loading";
-  const shown = state.shown.slice(0, MAX_SIDE_BY_SIDE);
-  const heatmaps = await Promise.all(shown.map((run) => state.source.heatmap(run, state.quantity)));
-  const summaries = await Promise.all(shown.map((run) => state.source.summary(run)));
-  state.heatmaps = Object.fromEntries(heatmaps.map((h) => [h.run, h]));
+// Runs a row: as many as fit at `need` px each, the same number on every row
+// (4 runs that fit 3 a row go 2 + 2, not 3 + 1).
+function columnsPerRow(total, need, count) {
+  const fit = Math.max(1, Math.min(count, Math.floor((total + GAP) / (need + GAP))));
+  return Math.ceil(count / Math.ceil(count / fit));
+}
+
+// The width a run's column needs: its health table unclipped (a table is never
+// narrower than its content, so in a 1 px box it takes its narrowest width).
+function neededWidth(body, tables) {
+  const probe = el("div", { class: "measure" }, tables);
+  body.append(probe);
+  const widest = Math.max(0, ...tables.map((table) => table.getBoundingClientRect().width));
+  probe.remove();
+  return Math.max(LABEL_WIDTH + MIN_PLOT, Math.ceil(widest) + 2);
+}
+
+function layout(state, body) {
+  const { heatmaps, summaries } = state.loaded;
+  const total = body.clientWidth || 1200;
+  const tables = summaries.map(healthTable);
+  const perRow = columnsPerRow(total, neededWidth(body, tables), Math.max(1, heatmaps.length));
+  const width = Math.floor((total - GAP * (perRow - 1)) / perRow);
   const scale = sharedScale(heatmaps);
   const quantity = state.quantities.find((q) => q.key === state.quantity);
-  const total = body.clientWidth || 1200;
-  const width = Math.max(320, Math.floor(total / Math.max(1, shown.length)) - 24);
   const columns = heatmaps.map((heatmap, index) =>
     el("section", { class: "run-column", "data-run": heatmap.run }, [
       el("h2", { text: heatmap.run }),
       heatmapView(heatmap, scale, width, {
         hover: (cell, event) => showTip(state.tip, cell, event, quantity.label),
-        click: (cell) => showHistograms(state, state.detail, cell),
+        click: (cell) => showHistograms(state, cell.layer, true),
       }),
       el("h3", { text: "Health (kgrad report)" }),
-      el("div", { class: "table-wrap" }, healthTable(summaries[index])),
+      el("div", { class: "table-wrap" }, tables[index]),
       el("h3", { text: "NaN / Inf" }),
       timelineView(summaries[index]),
     ]),
   );
+  const grid = el("div", { class: "columns", "data-per-row": perRow }, columns);
+  grid.style.gridTemplateColumns = `repeat(${perRow}, minmax(0, 1fr))`;
   body.replaceChildren(
     legendView(scale, quantity.label, quantity.unit),
     el("p", {
@@ -123,10 +137,67 @@ async function draw(state, body) {
       text: "Rows: layers in forward order (first layer on top). Columns: every probed step. " +
         "Hover a cell for its value; click it for that layer's histograms.",
     }),
-    shown.length ? el("div", { class: "columns" }, columns) : el("p", { text: "Tick a run above." }),
+    heatmaps.length ? grid : el("p", { text: "Tick a run above." }),
   );
+  body.dataset.layoutWidth = String(total);
+}
+
+async function draw(state, body) {
+  const ticket = ++state.drawTicket;
+  const started = performance.now();
+  body.dataset.state = "loading";
+  const shown = state.shown.slice(0, MAX_SIDE_BY_SIDE);
+  const heatmaps = await Promise.all(shown.map((run) => state.source.heatmap(run, state.quantity)));
+  const summaries = await Promise.all(shown.map((run) => state.source.summary(run)));
+  if (ticket !== state.drawTicket) return; // a newer draw (another colour, new steps) is under way
+  state.heatmaps = Object.fromEntries(heatmaps.map((h) => [h.run, h]));
+  state.loaded = { heatmaps, summaries };
+  layout(state, body);
   body.dataset.state = "ready";
   body.dataset.renderMs = (performance.now() - started).toFixed(1);
+  // The open histograms follow the colour (its histogram kind) and the new steps.
+  if (state.selected) await showHistograms(state, state.selected, false);
+}
+
+// Lays out again when the page's width changes (a window resize, a panel opened
+// beside TensorBoard): widths are computed from it, so CSS alone cannot.
+function followWidth(state, body) {
+  let timer = null;
+  new ResizeObserver(() => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      if (!state.loaded || body.dataset.state !== "ready") return;
+      if (String(body.clientWidth) !== body.dataset.layoutWidth) layout(state, body);
+      if (String(state.detail.clientWidth) !== state.detail.dataset.width) layoutHistograms(state);
+    }, 100);
+  }).observe(body);
+}
+
+// Asks for the runs' revisions every POLL_MS and draws again when a shown run
+// grew or the runs changed. Only sources that give revisions (TensorBoard's) change.
+function followRuns(state, redraw, renewControls) {
+  setInterval(async () => {
+    if (document.hidden) return;
+    let info;
+    try {
+      info = await state.source.runs();
+    } catch (error) {
+      return; // TensorBoard restarting: the next tick asks again
+    }
+    const revisions = info.revisions || {};
+    const runsChanged = info.runs.join("\n") !== state.runs.join("\n");
+    const grew = state.shown.some((run) => revisions[run] !== state.revisions[run]);
+    if (!runsChanged && !grew) return;
+    if (runsChanged) {
+      const added = info.runs.filter((run) => !state.runs.includes(run));
+      const kept = info.runs.filter((run) => state.shown.includes(run) || added.includes(run));
+      state.shown = kept.slice(0, Math.max(MAX_SIDE_BY_SIDE, state.shown.length));
+      state.runs = info.runs;
+      renewControls();
+    }
+    state.revisions = revisions;
+    await redraw();
+  }, POLL_MS);
 }
 
 // Builds the view in `root`; resolves when the first draw is done.
@@ -146,17 +217,32 @@ export async function startApp(root, source, title = "kgrad · gradient flow") {
   const state = {
     source,
     runs: info.runs,
+    revisions: info.revisions || {},
     quantities: info.quantities,
     quantity: info.quantities[0].key,
     shown: info.runs.slice(0, MAX_SIDE_BY_SIDE),
     heatmaps: {},
-    tip: tooltip(),
+    loaded: null,
+    selected: null, // the clicked layer, whose histograms are shown
+    histograms: null,
+    drawTicket: 0,
+    histogramTicket: 0,
+    tip: el("div", { class: "tooltip", role: "tooltip", hidden: true }),
     detail: el("section", { class: "detail" }),
   };
   const body = el("div", { class: "body" });
   const redraw = () => draw(state, body).catch((error) => showError(body, error));
-  root.replaceChildren(el("h1", { text: title }), controls(state, redraw), body, state.detail, state.tip);
+  let bar = controls(state, redraw);
+  root.replaceChildren(el("h1", { text: title }), bar, body, state.detail, state.tip);
   await redraw();
+  followWidth(state, body);
+  if (info.revisions) {
+    followRuns(state, redraw, () => {
+      const fresh = controls(state, redraw);
+      bar.replaceWith(fresh);
+      bar = fresh;
+    });
+  }
   root.dataset.state = "ready";
 }
 

@@ -1,7 +1,7 @@
 // The layer x step heatmap of one run, drawn on a <canvas>, and its legend.
 import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, NONFINITE_RGB, ZERO_RGB, formatNumber } from "./common.js";
 
-const LABEL_WIDTH = 150;
+export const LABEL_WIDTH = 150; // px of the row labels: .row-labels in style.css
 
 function rowHeight(layers) {
   if (layers <= 24) return 22;
@@ -45,7 +45,11 @@ function stepAxis(steps, width) {
   const axis = el("div", { class: "step-axis" });
   axis.style.width = `${width}px`;
   if (!steps.length) return axis;
-  const ticks = Math.min(5, steps.length);
+  // As many ticks as fit with a gap between them (ticks sit on whole cells, so the
+  // closest two are the rounded-down index gap apart): narrow, 5 ticks ran together.
+  const labelPx = 7 * String(steps[steps.length - 1]).length + 16;
+  let ticks = Math.min(5, steps.length);
+  while (ticks > 1 && (Math.floor((steps.length - 1) / (ticks - 1)) * width) / steps.length < labelPx) ticks--;
   for (let k = 0; k < ticks; k++) {
     const index = ticks === 1 ? 0 : Math.round((k * (steps.length - 1)) / (ticks - 1));
     const tick = el("span", { class: "tick", text: String(steps[index]) });

@@ -12,16 +12,22 @@ const COLUMNS = [
   ["flags", "flags"],
 ];
 
-function flagText(row) {
-  if (!row.flags.length) return "ok";
-  return row.flags
-    .map((flag) => (flag in row.first_flagged ? `${flag.toUpperCase()} since step ${row.first_flagged[flag]}` : flag.toUpperCase()))
-    .join(", ");
+function flagTexts(row) {
+  if (!row.flags.length) return ["ok"];
+  return row.flags.map((flag) =>
+    flag in row.first_flagged ? `${flag.toUpperCase()} since step ${row.first_flagged[flag]}` : flag.toUpperCase(),
+  );
+}
+
+// The flags, each on one piece ("VANISHING since step 120"): the cell wraps between
+// flags, never inside one, so the column is narrow enough to be shown whole.
+function flagCell(row) {
+  const texts = flagTexts(row);
+  return el("td", { class: "col-flags" }, texts.map((text, index) => el("span", { class: "flag", text: index < texts.length - 1 ? `${text}, ` : text })));
 }
 
 function cellText(row, key) {
   if (key === "layer") return row.layer;
-  if (key === "flags") return flagText(row);
   if (key === "trend") {
     if (typeof row.trend === "string") return row.trend; // "from 0": grew from a norm of exactly 0
     return row.trend === null ? "–" : `×${formatNumber(row.trend, 2)}`;
@@ -43,7 +49,7 @@ export function healthTable(summary) {
     el(
       "tr",
       { class: row.flags.length ? "flagged" : "", "data-layer": row.layer, "data-flags": row.flags.join(" ") },
-      COLUMNS.map(([key]) => el("td", { class: `col-${key}`, text: cellText(row, key) })),
+      COLUMNS.map(([key]) => (key === "flags" ? flagCell(row) : el("td", { class: `col-${key}`, text: cellText(row, key) }))),
     ),
   );
   const caption = el("caption", {
@@ -169,4 +175,33 @@ export function histogramView(histogram, range, width) {
     axis,
     el("div", { class: "histogram-steps", text: stepsText }),
   ]);
+}
+
+// The hover tooltip of a heatmap cell (`null`: none), beside the cursor.
+export function showTip(tip, cell, event, label) {
+  if (!cell) {
+    tip.hidden = true;
+    return;
+  }
+  tip.hidden = false;
+  tip.dataset.run = cell.run;
+  tip.dataset.layer = cell.layer;
+  tip.dataset.step = String(cell.step);
+  tip.dataset.value = Number.isNaN(cell.value) ? "" : String(cell.value);
+  const lines = [
+    el("div", { class: "tip-layer", text: cell.layer }),
+    el("div", { class: "tip-step", text: `step ${cell.step}` }),
+    el("div", { class: "tip-value", text: `${label} = ${Number.isNaN(cell.value) ? "not logged" : formatNumber(cell.value, 4)}` }),
+  ];
+  if (cell.flags.length) lines.push(el("div", { class: "tip-flags", text: cell.flags.join(", ") }));
+  tip.replaceChildren(...lines);
+  // Beside the cursor, on the side where it fits: near the right edge of the
+  // page a fixed box would otherwise be squeezed and wrap the value.
+  tip.style.left = "0px"; // measured where nothing squeezes it
+  tip.style.top = "0px";
+  const box = tip.getBoundingClientRect();
+  const right = event.clientX + 14 + box.width <= window.innerWidth;
+  const below = event.clientY + 14 + box.height <= window.innerHeight;
+  tip.style.left = `${Math.max(0, right ? event.clientX + 14 : event.clientX - 14 - box.width)}px`;
+  tip.style.top = `${Math.max(0, below ? event.clientY + 14 : event.clientY - 14 - box.height)}px`;
 }
