@@ -89,7 +89,7 @@ class _Progress(keras.callbacks.Callback):
         if record is not None:
             first = _kernel_gradient_norm(record, "hidden_1")
             last = _kernel_gradient_norm(record, "output")
-            norms = f"  |dJ/dw| hidden_1 {first:.1e}  output {last:.1e}"
+            norms = f"  weight grad (dJ/dw) hidden_1 {first:.1e}  output {last:.1e}"
         self._out.write(
             f"  epoch {epoch + 1:2d}/{self._epochs}  loss {logs.get('loss', float('nan')):.3f}"
             f"  accuracy {logs.get('accuracy', float('nan')):.2f}{norms}\n"

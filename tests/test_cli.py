@@ -37,7 +37,9 @@ def vanishing(tmp_path):
 def test_report_healthy_exits_0(healthy, capsys):
     assert cli.main(["report", healthy]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Thresholds: vanishing: grad norm 0 or < 0.001 x the largest layer's")
+    assert out.startswith(
+        "Thresholds: vanishing: the layer's gradient norm 0 or < 0.001 x the largest layer's"
+    )
     assert "run 'model/kgrad': 2 probes, steps 0..10" in out
     assert out.rstrip().endswith("OK: no layer flagged in 1 run.")
 
@@ -51,7 +53,7 @@ def test_report_flagged_exits_1_with_one_table_per_run(vanishing, capsys):
 
 def test_report_thresholds_are_options(vanishing, capsys):
     assert cli.main(["report", vanishing, "--vanishing-ratio", "1e-7"]) == 0
-    assert "vanishing: grad norm 0 or < 1e-07 x" in capsys.readouterr().out
+    assert "vanishing: the layer's gradient norm 0 or < 1e-07 x" in capsys.readouterr().out
     assert cli.main(["report", vanishing, "--exploding-norm", "0.9"]) == 1
     assert "EXPLODING" in capsys.readouterr().out
 

@@ -270,10 +270,11 @@ def test_format_report_names_thresholds_runs_and_problems():
     thresholds = report.HealthThresholds()
     text = report_table.format_report(report.health_report(logs, thresholds), thresholds)
     assert text.splitlines()[0] == (
-        "Thresholds: vanishing: grad norm 0 or < 0.001 x the largest layer's; exploding: grad "
-        "norm > 1000; dead: >= 99% zero activations; nonfinite: any NaN/Inf"
+        "Thresholds: vanishing: the layer's gradient norm 0 or < 0.001 x the largest layer's; "
+        "exploding: gradient norm > 1000; dead: >= 99% zero activations; nonfinite: any NaN/Inf"
     )
-    assert "run 'bad/kgrad': 3 probes, steps 0..20; grad norm = L2 norm of dJ/d(layer output)" in text
+    assert ("run 'bad/kgrad': 3 probes, steps 0..20; activation grad = L2 norm of dJ/d(layer output) "
+            "(grad_norm/)") in text
     early = next(line for line in text.splitlines() if line.startswith("early  1.0e-07"))
     assert early.split() == ["early", "1.0e-07", "x1.00", "1.0e-07", "-", "-", "0", "VANISHING"]
     assert text.splitlines()[-1] == "PROBLEMS in 1 of 2 runs. bad/kgrad: early (vanishing)"

@@ -100,7 +100,8 @@ def test_layers_without_gradient_are_vanishing_also_when_no_layer_gets_one(zero_
         [sys.executable, "-m", "kgrad.cli", "report", str(root)], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 1, result.stderr
-    assert result.stdout.splitlines()[0].startswith("Thresholds: vanishing: grad norm 0 or < 0.001 x")
+    first_line = result.stdout.splitlines()[0]
+    assert first_line.startswith("Thresholds: vanishing: the layer's gradient norm 0 or < 0.001 x")
     assert "chain/kgrad: first (vanishing), dead (vanishing dead), out (vanishing)" in result.stdout
 
 

@@ -61,7 +61,7 @@ class HealthThresholds:
     >>> import kgrad
     >>> strict = kgrad.HealthThresholds(vanishing_ratio=1e-2)
     >>> strict.describe().split(";")[0]
-    "vanishing: grad norm 0 or < 0.01 x the largest layer's"
+    "vanishing: the layer's gradient norm 0 or < 0.01 x the largest layer's"
     """
 
     vanishing_ratio: float = 1e-3
@@ -76,8 +76,8 @@ class HealthThresholds:
     def describe(self):
         """One line naming every threshold, as printed by ``kgrad report``."""
         return (
-            f"vanishing: grad norm 0 or < {self.vanishing_ratio:g} x the largest layer's; "
-            f"exploding: grad norm > {self.exploding_norm:g}; "
+            f"vanishing: the layer's gradient norm 0 or < {self.vanishing_ratio:g} x the largest layer's; "
+            f"exploding: gradient norm > {self.exploding_norm:g}; "
             f"dead: >= {self.dead_fraction:.0%} zero activations; "
             "nonfinite: any NaN/Inf"
         )

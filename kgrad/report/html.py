@@ -20,7 +20,7 @@ import re
 from kgrad.dashboard import views
 from kgrad.dashboard.events import find_runs, read_run
 from kgrad.report.health import is_kgrad_run
-from kgrad.report.table import nonfinite_cell
+from kgrad.report.table import GRADIENT_NAMES, nonfinite_cell
 
 _STATIC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "dashboard", "static")
 #: The tab's modules, in dependency order, inlined into one module script.
@@ -124,7 +124,9 @@ def _static_tables(data):
     for run, content in data["runs"].items():
         summary = content["summary"]
         out.append(f'<h2>{html.escape(run)}</h2>\n<table class="health" data-run="{html.escape(run)}">')
-        out.append("<tr><th>layer</th><th>grad norm</th><th>zero act</th><th>NaN/Inf</th><th>flags</th></tr>")
+        gradient = html.escape(GRADIENT_NAMES.get(summary.get("gradient"), "gradient norm"))
+        header = f"<th>layer</th><th>{gradient}</th><th>zero act</th><th>NaN/Inf</th><th>flags</th>"
+        out.append(f"<tr>{header}</tr>")
         for row in summary["health"]:
             flags = " ".join(row["flags"])
             cells = [

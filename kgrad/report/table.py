@@ -8,7 +8,16 @@ import math
 
 from kgrad.report import noise_scale
 
-_COLUMNS = ("layer", "grad norm", "trend", "/ largest", "zero act", "update/w", "NaN/Inf", "flags")
+_COLUMNS = ("layer", "{gradient}", "trend", "/ largest", "zero act", "update/w", "NaN/Inf", "flags")
+
+#: The one name of each gradient, in every text kgrad prints, and its tags:
+#: dJ/dw is the "weight grad" (``weight_grad_norm/``), dJ/d(layer output) the
+#: "activation grad" (``grad_norm/``, a tag name kept from kgrad's first logs).
+GRADIENT_NAMES = {"dJ/dw": "weight grad", "dJ/d(output)": "activation grad"}
+_GRADIENT_MEANINGS = {
+    "dJ/dw": "L2 norm of dJ/dw over the layer's logged weights (weight_grad_norm/)",
+    "dJ/d(output)": "L2 norm of dJ/d(layer output) (grad_norm/)",
+}
 
 
 def format_run(run):
@@ -20,20 +29,19 @@ def format_run(run):
     >>> from kgrad.report.health import LayerHealth, RunHealth
     >>> from kgrad.report.table import format_run
     >>> row = LayerHealth("dense", 0.5, 0.8, 1.0, 0.25, 1e-3, 0, ())
-    >>> print(format_run(RunHealth("kgrad", "dJ/dw", np.array([0, 10]), (row,))))
-    run 'kgrad': 2 probes, steps 0..10; grad norm = L2 norm of dJ/dw over the layer's logged weights
-    layer  grad norm  trend  / largest  zero act  update/w  NaN/Inf  flags
-    dense  5.0e-01    x0.80  1.0e+00    0.25      1.0e-03   0        ok
+    >>> print(format_run(RunHealth("kgrad", "dJ/dw", np.array([0, 10]), (row,))))  # doctest: +ELLIPSIS
+    run 'kgrad': 2 probes, steps 0..10; weight grad = L2 norm of dJ/dw over ... (weight_grad_norm/)
+    layer  weight grad  trend  / largest  zero act  update/w  NaN/Inf  flags
+    dense  5.0e-01      x0.80  1.0e+00    0.25      1.0e-03   0        ok
     """
-    what = {
-        "dJ/dw": "L2 norm of dJ/dw over the layer's logged weights",
-        "dJ/d(output)": "L2 norm of dJ/d(layer output)",
-    }[run.gradient]
+    name = GRADIENT_NAMES[run.gradient]
     span = f"steps {run.steps[0]}..{run.steps[-1]}" if len(run.steps) else "no steps"
-    header = f"run {run.run!r}: {len(run.steps)} probes, {span}; grad norm = {what}"
+    meaning = _GRADIENT_MEANINGS[run.gradient]
+    header = f"run {run.run!r}: {len(run.steps)} probes, {span}; {name} = {meaning}"
     if run.vector_only_layers:
         header += f"; {run.comparison}"
-    cells = [_COLUMNS] + [
+    columns = tuple(column.format(gradient=name) for column in _COLUMNS)
+    cells = [columns] + [
         (
             layer.layer,
             _number(layer.grad_norm, ".1e", logged=layer.nonfinite_norms > 0),
