@@ -189,7 +189,7 @@ def _report(args):
             exploding_norm=args.exploding_norm,
             dead_fraction=args.dead_fraction,
         )
-        logs = _named_runs(read_logs(args.log_dir), args.log_dir)
+        logs = report_table.named_runs(read_logs(args.log_dir), args.log_dir)
     except (ValueError, OSError) as error:
         parser.error(str(error))
     runs = report.health_report(logs, thresholds)
@@ -211,18 +211,6 @@ def _report(args):
             parser.error(f"cannot write --html {args.html!r}: {error.strerror or error}")
         print(f"HTML report: {args.html}")
     return EXIT_FLAGGED if any(run.flagged for run in runs) else 0
-
-
-def _named_runs(logs, log_dir):
-    """``logs`` with the run ``"."`` (event files right in ``log_dir``) named by the folder.
-
-    `read_logs` names such a run ``"."``, as TensorBoard does; in a report it
-    reads better as ``"run1"`` for ``kgrad report logs/run1``.
-    """
-    name = os.path.basename(os.path.abspath(log_dir)) or "."
-    if "." not in logs or name in logs:
-        return logs
-    return {name if run == "." else run: run_logs for run, run_logs in logs.items()}
 
 
 def main(argv=None):

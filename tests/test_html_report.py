@@ -216,3 +216,18 @@ def test_row_labels_of_a_hundred_layers_are_full_size_text_on_their_rows(tmp_pat
         assert abs((top + bottom) / 2 - (row_top + row_bottom) / 2) < 1  # on its own row
     for above, below in zip(shown, shown[1:]):
         assert above[5] <= below[4]  # no two labels overlap
+
+
+def test_a_single_run_folder_is_named_by_the_folder_not_dot(tmp_path):
+    from kgrad.logs.record import ProbeRecord
+    from kgrad.logs.writer import ProbeWriter
+
+    run_dir = tmp_path / "run1"
+    writer = ProbeWriter(str(run_dir))
+    for step in (0, 1):
+        writer.write(ProbeRecord(step, {"grad_norm/dense": 1.0, "weight_grad_norm/dense/kernel": 0.5}, {}))
+    writer.close()
+    page = tmp_path / "report.html"
+    kgrad.write_html_report(str(run_dir / "kgrad"), str(page))
+    text = page.read_text()
+    assert "<h2>kgrad</h2>" in text and "<h2>.</h2>" not in text

@@ -20,7 +20,7 @@ import re
 from kgrad.dashboard import views
 from kgrad.dashboard.events import find_runs, read_run
 from kgrad.report.health import is_kgrad_run
-from kgrad.report.table import GRADIENT_NAMES, nonfinite_cell
+from kgrad.report.table import GRADIENT_NAMES, named_runs, nonfinite_cell
 
 _STATIC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "dashboard", "static")
 #: The tab's modules, in dependency order, inlined into one module script.
@@ -56,7 +56,8 @@ def report_data(log_dir, thresholds=None):
         "histograms"}}, "title", "histograms_left_out"}``.
     """
     run_views = {}
-    for run, paths in find_runs(os.fspath(log_dir)).items():
+    # A single run's folder is named by the folder, as `kgrad report` names it.
+    for run, paths in named_runs(find_runs(os.fspath(log_dir)), log_dir).items():
         data = read_run(paths)
         if is_kgrad_run(data):
             run_views[run] = views.RunView(run, data, thresholds)

@@ -5,6 +5,7 @@ computes nothing itself.
 """
 
 import math
+import os
 
 from kgrad.report import noise_scale
 
@@ -134,3 +135,19 @@ def _trend_cell(trend):
     if math.isinf(trend):
         return "from 0"
     return f"x{trend:.2f}" if 0.01 <= trend < 1000 else f"x{trend:.1e}"
+
+
+def named_runs(logs, log_dir):
+    """``logs`` with the run ``"."`` (event files right in ``log_dir``) named by the folder.
+
+    `read_logs` names such a run ``"."``, as TensorBoard does; in a report it
+    reads better as ``"run1"`` for ``kgrad report logs/run1``. ``logs`` is any
+    dict keyed by run.
+
+    >>> named_runs({".": 1}, "logs/run1"), named_runs({"a": 1, "b": 2}, "logs")
+    ({'run1': 1}, {'a': 1, 'b': 2})
+    """
+    name = os.path.basename(os.path.abspath(log_dir)) or "."
+    if "." not in logs or name in logs:
+        return logs
+    return {name if run == "." else run: run_logs for run, run_logs in logs.items()}
