@@ -407,3 +407,20 @@ def test_a_layer_behind_a_zero_initialized_one_gets_update_ratios_and_a_trend_as
     line = next(line for line in report_table.format_report([run], kgrad.HealthThresholds()).splitlines()
                 if line.startswith("hidden"))
     assert line.split()[2:4] == ["from", "0"] and len(line) < 100
+
+
+def test_a_normalization_layer_is_first_flagged_when_it_vanishes_beside_its_peers_not_the_kernels():
+    # bn_late's 0.2 at the first step is 5e-4 of the conv kernel's 400 (below the 1e-3
+    # threshold) but 0.4 of its peer bn's 0.5: it vanishes only at the second step.
+    scalars = {
+        "weight_grad_norm/conv/kernel": series(400.0, 600.0),
+        "weight_grad_norm/bn/gamma": series(0.3, 0.3),
+        "weight_grad_norm/bn/beta": series(0.4, 0.4),
+        "weight_grad_norm/bn_late/gamma": series(0.2, 1e-4),
+    }
+    shapes = {"conv/kernel": (3, 3, 64, 64), "bn/gamma": (64,), "bn/beta": (64,), "bn_late/gamma": (64,)}
+    logs = {"kgrad": {"scalars": scalars, "histograms": {}, "weight_shapes": shapes}}
+    (run,) = report.health_report(logs)
+    rows = {layer.layer: layer for layer in run.layers}
+    assert rows["bn_late"].flags == ("vanishing",)
+    assert dict(rows["bn_late"].first_flagged) == {"vanishing": int(series(0.0, 0.0).steps[1])}
