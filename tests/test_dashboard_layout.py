@@ -185,11 +185,14 @@ def test_a_click_brings_the_histograms_into_view(page, size):
     _resize(page, *size)
     page.execute_script("window.scrollTo(0, 0); document.querySelector('.detail').replaceChildren()")
     _click_cell(page, "relu_deep/kgrad", 2, 5)
-    wait_for(page, "document.querySelectorAll('.histograms[data-layer=hidden_3] figure.histogram').length >= 2")
+    wait_for(
+        page, "document.querySelectorAll('.histograms[data-layer=hidden_3] figure.histogram').length >= 2"
+    )
     page.execute_script("return new Promise((done) => requestAnimationFrame(() => done()))")
     _screenshot(page, f"histograms_{size[0]}x{size[1]}")
     panel, figures, view = page.execute_script(
-        "const box = (e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };"
+        "const box = (e) => { const b = e.getBoundingClientRect();"
+        " return [b.left, b.top, b.right, b.bottom]; };"
         "return [box(document.querySelector('.detail')),"
         " [...document.querySelectorAll('figure.histogram')].map(box),"
         " [document.documentElement.clientWidth, window.innerHeight]]"

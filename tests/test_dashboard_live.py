@@ -91,7 +91,8 @@ def _wait_for_runs(port, process, stderr_path):
 
 _SHOWN = """
 const canvas = document.querySelector('canvas.heatmap-canvas');
-return [Number(canvas.dataset.steps), [...document.querySelectorAll('.step-axis .tick')].map((t) => t.textContent),
+return [Number(canvas.dataset.steps),
+        [...document.querySelectorAll('.step-axis .tick')].map((t) => t.textContent),
         document.querySelector('table.health caption').textContent];
 """
 
@@ -114,7 +115,8 @@ def test_tab_shows_steps_written_while_it_is_open(training, tmp_path_factory):
             _write(writer, LATER_STEPS)
             wait_for(
                 driver,
-                f"Number(document.querySelector('canvas.heatmap-canvas').dataset.steps) === {len(FIRST_STEPS) + 2}",
+                "Number(document.querySelector('canvas.heatmap-canvas').dataset.steps)"
+                f" === {len(FIRST_STEPS) + len(LATER_STEPS)}",
                 timeout_s=REFRESH_TIMEOUT_S,
             )
             steps, ticks, caption = driver.execute_script(_SHOWN)
