@@ -225,7 +225,7 @@ def main(log_dir, epochs=10, overwrite=False, out=None):
         f"Logs: {log_dir}\n\n"
         "See the gradients of every layer in TensorBoard:\n"
         f"  tensorboard --logdir {quoted}\n"
-        "  then open http://localhost:6006/ and its kgrad tab: every layer in forward order on\n"
+        "  then open http://localhost:6006/#kgrad (its kgrad tab): every layer in forward order on\n"
         "  one log scale, where sigmoid_deep's first layers sit far below relu_deep's. Custom\n"
         "  Scalars charts up to 8 layers each; Histograms shows the gradients' distributions.\n\n"
         "Check gradient health from the command line (exits 1 when a layer is flagged):\n"

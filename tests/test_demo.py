@@ -32,7 +32,7 @@ def test_progress_shows_every_epoch_with_the_first_layer_gradient(demo_logs):
     lines = output.splitlines()
     assert lines[0].startswith("[1/2] sigmoid_deep: 8 hidden sigmoid layers")
     assert sum(line.startswith("  epoch  1/1  loss ") for line in lines) == 2
-    assert all("|dJ/dw| hidden_1 " in line for line in lines if line.startswith("  epoch"))
+    assert all("weight grad (dJ/dw) hidden_1 " in line for line in lines if line.startswith("  epoch"))
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from kgrad.report import layer_series, health as report
+from kgrad.report.table import GRADIENT_NAMES
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
 from kgrad.logs.reading import Series
 
@@ -152,6 +153,8 @@ class RunView:
             {
                 "run": self.run,
                 "gradient": health.gradient,
+                # The column's one name, as `kgrad report` prints it ("weight grad").
+                "gradient_name": GRADIENT_NAMES[health.gradient],
                 "comparison": health.comparison if health.vector_only_layers else None,
                 "probes": int(len(steps)),
                 "first_step": int(steps[0]) if len(steps) else None,

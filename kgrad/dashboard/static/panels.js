@@ -3,7 +3,7 @@ import { decodeFloats, el, colorAt, formatNumber } from "./common.js";
 
 const COLUMNS = [
   ["layer", "layer"],
-  ["grad_norm", "grad norm"],
+  ["grad_norm", null], // the run's gradient, ‖dJ/dw‖ (its "weight grad") or ‖dJ/d(output)‖
   ["trend", "trend"],
   ["ratio_to_max", "/ largest"],
   ["zero_fraction", "zero act"],
@@ -44,7 +44,7 @@ function cellText(row, key) {
 
 // The table of `kgrad report` for one run, with the step each flag first held.
 export function healthTable(summary) {
-  const head = el("tr", {}, COLUMNS.map(([, title]) => el("th", { text: title })));
+  const head = el("tr", {}, COLUMNS.map(([, title]) => el("th", { text: title ?? `‖${summary.gradient}‖`, title: title ? undefined : summary.gradient_name })));
   const rows = summary.health.map((row) =>
     el(
       "tr",
@@ -53,7 +53,7 @@ export function healthTable(summary) {
     ),
   );
   const caption = el("caption", {
-    text: `${summary.probes} probes, steps ${summary.first_step ?? "–"}..${summary.last_step ?? "–"}; grad norm = ${summary.gradient}` + (summary.comparison ? `; ${summary.comparison}` : ""),
+    text: `${summary.probes} probes, steps ${summary.first_step ?? "–"}..${summary.last_step ?? "–"}; ${summary.gradient_name} = ${summary.gradient}` + (summary.comparison ? `; ${summary.comparison}` : ""),
   });
   return el("table", { class: "health", "data-run": summary.run }, [caption, el("thead", {}, head), el("tbody", {}, rows)]);
 }
