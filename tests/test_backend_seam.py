@@ -54,5 +54,5 @@ def test_an_unsupported_backend_is_named_before_training_and_leaves_no_folder(tm
     )
     assert process.returncode == 0, process.stderr
     assert "kgrad does not support Keras' 'numpy' backend yet" in process.stdout
-    assert "supported: tensorflow" in process.stdout and "KERAS_BACKEND=tensorflow" in process.stdout
+    assert "supported: tensorflow, jax" in process.stdout and "KERAS_BACKEND=tensorflow" in process.stdout
     assert not log_dir.exists()

@@ -102,3 +102,13 @@ def test_a_url_is_written_through_tensorflows_file_systems(tmp_path):
     events.write_summary(b"", step=1)
     events.close()
     assert tf.io.gfile.exists(events.path) and tf.io.gfile.stat(events.path).length > 0
+
+
+def test_the_custom_scalars_layout_is_the_summary_tensorboards_pb_writes():
+    from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
+
+    from kgrad.logs import writer
+    from kgrad.logs.layout import custom_scalar_layout
+
+    layout = custom_scalar_layout({"grad_norm/a": 1.0, "grad_norm/b": 2.0, "weight_grad_norm/a/kernel": 1.0})
+    assert writer.layout_summary(layout) == custom_scalar_summary.pb(layout).SerializeToString()

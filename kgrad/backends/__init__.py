@@ -9,14 +9,14 @@ need a backend ask `current()` for the one Keras runs on, which provides what
 
 >>> import kgrad.backends
 >>> kgrad.backends.SUPPORTED_BACKENDS
-('tensorflow',)
+('tensorflow', 'jax')
 """
 
 import importlib
 
 #: Keras backends kgrad runs on, each a package ``kgrad.backends.<name>``
 #: whose ``backend`` module provides `kgrad.backends.interface.Backend`.
-SUPPORTED_BACKENDS = ("tensorflow",)
+SUPPORTED_BACKENDS = ("tensorflow", "jax")
 
 
 class UnsupportedBackendError(RuntimeError):
@@ -37,7 +37,7 @@ def current():
         raise UnsupportedBackendError(
             f"kgrad does not support Keras' {name!r} backend yet. Received: "
             f"keras.config.backend()={name!r}; supported: {', '.join(SUPPORTED_BACKENDS)}. "
-            "Set the environment variable KERAS_BACKEND=tensorflow before Python imports "
+            "Set the environment variable KERAS_BACKEND=tensorflow (or jax) before Python imports "
             "Keras to probe this model. Logs written on another backend are read by "
             "`kgrad report`, `kgrad.read_logs` and the kgrad tab on any backend."
         )

@@ -82,6 +82,9 @@ class Backend(typing.Protocol):
     def detach(self, model, role):
         """Gives the model back what it had before `attach`."""
 
+    def check_supported(self, role):
+        """Raises `kgrad.backends.UnsupportedBackendError` if ``role`` (``"probe"``, ``"guard"``) does not run here."""
+
     def replay_fields(self, model, batch, seeds_after):
         """``(born fields, note)``: where a tripped step's first NaN/Inf was born."""
 
@@ -97,7 +100,7 @@ class Backend(typing.Protocol):
 
 #: The names every backend module defines.
 BACKEND_NAMES = (
-    "NAME", "check_layers", "is_chief", "attach", "unprobed_train_function", "detach",
+    "NAME", "check_supported", "check_layers", "is_chief", "attach", "unprobed_train_function", "detach",
     "replay_fields", "ProbeTape", "ProbingModel", "ProbeResult", "tap", "prediction_gradient",
     "first_non_finite", "replay_step",
 )

@@ -57,10 +57,10 @@ class GradientProbe(keras.callbacks.Callback):
             dJ/d(activation), ``global/*``, histograms of the gradients; per
             weight only for kernels and other weights of two or more
             dimensions, and the norms of a normalization layer's gamma and
-            beta): 57 scalar tags for a 9-layer MLP. ``"all"``: every
+            beta): 58 scalar tags for a 9-layer MLP. ``"all"``: every
             moment (norm, mean, std, min, max, zero fraction, non-finite
             count) and histogram of every captured tensor, and the per-weight
-            tags of biases too (305 scalar tags for the same MLP). See
+            tags of biases too (306 scalar tags for the same MLP). See
             `kgrad.backends.tensorflow.summarize.summaries` for the tags.
         instruments: Extra statistics, off by default: ``["per_example"]``
             logs per-example gradient norms of the weights of Dense,
@@ -73,6 +73,14 @@ class GradientProbe(keras.callbacks.Callback):
             Their cheapest probe: ``capture=["weight_gradients"],
             histograms=False, instruments=["per_example"]`` (1.04-1.06x plain
             ``fit`` at ``every_n_steps=16`` on the CPU benchmarks).
+            ``["optimizer"]``, from the optimizer's own state (Adam, AdamW,
+            Adamax, Nadam): ``adam_rms/<weight path>``, RMS of g/(√v̂+ε), and
+            ``grad_outlier_fraction/<weight path>``; with any optimizer
+            ``update_rms/<weight path>``. ``["logits"]``: per output, the max
+            logit, log-sum-exp, entropy and top-1 probability
+            (``logit_max_mean/<output>``...). See docs/instruments.md.
+        outlier_sigmas: k of ``grad_outlier_fraction/``: an entry is an
+            outlier when |g − m̂| > k·√max(v̂ − m̂², 0).
 
     Example:
 
@@ -99,10 +107,11 @@ class GradientProbe(keras.callbacks.Callback):
         on_probe=None,
         statistics="default",
         instruments=(),
+        outlier_sigmas=6.0,
     ):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
-        backends.current()
+        backends.current().check_supported("probe")
         self.config = ProbeConfig(
             layers=layers,
             every_n_steps=every_n_steps,
@@ -111,6 +120,7 @@ class GradientProbe(keras.callbacks.Callback):
             bucket_count=bucket_count,
             statistics=statistics,
             instruments=instruments,
+            outlier_sigmas=outlier_sigmas,
         )
         if on_probe is not None and not callable(on_probe):
             raise TypeError(

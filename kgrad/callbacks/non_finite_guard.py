@@ -92,7 +92,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
                  log_dir=None, dump_dir=None, replay=True):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
-        backends.current()
+        backends.current().check_supported("guard")
         if action not in _ACTIONS:
             raise ValueError(
                 f"`action` must be one of {list(_ACTIONS)}. Received: action={action!r}."

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2
-from tensorboard.plugins.custom_scalar import summary as custom_scalar_summary
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
@@ -49,10 +49,21 @@ _OTHER_DESCRIPTIONS = {
     "update_ratio": "‖Δw‖ / ‖w‖ of weight `{name}` in the probed step",
     "pred_grad_example_norm_mean": "mean over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
     "pred_grad_example_norm_max": "max over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+    "adam_rms": "RMS of g/(√v̂+ε) of weight `{name}`: the gradient in the units of Adam's second moment",
+    "grad_outlier_fraction": "fraction of the entries of dJ/dw of `{name}` beyond k·σ of Adam's moments",
+    "update_rms": "RMS of Δw of weight `{name}` in the probed step",
+    **{
+        f"{kind}_{stat}": f"{stat} over examples and positions of the {what} of output `{{name}}`"
+        for kind, what in (("logit_max", "max logit"), ("logit_lse", "log-sum-exp of the logits"),
+                           ("logit_entropy", "entropy of softmax(logits)"),
+                           ("logit_top1_prob", "top-1 probability"))
+        for stat in ("mean", "max")
+    },
 }
 # Tags under ``global/`` described one by one.
 _GLOBAL_DESCRIPTIONS = {
     "global/grad_norm": "‖dJ/dw‖ over all trainable weights",
+    "global/loss": "the loss of the probed step (unscaled, of the global batch)",
     "global/loss_scale": "loss scale of the LossScaleOptimizer in the probed step",
     "global/loss_scale_skipped": "1 if the loss scaler skipped the update "
     "(its scaled gradients overflowed), else 0",
@@ -119,6 +130,21 @@ def write_guard_report(log_dir, report):
     events.close()
 
 
+def layout_summary(layout):
+    """The serialized Summary of a Custom Scalars ``layout``, as TensorBoard's ``custom_scalar.summary.pb``
+    writes it, without the TensorFlow that ``pb`` imports."""
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING, tensor_shape=SCALAR_SHAPE, string_val=[layout.SerializeToString()]
+    )
+    summary = summary_pb2.Summary()
+    summary.value.add(
+        tag=custom_scalar_metadata.CONFIG_SUMMARY_TAG,
+        metadata=custom_scalar_metadata.create_summary_metadata(),
+        tensor=tensor,
+    )
+    return summary.SerializeToString()
+
+
 def _text_summary(tag, text, plugin_name="text"):
     """A serialized Summary of one string, for TensorBoard's Text tab (``plugin_name="text"``)."""
     tensor = tensor_pb2.TensorProto(
@@ -178,7 +204,7 @@ class ProbeWriter:
             # From the first record with layers: a step the loss scaler
             # skipped holds only global/ tags. TensorBoard reads one layout.
             layout = custom_scalar_layout(record.scalars)
-            events.write_summary(custom_scalar_summary.pb(layout).SerializeToString(), step=0)
+            events.write_summary(layout_summary(layout), step=0)
             self._wrote_layout = True
             self._write_weight_shapes(events, record.step)
         events.write_summary(self._serialized_summary(record), record.step)

@@ -62,7 +62,8 @@ def selected(statistics, kind, tensor, layer_has_a_matrix=True):
     """
     if statistics == "all" or kind not in DEFAULT_MOMENTS:
         return ALL_MOMENTS, True
-    if kind == "weight_grad" and tensor.shape.rank is not None and tensor.shape.rank < 2:
+    rank = _rank(tensor)
+    if kind == "weight_grad" and rank is not None and rank < 2:
         if not layer_has_a_matrix:
             # A normalization layer's gamma and beta are all the dJ/dw it has:
             # their norms give its row in the report and the tab.
@@ -72,6 +73,12 @@ def selected(statistics, kind, tensor, layer_has_a_matrix=True):
         return (), False
     columns = tuple(MOMENT_NAMES.index(stat) for stat in DEFAULT_MOMENTS[kind])
     return columns, kind in DEFAULT_HISTOGRAMS
+
+
+def _rank(tensor):
+    """The number of dimensions of a TensorFlow tensor (``None`` if unknown) or a JAX array."""
+    shape = tensor.shape
+    return len(shape) if isinstance(shape, tuple) else shape.rank
 
 
 def scalar_selected(statistics, tag):

@@ -25,6 +25,11 @@ from kgrad.plan import selection
 NAME = "tensorflow"
 
 
+def check_supported(role):
+    """Both roles, ``"probe"`` and ``"guard"``, run on TensorFlow."""
+    del role
+
+
 def check_layers(model, layers):
     """Raises a ValueError naming a layer ``model`` does not have (`kgrad.plan.selection`)."""
     selection.resolve_layers(model, layers)

@@ -63,7 +63,8 @@ class ProbingModel(keras.Model):
         Args:
             **options: ``layers``, ``every_n_steps``, ``capture``,
                 ``histograms``, ``bucket_count``, ``statistics``
-                (``"default"`` or ``"all"``).
+                (``"default"`` or ``"all"``), ``instruments``
+                (``["per_example", "optimizer", "logits"]``), ``outlier_sigmas``.
         """
         object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
         self._set_probing_step(ProbingStep(self))

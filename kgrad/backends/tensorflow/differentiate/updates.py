@@ -32,7 +32,7 @@ def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_
             "keras.callbacks.TerminateOnNaN with the strategy."
         )
     gradients = tape.gradient(loss, weights)
-    builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient)
+    builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient, loss)
     model.optimizer.apply_gradients(zip(gradients, weights))
     pipeline.record(step, builder.scalars(), builder.histograms(), weights, where=probe_now)
 
@@ -45,7 +45,7 @@ def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, pred
     """
     def probed():
         gradients = tape.gradient(loss, weights)
-        builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient)
+        builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient, loss)
         if plan.defers_statistics:  # no branch then: every step is probed
             return split_sparse(gradients), pipeline.defer(builder)
         return split_sparse(gradients), (builder.scalars(), builder.histograms())
@@ -80,7 +80,7 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     summaries = (tf.zeros([0]), tf.zeros([0, 1, 3]))
     if plan.probe is not None:
         def probed():
-            builder = current.pipeline.summarize(probe, gradients, weights, x, prediction_gradient)
+            builder = current.pipeline.summarize(probe, gradients, weights, x, prediction_gradient, loss)
             return builder.scalars(), builder.histograms()
 
         summaries = probed() if plan.probes_every_step else tf.cond(

@@ -28,7 +28,7 @@ Example:
 True
 """
 
-import warnings
+import math
 
 import keras
 import tensorflow as tf
@@ -39,7 +39,8 @@ from kgrad.backends.tensorflow.handover.state import ProbeState
 from kgrad.backends.tensorflow.summarize.loss_scale import unscaler
 from kgrad.backends.tensorflow.summarize import model_io
 from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
-from kgrad.plan.tag_names import io_names
+from kgrad.backends.tensorflow.summarize.instrument_summaries import add_instruments
+from kgrad.plan.tag_names import LOSS_TAG, io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
 
@@ -73,7 +74,7 @@ class ProbePipeline:
 
     # -- summarize (graph code) ------------------------------------------------------
 
-    def summarize(self, probe, gradients, weights, x=None, prediction_gradient=None):
+    def summarize(self, probe, gradients, weights, x=None, prediction_gradient=None, loss=None):
         """The `SummaryBuilder` of one probed step.
 
         Args:
@@ -83,6 +84,8 @@ class ProbePipeline:
             x: The model's input, to name its gradients (or ``None``).
             prediction_gradient: ``fn() -> dJ/dŷ`` or ``None``; called only
                 if dJ/dŷ is captured.
+            loss: The scalar loss differentiated (possibly scaled), for
+                ``global/loss``, or ``None``.
         """
         capture, unscale = self.config.captures, unscaler(self.optimizer)
         builder = SummaryBuilder(
@@ -108,34 +111,16 @@ class ProbePipeline:
                 builder.add_tensor("input_grad", name, batch(unscale(gradient)))
         if capture("weight_gradients"):
             self._add_weight_gradients(builder, gradients, weights, unscale)
-        if "per_example" in self.config.instruments:
-            self._add_per_example(builder, probe, gradients, weights, unscale)
+        if loss is not None:
+            # Unscaled, and of the global batch (each replica's is its share).
+            builder.add_scalar(LOSS_TAG, replicas.sum_over_replicas(unscale(loss)))
+        if self.config.instruments:
+            add_instruments(self, builder, probe, gradients, weights, unscale)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             # The loss scale the step ran with (read before the update changes it).
             builder.add_scalar("global/loss_scale", self.optimizer.scale_loss(tf.constant(1.0)))
         self.names = (builder.scalar_names, builder.histogram_names)
         return builder
-
-    def _add_per_example(self, builder, probe, gradients, weights, unscale):
-        from kgrad.backends.tensorflow.summarize.instruments import (
-            add_per_example_summaries,
-            describe_unsupported,
-        )
-
-        # ‖∇J‖² of a weight is its tape gradient's (one product less per
-        # weight than summing the per-example ones again), unless a loss of
-        # `add_loss` (beyond the weights' own regularizers) may depend on it.
-        regularized = sum(1 for weight in weights if getattr(weight, "regularizer", None) is not None)
-        added_losses = len(self.model.losses) > regularized
-        unsupported = add_per_example_summaries(
-            builder, self.model, probe, probe.layer_inputs, weights, unscale=unscale,
-            gradients=None if added_losses else gradients,
-        )
-        if unsupported:  # once per trace: never a guessed value, but say which are missing
-            warnings.warn(
-                f"kgrad: no per-example gradient norms for {describe_unsupported(unsupported)}",
-                stacklevel=2,
-            )
 
     def no_summaries(self):
         """Zeros shaped like the summaries, for the branch of steps that are not probed."""
@@ -260,6 +245,10 @@ class ProbePipeline:
             )
             scalars = tf.concat([scalars, ratios], axis=0)
             scalar_names = scalar_names + [f"update_ratio/{path}" for path in paths]
+            if "optimizer" in self.config.instruments:  # ‖Δw‖/√n
+                sizes = [float(max(math.prod(weight.shape), 1)) for weight, _ in tracked]
+                scalars = tf.concat([scalars, changes / tf.sqrt(tf.constant(sizes))], axis=0)
+                scalar_names = scalar_names + [f"update_rms/{path}" for path in paths]
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             # A LossScaleOptimizer skips the update of a step whose scaled
             # gradients overflowed (that is how it finds its scale, not an

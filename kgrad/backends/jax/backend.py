@@ -1,0 +1,46 @@
+"""kgrad on Keras' JAX backend: the names `kgrad.backends.interface.Backend` lists.
+
+The stages of the traced step live beside this module: ``capture/`` (taps on
+layer and op outputs, carriers whose cotangent is dJ/d(output)'s statistics),
+``differentiate/`` (Keras' step with them, one backward pass; the train
+function of probed executions), ``summarize/`` (moments and histograms in
+``jax.numpy``) and ``handover/`` (device records read after probed steps).
+`kgrad.NonFiniteGuard` and the TensorFlow-only names say so when used.
+"""
+
+import jax
+
+from kgrad.backends.jax.differentiate.install import (  # noqa: F401
+    attach,
+    check_supported,
+    detach,
+    unprobed_train_function,
+)
+from kgrad.backends.jax.unavailable import (  # noqa: F401
+    ProbeResult,
+    ProbeTape,
+    ProbingModel,
+    first_non_finite,
+    prediction_gradient,
+    replay_step,
+    tap,
+)
+from kgrad.plan import selection
+
+NAME = "jax"
+
+
+def check_layers(model, layers):
+    """Raises a ValueError naming a layer ``model`` does not have (`kgrad.plan.selection`)."""
+    selection.resolve_layers(model, layers)
+
+
+def is_chief(model):
+    """In a multi-process JAX run, process 0 writes the logs."""
+    del model
+    return jax.process_index() == 0
+
+
+def replay_fields(model, batch, seeds_after):
+    """The guard does not run on JAX yet (`attach` says so before training)."""
+    raise NotImplementedError("kgrad.NonFiniteGuard does not run on Keras' JAX backend yet.")

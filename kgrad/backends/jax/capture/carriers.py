@@ -1,0 +1,80 @@
+"""dJ/d(output) of a layer without a buffer the size of its output: a carrier's cotangent holds its statistics.
+
+`tap_gradient` is an identity on ``x`` with a second input, a small zero
+"carrier". Its backward pass passes dJ/dx through unchanged (the weight
+gradients are those of the plain step) and gives the carrier, as cotangent,
+the statistics of dJ/dx (`kgrad.backends.jax.summarize.stats`): differentiating
+the loss with respect to the carriers, in the same single backward pass as the
+weights, yields dJ/d(activation)'s moments and histogram, whose size is fixed
+(``7 + 3 * bucket_count`` floats), whatever the activation's size. Flax's
+``perturb`` gets dJ/d(activation) itself instead, at the cost of a buffer the
+size of the activation.
+
+Example:
+
+>>> import jax, jax.numpy as jnp
+>>> layout = CarrierLayout(bucket_count=None, example_norms=False)
+>>> f = lambda c: jnp.sum(3.0 * tap_gradient(jnp.ones(4), c, layout))
+>>> [round(float(v), 3) for v in jax.grad(f)(layout.zeros())]  # norm, mean, std, min, max, zeros, non-finite
+[6.0, 3.0, 0.0, 3.0, 3.0, 0.0, 0.0]
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kgrad.backends.common import norms
+from kgrad.backends.jax.summarize import stats
+
+
+@dataclasses.dataclass(frozen=True)
+class CarrierLayout:
+    """What a carrier holds: the moments row, then the histogram, then per-example norms' mean and max."""
+
+    bucket_count: object  # buckets of the histogram, or None for none
+    example_norms: bool  # whether the mean and max of per-example norms follow (dJ/dŷ)
+
+    @property
+    def size(self):
+        return stats.ROW + 3 * (self.bucket_count or 0) + (2 if self.example_norms else 0)
+
+    def zeros(self):
+        return jnp.zeros([self.size], jnp.float32)
+
+    def split(self, carrier):
+        """``(moments [7], histogram [k, 3] or None, (example norm mean, max) or None)``."""
+        row, rest = carrier[: stats.ROW], carrier[stats.ROW:]
+        histogram = None
+        if self.bucket_count:
+            histogram = rest[: 3 * self.bucket_count].reshape([self.bucket_count, 3])
+            rest = rest[3 * self.bucket_count:]
+        return row, histogram, (rest[0], rest[1]) if self.example_norms else None
+
+    def statistics_of(self, gradient):
+        row, histogram = stats.summarize(gradient, self.bucket_count)
+        parts = [row] + ([] if histogram is None else [histogram.ravel()])
+        if self.example_norms:
+            example = norms.example_norms(gradient) if gradient.ndim else jnp.abs(gradient)[None]
+            parts.append(jnp.stack([jnp.mean(example), jnp.max(example)]).astype(jnp.float32))
+        return jnp.concatenate(parts)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def tap_gradient(x, carrier, layout):
+    """``x`` unchanged; the carrier's gradient is `CarrierLayout.statistics_of` dJ/dx."""
+    del carrier, layout
+    return x
+
+
+def _forward(x, carrier, layout):
+    del carrier, layout
+    return x, None
+
+
+def _backward(layout, _, gradient):
+    return gradient, layout.statistics_of(gradient)
+
+
+tap_gradient.defvjp(_forward, _backward)

@@ -1,0 +1,111 @@
+"""Intercepting layer and op outputs inside a traced JAX step: Keras 3 has no hooks, so ``call`` is replaced.
+
+While `intercept` is active, the ``call`` of the model and of each chosen
+operation is replaced on the instance (and put back on exit, also on error),
+as on TensorFlow: tracing is Python, so the replacement sees every call of
+the traced step. Each float output goes through ``tap(name, kind, tensor)``,
+which returns the tensor to use in its place (`kgrad.backends.jax.capture.carriers`).
+The model's own call taps its float inputs (kind ``"input"``) and its
+prediction (``"prediction"``); a layer called again is ``name#2``, a layer
+with several float outputs ``name/0``, ``name/1``.
+"""
+
+import contextlib
+
+import jax.numpy as jnp
+from keras import tree
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+
+def float_leaf(value):
+    """Whether ``value`` is a floating-point array (or tracer) that a tap can carry."""
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+
+
+class Taps:
+    """Names the calls of one traced pass and hands each float output to ``tap``.
+
+    Args:
+        tap: ``fn(name, kind, tensor) -> tensor``; ``kind`` is ``"activation"``,
+            ``"input"`` or ``"prediction"``.
+        keep: Optional ``fn(operation) -> bool``, asked when an operation has
+            run (Keras has built it then): only kept operations are tapped.
+    """
+
+    def __init__(self, tap, keep=None):
+        self._tap = tap
+        self._keep = keep
+        self.calls_per_name = {}
+        self.non_float = {}
+        self._model_called = False
+
+    def _unique(self, name):
+        count = self.calls_per_name.get(name, 0) + 1
+        self.calls_per_name[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def layer_output(self, name, operation, outputs):
+        if in_symbolic_scope() or (self._keep is not None and not self._keep(operation)):
+            return outputs
+        name = self._unique(name)
+        leaves = tree.flatten(outputs)
+        floats = [index for index, leaf in enumerate(leaves) if float_leaf(leaf)]
+        if not floats:
+            self.non_float[name] = [getattr(leaf, "dtype", type(leaf)) for leaf in leaves]
+            return outputs
+        for position, index in enumerate(floats):
+            key = name if len(floats) == 1 else f"{name}/{position}"
+            leaves[index] = self._tap(key, "activation", leaves[index])
+        return tree.pack_sequence_as(outputs, leaves)
+
+    def model_inputs(self, inputs):
+        if self._model_called or in_symbolic_scope():
+            return inputs
+        return tree.map_structure(lambda leaf: self._tap(None, "input", leaf) if float_leaf(leaf) else leaf,
+                                  inputs)
+
+    def model_outputs(self, outputs):
+        if self._model_called or in_symbolic_scope():
+            return outputs
+        self._model_called = True  # the first call is the step's; later ones (a metric's) are not
+        return tree.map_structure(lambda leaf: self._tap(None, "prediction", leaf) if float_leaf(leaf) else leaf,
+                                  outputs)
+
+
+@contextlib.contextmanager
+def intercept(model, operations_by_name, taps):
+    """Routes the outputs of ``model`` and of ``operations_by_name`` through ``taps`` while the block runs."""
+    replaced = []
+
+    def replace(operation, make):
+        had_own_call = "call" in operation.__dict__
+        original = operation.__dict__.get("call")
+        object.__setattr__(operation, "call", make(operation.call))
+        replaced.append((operation, had_own_call, original))
+
+    def layer_wrapper(name, operation):
+        def wrap(original_call):
+            def call(*args, **kwargs):
+                return taps.layer_output(name, operation, original_call(*args, **kwargs))
+            return call
+        return wrap
+
+    def model_wrapper(original_call):
+        def call(*args, **kwargs):
+            if args:
+                args = (taps.model_inputs(args[0]),) + args[1:]
+            return taps.model_outputs(original_call(*args, **kwargs))
+        return call
+
+    try:
+        replace(model, model_wrapper)
+        for name, operation in operations_by_name.items():
+            replace(operation, layer_wrapper(name, operation))
+        yield taps
+    finally:
+        for operation, had_own_call, original in reversed(replaced):
+            if had_own_call:
+                object.__setattr__(operation, "call", original)
+            else:
+                del operation.__dict__["call"]

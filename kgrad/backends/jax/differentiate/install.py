@@ -1,0 +1,133 @@
+"""Installing the probed JAX step for one ``fit``: kgrad's train function in place of Keras'.
+
+Keras' JAX ``fit`` calls ``model.train_function(state, iterator)`` for each
+execution of ``steps_per_execution`` steps, a Python loop over a jitted
+``train_step``. While a `kgrad.GradientProbe` is attached, executions that
+hold a probed step run `ProbingTrainFunction` instead, which runs the same
+steps, each either Keras' own ``train_step`` or the probed one
+(`kgrad.backends.jax.differentiate.step.ProbedStep`): which one is known on
+the host, so neither holds a branch. Executions without a probed step run
+Keras' own function untouched.
+"""
+
+import jax
+import keras
+
+from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.jax.differentiate.step import ProbedStep
+from kgrad.backends.jax.handover.records import RecordBuffer
+
+_INSTALLATION = "_kgrad_jax_installation"
+
+
+class ProbingTrainFunction:
+    """``model.train_function`` for executions with a probed step (`kgrad.backends.interface.TrainingStep`)."""
+
+    def __init__(self, model, config):
+        self.model = model
+        self.every_n_steps = config.every_n_steps
+        self.probed_step = ProbedStep(model, config)
+        self.buffer = RecordBuffer(lambda: self.probed_step.names, self.probed_step.weight_shapes)
+        compile_steps = model.jit_compile and not model.run_eagerly
+        self._probed = jax.jit(self.probed_step, donate_argnums=0) if compile_steps else self.probed_step
+        self._plain = None  # Keras' own step, jitted on first use (executions of several steps)
+        self._compile = compile_steps
+        self.keras_train_function = model.train_function
+        self.latest_record = None
+        self.guard_tripped = None
+        self._next_step = 0
+
+    def __call__(self, state, iterator):
+        logs, state = self._run(state, next(iterator))
+        for _ in range(self.model.steps_per_execution - 1):
+            try:
+                data = next(iterator)
+            except StopIteration:
+                break
+            logs, state = self._run(state, data)
+        return logs, state
+
+    def _run(self, state, data):
+        index, self._next_step = self._next_step, self._next_step + 1
+        if index % self.every_n_steps == 0:
+            logs, state, record = self._probed(state, data)
+            self.buffer.append(record)
+            return logs, state
+        if self._plain is None:
+            step = self.model.train_step
+            self._plain = jax.jit(step, donate_argnums=0) if self._compile else step
+        return self._plain(state, data)
+
+    # -- what the callbacks ask (kgrad.backends.interface.TrainingStep) ---------------
+
+    def start_at(self, first_step):
+        self._next_step = first_step
+
+    def start_epoch(self):
+        pass
+
+    def steps_run(self):
+        return self._next_step
+
+    def pipelines(self):
+        return {None: self.buffer}
+
+    def guard_states(self):
+        return {}
+
+    def tripped_batch(self):
+        return None
+
+    def batch_not_kept(self):
+        return None
+
+
+def attach(model, role, config):
+    """Installs kgrad's train function for this ``fit``; ``role`` ``"probe"`` only on JAX for now."""
+    _check(model, role)
+    function = ProbingTrainFunction(model, config)
+    object.__setattr__(model, _INSTALLATION, function)
+    model.train_function = function
+    return function
+
+
+def detach(model, role):
+    """Gives the model back Keras' own train function."""
+    function = model.__dict__.pop(_INSTALLATION, None)
+    if function is not None and model.train_function is function:
+        model.train_function = function.keras_train_function
+
+
+def unprobed_train_function(model):
+    """Keras' own train function, for executions without a probed step."""
+    function = model.__dict__.get(_INSTALLATION)
+    return None if function is None else function.keras_train_function
+
+
+def check_supported(role):
+    """Raises for the roles that do not run on JAX yet: the guard."""
+    if role != "probe":
+        raise UnsupportedBackendError(
+            "kgrad.NonFiniteGuard does not run on Keras' JAX backend yet (kgrad.GradientProbe does). "
+            "Set KERAS_BACKEND=tensorflow to guard this model, or remove the guard from callbacks."
+        )
+
+
+def _check(model, role):
+    check_supported(role)
+    if model.optimizer is None:
+        raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
+    unsupported = None
+    if has_own_train_step(model):
+        unsupported = (f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; "
+                       "on JAX kgrad probes Keras' own train_step only yet")
+    elif isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        unsupported = "a LossScaleOptimizer (mixed_float16) scales the loss; kgrad does not unscale it on JAX yet"
+    elif keras.distribution.distribution() is not None:
+        unsupported = "a keras.distribution is set; kgrad probes one device only on JAX yet"
+    if unsupported is not None:
+        raise UnsupportedBackendError(
+            f"kgrad.GradientProbe cannot probe this fit on Keras' JAX backend: {unsupported}. "
+            "Set KERAS_BACKEND=tensorflow, where it is supported."
+        )

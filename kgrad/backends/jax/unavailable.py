@@ -1,0 +1,31 @@
+"""The public names whose meaning is TensorFlow's, on JAX: each says what it is and what to use instead.
+
+`kgrad.ProbeTape` is a ``tf.GradientTape``; on JAX gradients come from
+``jax.value_and_grad`` inside a pure ``train_step``, where a tape has no
+meaning. The JAX counterparts of these names are not in this version:
+`kgrad.GradientProbe` with Keras' own ``train_step`` is.
+"""
+
+from kgrad.backends import UnsupportedBackendError
+
+
+def _unavailable(name, what):
+    def refuse(*args, **kwargs):
+        raise UnsupportedBackendError(
+            f"kgrad.{name} {what}, so it does not run on Keras' JAX backend. On JAX, pass "
+            "kgrad.GradientProbe(...) to model.fit with Keras' own train_step, or set "
+            "KERAS_BACKEND=tensorflow to use kgrad.{name}."
+        )
+
+    refuse.__name__ = name
+    refuse.__doc__ = f"Not on JAX: kgrad.{name} {what}. Raises `UnsupportedBackendError` when called."
+    return refuse
+
+
+ProbeTape = _unavailable("ProbeTape", "is a tf.GradientTape (JAX differentiates with jax.value_and_grad)")
+ProbingModel = _unavailable("ProbingModel", "overrides the TensorFlow train_step")
+ProbeResult = _unavailable("ProbeResult", "is what a ProbeTape returns")
+tap = _unavailable("tap", "marks a tensor for a ProbeTape")
+prediction_gradient = _unavailable("prediction_gradient", "differentiates with a tf.GradientTape")
+first_non_finite = _unavailable("first_non_finite", "reads a ProbeTape's result")
+replay_step = _unavailable("replay_step", "replays a NonFiniteGuard's step, which runs on TensorFlow only")
