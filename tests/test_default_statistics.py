@@ -31,7 +31,7 @@ DEFAULT_SCALARS = (
         for kind in ("weight_grad_norm", "weight_norm", "update_ratio")
         for kernel in KERNELS
     }
-    | {"input_grad_norm/input", "pred_grad_norm/output", "global/grad_norm"}
+    | {"input_grad_norm/input", "pred_grad_norm/output", "global/grad_norm", "global/loss"}
 )
 DEFAULT_HISTOGRAMS = (
     {f"grad_hist/{layer}" for layer in LAYERS}
@@ -48,7 +48,7 @@ ALL_SCALARS = (
     {f"{kind}_{stat}/{name}" for kind, name in TENSORS for stat in STATS}
     | {"pred_grad_example_norm_mean/output", "pred_grad_example_norm_max/output"}
     | {f"{kind}/{weight}" for kind in ("weight_norm", "update_ratio") for weight in WEIGHTS}
-    | {"global/grad_norm"}
+    | {"global/grad_norm", "global/loss"}
 )
 ALL_HISTOGRAMS = {f"{kind}_hist/{name}" for kind, name in TENSORS}
 
@@ -72,7 +72,7 @@ def test_default_writes_what_people_look_at_on_the_demo_mlp(demo_runs):
     logs = demo_runs["default"]["logs"]
     assert set(logs) == {"kgrad"}
     assert set(logs["kgrad"]["scalars"]) == DEFAULT_SCALARS
-    assert len(DEFAULT_SCALARS) == 57 <= 60
+    assert len(DEFAULT_SCALARS) == 58 <= 60
     assert set(logs["kgrad"]["histograms"]) == DEFAULT_HISTOGRAMS
     assert logs["kgrad"]["scalars"]["grad_norm/hidden_1"].steps.tolist() == [0, 4]
 
@@ -80,7 +80,7 @@ def test_default_writes_what_people_look_at_on_the_demo_mlp(demo_runs):
 def test_all_writes_every_moment_of_every_tensor(demo_runs):
     logs = demo_runs["all"]["logs"]["kgrad"]
     assert set(logs["scalars"]) == ALL_SCALARS
-    assert (len(ALL_SCALARS), len(ALL_HISTOGRAMS)) == (305, 38)
+    assert (len(ALL_SCALARS), len(ALL_HISTOGRAMS)) == (306, 38)
     assert set(logs["histograms"]) == ALL_HISTOGRAMS
 
 

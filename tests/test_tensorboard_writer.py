@@ -28,7 +28,7 @@ EXPECTED_SCALARS = (
     | {"pred_grad_example_norm_mean/output", "pred_grad_example_norm_max/output"}
     | {f"weight_norm/{weight}" for weight in WEIGHTS}
     | {f"update_ratio/{weight}" for weight in WEIGHTS}
-    | {"global/grad_norm"}
+    | {"global/grad_norm", "global/loss"}
 )
 EXPECTED_HISTOGRAMS = {f"{kind}_hist/{name}" for kind, name in TENSORS}
 # What a default probe writes (statistics="default"): norms, update ratios
@@ -38,7 +38,7 @@ EXPECTED_DEFAULT_SCALARS = (
     {f"{kind}/{layer}" for kind in ("grad_norm", "grad_nonfinite", "activation_zero_fraction")
      for layer in ("hidden", "out")}
     | {f"{kind}/{path}" for kind in ("weight_grad_norm", "weight_norm", "update_ratio") for path in KERNELS}
-    | {"pred_grad_norm/output", "input_grad_norm/input", "global/grad_norm"}
+    | {"pred_grad_norm/output", "input_grad_norm/input", "global/grad_norm", "global/loss"}
 )
 EXPECTED_DEFAULT_HISTOGRAMS = (
     {"grad_hist/hidden", "grad_hist/out", "pred_grad_hist/output", "input_grad_hist/input"}
@@ -260,6 +260,7 @@ def test_layout_is_written_once_from_the_first_record_with_layers(tmp_path):
         ("weight_grad_hist/m/d/kernel", "kgrad: histogram of dJ/dw for weight `m/d/kernel`"),
         ("input_grad_nonfinite/input", "kgrad: count of NaN/Inf in dJ/dx for input `input`"),
         ("global/grad_norm", "kgrad: ‖dJ/dw‖ over all trainable weights"),
+        ("global/loss", "kgrad: the loss of the probed step (unscaled, of the global batch)"),
         ("update_ratio/m/d/bias", "kgrad: ‖Δw‖ / ‖w‖ of weight `m/d/bias` in the probed step"),
         (
             "global/loss_scale_skipped",

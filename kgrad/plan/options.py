@@ -13,8 +13,11 @@ CAPTURE_KINDS = (
 
 #: What ``instruments=`` takes: ``"per_example"`` adds per-example gradient
 #: norms of each supported layer's weights and the sums from which the
-#: gradient noise scale is estimated (see `kgrad.instruments`).
-INSTRUMENTS = ("per_example",)
+#: gradient noise scale is estimated; ``"optimizer"`` Adam's second-moment lag
+#: (``adam_rms/``), gradient outliers and the update RMS from the optimizer's
+#: own state; ``"logits"`` the max logit, log-sum-exp, entropy and top-1
+#: probability of each output (see docs/instruments.md).
+INSTRUMENTS = ("per_example", "optimizer", "logits")
 
 #: What ``statistics=`` takes: ``"default"`` writes what people look at
 #: (norms, update ratios, zero fractions, non-finite counts, gradient
@@ -37,6 +40,9 @@ class ProbeConfig:
         bucket_count: Buckets per histogram.
         statistics: ``"default"`` or ``"all"`` (see `STATISTICS`).
         instruments: A subset of `INSTRUMENTS` (default: none).
+        outlier_sigmas: With ``instruments=["optimizer"]``, a gradient entry
+            is an outlier when |g − m̂| > outlier_sigmas·√max(v̂ − m̂², 0)
+            (a positive number; OLMo-core's default, 6).
     """
 
     layers: object = None
@@ -46,6 +52,7 @@ class ProbeConfig:
     bucket_count: int = 30
     statistics: str = "default"
     instruments: tuple = ()
+    outlier_sigmas: float = 6.0
 
     def __post_init__(self):
         _check_positive_int("every_n_steps", self.every_n_steps)
@@ -57,6 +64,7 @@ class ProbeConfig:
         object.__setattr__(self, "capture", _check_kinds("capture", self.capture, CAPTURE_KINDS))
         check_statistics(self.statistics)
         object.__setattr__(self, "instruments", _check_instruments(self.instruments))
+        _check_positive_number("outlier_sigmas", self.outlier_sigmas)
 
     def captures(self, kind):
         return kind in self.capture
@@ -96,9 +104,17 @@ def _check_instruments(value):
     if isinstance(value, str) or not hasattr(value, "__iter__") or any(v not in INSTRUMENTS for v in value):
         raise ValueError(
             f"`instruments` must be a list of {list(INSTRUMENTS)} (or empty). Received: "
-            f"instruments={value!r}. Example: instruments=['per_example']."
+            f"instruments={value!r}. Example: instruments=['optimizer', 'logits']."
         )
     return tuple(value)
+
+
+def _check_positive_number(argument, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(
+            f"`{argument}` must be a positive number. Received: {argument}={value!r} "
+            f"(type {type(value).__name__}). Example: {argument}=6."
+        )
 
 
 def _check_positive_int(argument, value):

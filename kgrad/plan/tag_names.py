@@ -35,3 +35,14 @@ def io_names(structure, prefix, keras_names=None):
     if keras_names and len(keras_names) == len(leaves):
         return [str(name) for name in keras_names]
     return [f"{prefix}_{index}" for index in range(len(leaves))]
+
+
+#: The loss of each probed step, unscaled, of the global batch (what Keras trains on).
+LOSS_TAG = "global/loss"
+#: ‖dJ/dw‖ over all trainable weights.
+GRAD_NORM_TAG = "global/grad_norm"
+#: ``instruments=["optimizer"]``: per weight, ``<kind>/<weight path>``.
+OPTIMIZER_KINDS = ("adam_rms", "grad_outlier_fraction", "update_rms")
+#: ``instruments=["logits"]``: per output, ``<kind>_mean/<output>`` (over examples and
+#: positions) and ``<kind>_max/<output>``.
+LOGIT_KINDS = ("logit_max", "logit_lse", "logit_entropy", "logit_top1_prob")
