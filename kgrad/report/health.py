@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from kgrad.report import layer_series, noise_scale
+from kgrad.report import layer_series, noise_scale, stability
 from kgrad.report.flags import (  # noqa: F401 (FLAGS: the report's flags, read by the table and the tab)
     FLAGS,
     first_flag_steps,
@@ -147,6 +147,9 @@ class RunHealth:
         vector_only_layers: The layers whose weights are all vectors
             (normalization layers), whose ``ratio_to_max`` is against the
             largest of them.
+        stability: Spikes of the loss, the global gradient norm, ``adam_rms/``
+            and ``logit_max_max/``, and what spiked before each loss spike
+            (`kgrad.report.stability.StabilityReport`), or ``None``.
     """
 
     run: str
@@ -155,6 +158,7 @@ class RunHealth:
     layers: tuple
     critical_batch: object = None
     vector_only_layers: tuple = ()
+    stability: object = None
 
     @property
     def comparison(self):
@@ -259,6 +263,7 @@ def run_health(run, run_logs, thresholds):
         run, "dJ/dw" if use_weights else "dJ/d(output)", steps, tuple(rows),
         critical_batch=noise_scale.critical_batch(scalars),
         vector_only_layers=tuple(layer for layer in layers if layer in peers),
+        stability=stability.stability_report(scalars),
     )
 
 

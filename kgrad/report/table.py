@@ -7,7 +7,7 @@ computes nothing itself.
 import math
 import os
 
-from kgrad.report import noise_scale
+from kgrad.report import noise_scale, stability
 
 _COLUMNS = ("layer", "{gradient}", "trend", "/ largest", "zero act", "update/w", "NaN/Inf", "flags")
 
@@ -59,6 +59,7 @@ def format_run(run):
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
     if getattr(run, "critical_batch", None) is not None:  # per-example instruments were on
         lines.append(noise_scale.describe(run.critical_batch))
+    lines += stability.describe(getattr(run, "stability", None))
     return "\n".join([header] + lines)
 
 

@@ -86,6 +86,7 @@ def add_logit_summaries(builder, model, prediction):
     >>> import keras, tensorflow as tf
     >>> from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
     >>> builder = SummaryBuilder(histograms=False, bucket_count=1)
+    >>> _ = builder.add_tensor("activation", "dense", tf.ones([1]))
     >>> add_logit_summaries(builder, None, tf.constant([[0.0, 0.0], [0.0, 10.0]]))
     {}
     >>> values = dict(zip(builder.scalar_names, builder.scalars().numpy().round(4).tolist()))

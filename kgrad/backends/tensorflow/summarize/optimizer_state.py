@@ -55,8 +55,9 @@ def moment_rule(optimizer):
     >>> import keras
     >>> moment_rule(keras.optimizers.AdamW())
     ('adam', None)
-    >>> moment_rule(keras.optimizers.SGD())[1]
-    'plain SGD keeps no state at all, so it gives no adam_rms/ or grad_outlier_fraction/; update_rms/ is written'
+    >>> print(moment_rule(keras.optimizers.SGD())[1])  # doctest: +NORMALIZE_WHITESPACE
+    plain SGD keeps no state at all, so it gives no adam_rms/ or grad_outlier_fraction/;
+    update_rms/ is written
     """
     optimizer = inner_optimizer(optimizer)
     name = type(optimizer).__name__

@@ -1,0 +1,243 @@
+"""Spikes, and what moved before a loss spike: pure functions on `kgrad.read_logs` output.
+
+The rule is OLMo-core's ``StabilityMonitorCallback``'s: a probe *spikes* when its
+value exceeds mean + 6σ of the previous 128 probes of the same signal (finite
+values only; a NaN or Inf value after finite ones is a spike too: the blow-up
+itself). With fewer than ``min_history`` previous probes nothing is marked: σ of
+a handful of values says nothing. The signals:
+
+- ``global/loss`` (the loss of each probed step) and ``global/grad_norm``;
+- ``adam_rms/<weight path>`` (``instruments=["optimizer"]``), of the weight's layer;
+- ``logit_max_max/<output>`` (``instruments=["logits"]``), of that output.
+
+For each loss spike, the layers (and outputs) whose signals spiked inside the
+window of probes before it (``window``, 16 by default, the loss spike's own probe
+included), each at its first spike there, earliest first: what moved first.
+
+Example:
+
+>>> import numpy as np
+>>> from kgrad.logs.reading import Series
+>>> steps = np.arange(40)
+>>> loss = np.r_[np.ones(30) + 0.01 * np.sin(steps[:30]), np.full(10, 9.0)]
+>>> rms = np.r_[np.ones(27) + 0.01 * np.cos(steps[:27]), np.full(13, 5.0)]
+>>> scalars = {"global/loss": Series(steps, loss), "adam_rms/dense/kernel": Series(steps, rms)}
+>>> report = stability_report(scalars)
+>>> [(spike.step, [(lead.layer, lead.step) for lead in spike.leaders]) for spike in report.loss_spikes]
+[(30, [('dense', 27)])]
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from kgrad.plan.tag_names import GRAD_NORM_TAG, LOSS_TAG
+
+#: Tag prefixes of the per-layer (per-output) signals, and how a report names them.
+LAYER_SIGNALS = {"adam_rms/": "adam_rms", "logit_max_max/": "max logit"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spike:
+    """One probe above mean + ``sigmas``·σ of the probes before it.
+
+    Attributes:
+        tag: The signal's tag.
+        step: The probed step.
+        value: Its value there (NaN or Inf for a blow-up).
+        mean: The mean of the previous probes (up to ``history``).
+        std: Their standard deviation.
+    """
+
+    tag: str
+    step: int
+    value: float
+    mean: float
+    std: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Lead:
+    """A layer whose signal spiked in the window before a loss spike.
+
+    Attributes:
+        layer: The layer (``adam_rms/``: the weight path less its last part) or output.
+        signal: ``"adam_rms"`` or ``"max logit"``.
+        tag: The tag that spiked.
+        step: The step of its first spike in the window.
+        probes_ahead: Probes between it and the loss spike (0: the same probe).
+    """
+
+    layer: str
+    signal: str
+    tag: str
+    step: int
+    probes_ahead: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpike:
+    """A spike of ``global/loss``, with the layers that spiked first (``leaders``, earliest first)."""
+
+    step: int
+    value: float
+    mean: float
+    std: float
+    leaders: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StabilityReport:
+    """What `stability_report` found in one run.
+
+    Attributes:
+        spikes: ``dict`` tag -> tuple of `Spike`, for every signal that spiked.
+        loss_spikes: One `LossSpike` per spike of ``global/loss``.
+        signals: The tags examined.
+        sigmas, history, window: The rule's parameters.
+    """
+
+    spikes: dict
+    loss_spikes: tuple
+    signals: tuple
+    sigmas: float = 6.0
+    history: int = 128
+    window: int = 16
+
+
+def spike_indices(values, sigmas=6.0, history=128, min_history=8):
+    """Indices of the values above mean + ``sigmas``·σ of the (finite) ``history`` values before each.
+
+    Example:
+
+    >>> spike_indices([1.0, 1.1, 0.9, 1.0, 5.0, 1.0], min_history=3)
+    [4]
+    >>> spike_indices([1.0, 1.0, 1.0, float("nan")], min_history=3)
+    [3]
+    """
+    values = np.asarray(values, dtype=np.float64)
+    found = []
+    for index in range(len(values)):
+        before = values[max(0, index - history) : index]
+        before = before[np.isfinite(before)]
+        if len(before) < min_history:
+            continue
+        value = values[index]
+        if not np.isfinite(value) or value > before.mean() + sigmas * before.std():
+            found.append(index)
+    return found
+
+
+def signal_tags(scalars):
+    """The tags of ``scalars`` that `stability_report` examines, loss and global norm first."""
+    tags = [tag for tag in (LOSS_TAG, GRAD_NORM_TAG) if tag in scalars]
+    return tags + [tag for tag in scalars if tag.startswith(tuple(LAYER_SIGNALS))]
+
+
+def layer_of(tag):
+    """``(layer or output, signal name)`` of a per-layer signal's tag.
+
+    >>> layer_of("adam_rms/block_1/attention/query/kernel"), layer_of("logit_max_max/output")
+    (('block_1/attention/query', 'adam_rms'), ('output', 'max logit'))
+    """
+    prefix, _, name = tag.partition("/")
+    signal = LAYER_SIGNALS[prefix + "/"]
+    return (name.rpartition("/")[0] or name, signal) if prefix == "adam_rms" else (name, signal)
+
+
+def stability_report(scalars, sigmas=6.0, history=128, window=16, min_history=8):
+    """Spikes of a run's signals and, for each loss spike, the layers that spiked first.
+
+    Args:
+        scalars: One run's ``scalars`` from `kgrad.read_logs` (tag -> ``Series``).
+        sigmas: How many standard deviations above the mean make a spike.
+        history: How many previous probes the mean and σ are of.
+        window: How many probes before a loss spike to look for the layers' spikes.
+        min_history: Fewest previous (finite) probes for a spike to be marked.
+
+    Returns:
+        A `StabilityReport`.
+    """
+    tags = signal_tags(scalars)
+    spikes = {}
+    for tag in tags:
+        series = scalars[tag]
+        found = spike_indices(series.values, sigmas, history, min_history)
+        if found:
+            spikes[tag] = tuple(_spike(tag, series, index, history) for index in found)
+    loss_spikes = ()
+    if LOSS_TAG in spikes:
+        loss_steps = np.asarray(scalars[LOSS_TAG].steps)
+        loss_spikes = tuple(
+            _loss_spike(spike, loss_steps, spikes, window) for spike in spikes[LOSS_TAG]
+        )
+    return StabilityReport(spikes, loss_spikes, tuple(tags), sigmas, history, window)
+
+
+def _spike(tag, series, index, history):
+    before = np.asarray(series.values[max(0, index - history) : index], dtype=np.float64)
+    before = before[np.isfinite(before)]
+    return Spike(tag, int(series.steps[index]), float(series.values[index]),
+                 float(before.mean()), float(before.std()))
+
+
+def _loss_spike(spike, loss_steps, spikes, window):
+    position = int(np.searchsorted(loss_steps, spike.step))
+    first_step = int(loss_steps[max(0, position - window)])
+    leaders = {}
+    for tag, found in spikes.items():
+        if not tag.startswith(tuple(LAYER_SIGNALS)):
+            continue
+        inside = [other for other in found if first_step <= other.step <= spike.step]
+        if not inside:
+            continue
+        layer, signal = layer_of(tag)
+        ahead = position - int(np.searchsorted(loss_steps, inside[0].step))
+        lead = Lead(layer, signal, tag, inside[0].step, ahead)
+        # One line per layer and signal: its earliest spike (a kernel's or a bias's).
+        if (layer, signal) not in leaders or lead.step < leaders[(layer, signal)].step:
+            leaders[(layer, signal)] = lead
+    ordered = sorted(leaders.values(), key=lambda lead: lead.step)  # stable: forward order on ties
+    return LossSpike(spike.step, spike.value, spike.mean, spike.std, tuple(ordered))
+
+
+def describe(report, named=5):
+    """Lines for ``kgrad report``: each loss spike and what spiked first; the other spikes counted.
+
+    Returns ``[]`` when nothing spiked.
+    """
+    if report is None or not report.spikes:
+        return []
+    rule = f"above mean + {report.sigmas:g}σ of the previous {report.history} probes"
+    lines = [f"stability: spikes ({rule}):"]
+    for loss in report.loss_spikes:
+        line = f"  loss spike at step {loss.step}: {_value(loss.value)} (mean {_value(loss.mean)}"
+        line += f" ± {_value(loss.std)})"
+        if loss.leaders:
+            shown = ", ".join(
+                f"{lead.layer} {lead.signal} at step {lead.step} ({_ahead(lead.probes_ahead)})"
+                for lead in loss.leaders[:named]
+            )
+            more = len(loss.leaders) - named
+            line += f"; first, within {report.window} probes: {shown}"
+            line += f" and {more} more" if more > 0 else ""
+        else:
+            line += f"; no layer signal spiked within {report.window} probes before it"
+        lines.append(line)
+    for tag, found in report.spikes.items():
+        if tag != LOSS_TAG:
+            steps = ", ".join(str(spike.step) for spike in found[:named])
+            at = "at steps" if len(found) > 1 else "at step"
+            more = f" and {len(found) - named} more" if len(found) > named else ""
+            plural = "s" if len(found) > 1 else ""
+            lines.append(f"  {tag}: {len(found)} spike{plural}, {at} {steps}{more}")
+    return lines
+
+
+def _ahead(probes):
+    return "the same probe" if probes == 0 else f"{probes} probe{'s' if probes > 1 else ''} ahead"
+
+
+def _value(value):
+    return f"{value:.3g}" if math.isfinite(value) else str(value)

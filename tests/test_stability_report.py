@@ -1,0 +1,162 @@
+"""Spikes and what moved first (kgrad.report.stability): hand-made series, then a real fit."""
+
+import contextlib
+import io
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+from kgrad.cli import main
+from kgrad.logs.reading import Series
+from kgrad.report import stability
+
+NAN, INF = math.nan, math.inf
+FLAT = [1.0, 1.1, 0.9, 1.0, 1.1, 0.9, 1.0, 1.1]  # mean 1.0125, σ ≈ 0.078
+
+
+@pytest.mark.parametrize(
+    "values, kwargs, expected",
+    [
+        (FLAT + [1.2], {}, []),  # within 6σ
+        (FLAT + [1.6], {}, [8]),  # mean + 6σ ≈ 1.48
+        (FLAT + [1.6], {"sigmas": 8.0}, []),  # mean + 8σ ≈ 1.64
+        (FLAT[:7] + [9.0], {}, []),  # 7 previous probes: fewer than min_history
+        (FLAT[:7] + [9.0], {"min_history": 7}, [7]),
+        (FLAT + [NAN, 9.0], {}, [8, 9]),  # a blow-up spikes; the history keeps the finite values
+        (FLAT + [INF], {}, [8]),
+        ([NAN] * 8 + [5.0], {}, []),  # no finite history
+        ([5.0] * 8 + [5.0, 5.1], {}, [9]),  # σ = 0: any rise spikes
+        # Only the previous `history` probes count: the early 100s are forgotten.
+        ([100.0] * 4 + FLAT + [1.6], {"history": 8}, [12]),
+        ([100.0] * 4 + FLAT + [1.6], {"history": 12}, []),
+    ],
+)
+def test_spike_indices(values, kwargs, expected):
+    assert stability.spike_indices(values, **kwargs) == expected
+
+
+def _series(values, start=0):
+    return Series(np.arange(start, start + len(values)), np.asarray(values, dtype=np.float64))
+
+
+def _quiet(length):
+    return [1.0 + 0.01 * ((index % 3) - 1) for index in range(length)]
+
+
+def _with_spikes(length, spikes):
+    values = _quiet(length)
+    for index, value in spikes.items():
+        values[index] = value
+    return values
+
+
+def test_loss_spike_names_the_layers_that_spiked_first_earliest_first():
+    scalars = {
+        "global/loss": _series(_with_spikes(40, {30: 9.0})),
+        "global/grad_norm": _series(_with_spikes(40, {29: 9.0})),
+        # In forward order, as read_logs gives them; the later layer spiked earlier.
+        "adam_rms/block_1/dense/kernel": _series(_with_spikes(40, {28: 9.0})),
+        "adam_rms/block_1/dense/bias": _series(_with_spikes(40, {26: 9.0})),
+        "adam_rms/block_2/dense/kernel": _series(_with_spikes(40, {25: 9.0})),
+        "adam_rms/quiet/kernel": _series(_quiet(40)),
+        "logit_max_max/output": _series(_with_spikes(40, {30: 9.0})),
+        "logit_max_mean/output": _series(_with_spikes(40, {20: 9.0})),  # not a signal
+        # Spiked before the window (30 - 16 = 14): not named.
+        "adam_rms/early/kernel": _series(_with_spikes(40, {12: 9.0})),
+    }
+    report = stability.stability_report(scalars)
+    (loss,) = report.loss_spikes
+    assert (loss.step, loss.value) == (30, 9.0)
+    assert [(lead.layer, lead.signal, lead.step, lead.probes_ahead) for lead in loss.leaders] == [
+        ("block_2/dense", "adam_rms", 25, 5),
+        ("block_1/dense", "adam_rms", 26, 4),  # its bias's spike, before its kernel's
+        ("output", "max logit", 30, 0),
+    ]
+    assert set(report.spikes) == {
+        "global/loss", "global/grad_norm", "adam_rms/block_1/dense/kernel", "adam_rms/block_1/dense/bias",
+        "adam_rms/block_2/dense/kernel", "logit_max_max/output", "adam_rms/early/kernel",
+    }
+    assert report.signals[:2] == ("global/loss", "global/grad_norm")
+
+
+@pytest.mark.parametrize(
+    "window, expected",
+    [(16, ["block_2/dense"]), (4, []), (5, ["block_2/dense"])],
+)
+def test_the_window_is_counted_in_probes_not_steps(window, expected):
+    # Probed every 10 steps: the loss spikes at probe 30 (step 300), the layer at probe 25.
+    steps = np.arange(0, 400, 10)
+    scalars = {
+        "global/loss": Series(steps, np.asarray(_with_spikes(40, {30: 9.0}))),
+        "adam_rms/block_2/dense/kernel": Series(steps, np.asarray(_with_spikes(40, {25: 9.0}))),
+    }
+    (loss,) = stability.stability_report(scalars, window=window).loss_spikes
+    assert [lead.layer for lead in loss.leaders] == expected
+    assert [lead.step for lead in loss.leaders] == [250] * len(expected)
+
+
+def test_without_a_loss_tag_spikes_are_found_and_no_loss_spike_is_reported():
+    report = stability.stability_report({"global/grad_norm": _series(_with_spikes(20, {15: 9.0}))})
+    assert report.loss_spikes == ()
+    assert [spike.step for spike in report.spikes["global/grad_norm"]] == [15]
+    assert stability.stability_report({"grad_norm/dense": _series([1.0] * 8 + [9.0])}).spikes == {}
+
+
+def test_describe_words_the_spikes():
+    scalars = {
+        "global/loss": _series(_with_spikes(40, {30: 9.0})),
+        "adam_rms/dense/kernel": _series(_with_spikes(40, {27: 5.0})),
+        "global/grad_norm": _series(_with_spikes(40, {12: 4.0, 30: 9.0})),
+    }
+    assert stability.describe(stability.stability_report(scalars)) == [
+        "stability: spikes (above mean + 6σ of the previous 128 probes):",
+        "  loss spike at step 30: 9 (mean 1 ± 0.00816); first, within 16 probes: "
+        "dense adam_rms at step 27 (3 probes ahead)",
+        "  global/grad_norm: 2 spikes, at steps 12, 30",
+        "  adam_rms/dense/kernel: 1 spike, at step 27",
+    ]
+    assert stability.describe(stability.stability_report({"global/loss": _series(_quiet(40))})) == []
+
+
+def test_kgrad_report_flags_a_planted_learning_rate_blow_up(tmp_path):
+    """A real fit: the learning rate is raised x1000 at step 50; the report names the spike and the layers."""
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(640, 8)).astype("float32")
+    y = (x[:, :4].sum(1) > 0).astype("int32")
+    model = keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(16, activation="relu", name="hidden"),
+        keras.layers.Dense(16, activation="relu", name="hidden_2"),
+        keras.layers.Dense(2, name="out"),
+    ])
+    optimizer = keras.optimizers.Adam(1e-3)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+
+    class RaiseTheLearningRate(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 50:
+                optimizer.learning_rate.assign(1.0)
+
+    probe = kgrad.GradientProbe(
+        tmp_path, every_n_steps=1, histograms=False, instruments=["optimizer", "logits"]
+    )
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[RaiseTheLearningRate(), probe])
+    (run,) = kgrad.health_report(kgrad.read_logs(tmp_path))
+    first = run.stability.loss_spikes[0]
+    # The update of step 50 is the first with the raised rate: step 51's loss shows it.
+    assert first.step == 51 and first.value > 10 * first.mean
+    assert {(lead.layer, lead.signal) for lead in first.leaders} >= {
+        ("hidden", "adam_rms"), ("hidden_2", "adam_rms"), ("out", "adam_rms"), ("output", "max logit"),
+    }
+    assert all(lead.step <= spike.step for spike in run.stability.loss_spikes for lead in spike.leaders)
+    assert not any(spike.step < 51 for spikes in run.stability.spikes.values() for spike in spikes)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["report", str(tmp_path)])
+    assert "  loss spike at step 51: " in printed.getvalue()
+    assert "first, within 16 probes: hidden adam_rms at step 51 (the same probe)" in printed.getvalue()
