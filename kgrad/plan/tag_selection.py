@@ -2,8 +2,8 @@
 
 `kgrad.plan.options.STATISTICS`; the tag scheme is in `summarize.summaries`. ``"all"``
 writes every tag of the scheme. ``"default"`` writes what the report, the
-dashboard and people read (57 scalar and 20 histogram tags for the demo's
-9-layer MLP, against 305 and 38):
+dashboard and people read (58 scalar and 20 histogram tags for the demo's
+9-layer MLP, against 306 and 38):
 
 - ``grad_norm/``, ``grad_nonfinite/`` and ``grad_hist/`` of every layer: the
   gradient flow, and its NaN/Inf (a NaN born in the forward pass makes the
