@@ -83,7 +83,7 @@ class Backend(typing.Protocol):
         """Gives the model back what it had before `attach`."""
 
     def check_supported(self, role):
-        """Raises `kgrad.backends.UnsupportedBackendError` if ``role`` (``"probe"``, ``"guard"``) does not run here."""
+        """Raises `UnsupportedBackendError` if ``role`` (``"probe"``, ``"guard"``) cannot run here."""
 
     def replay_fields(self, model, batch, seeds_after):
         """``(born fields, note)``: where a tripped step's first NaN/Inf was born."""

@@ -1,4 +1,4 @@
-"""dJ/d(output) of a layer without a buffer the size of its output: a carrier's cotangent holds its statistics.
+"""dJ/d(output) of a layer without a buffer the size of its output: a carrier's cotangent holds its stats.
 
 `tap_gradient` is an identity on ``x`` with a second input, a small zero
 "carrier". Its backward pass passes dJ/dx through unchanged (the weight
@@ -45,11 +45,11 @@ class CarrierLayout:
 
     def split(self, carrier):
         """``(moments [7], histogram [k, 3] or None, (example norm mean, max) or None)``."""
-        row, rest = carrier[: stats.ROW], carrier[stats.ROW:]
+        row, rest = carrier[: stats.ROW], carrier[stats.ROW :]
         histogram = None
         if self.bucket_count:
             histogram = rest[: 3 * self.bucket_count].reshape([self.bucket_count, 3])
-            rest = rest[3 * self.bucket_count:]
+            rest = rest[3 * self.bucket_count :]
         return row, histogram, (rest[0], rest[1]) if self.example_norms else None
 
     def statistics_of(self, gradient):

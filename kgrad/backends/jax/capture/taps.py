@@ -62,15 +62,17 @@ class Taps:
     def model_inputs(self, inputs):
         if self._model_called or in_symbolic_scope():
             return inputs
-        return tree.map_structure(lambda leaf: self._tap(None, "input", leaf) if float_leaf(leaf) else leaf,
-                                  inputs)
+        return tree.map_structure(
+            lambda leaf: self._tap(None, "input", leaf) if float_leaf(leaf) else leaf, inputs
+        )
 
     def model_outputs(self, outputs):
         if self._model_called or in_symbolic_scope():
             return outputs
         self._model_called = True  # the first call is the step's; later ones (a metric's) are not
-        return tree.map_structure(lambda leaf: self._tap(None, "prediction", leaf) if float_leaf(leaf) else leaf,
-                                  outputs)
+        return tree.map_structure(
+            lambda leaf: self._tap(None, "prediction", leaf) if float_leaf(leaf) else leaf, outputs
+        )
 
 
 @contextlib.contextmanager
@@ -88,7 +90,9 @@ def intercept(model, operations_by_name, taps):
         def wrap(original_call):
             def call(*args, **kwargs):
                 return taps.layer_output(name, operation, original_call(*args, **kwargs))
+
             return call
+
         return wrap
 
     def model_wrapper(original_call):
@@ -96,6 +100,7 @@ def intercept(model, operations_by_name, taps):
             if args:
                 args = (taps.model_inputs(args[0]),) + args[1:]
             return taps.model_outputs(original_call(*args, **kwargs))
+
         return call
 
     try:

@@ -22,7 +22,7 @@ _INSTALLATION = "_kgrad_jax_installation"
 
 
 class ProbingTrainFunction:
-    """``model.train_function`` for executions with a probed step (`kgrad.backends.interface.TrainingStep`)."""
+    """``model.train_function`` for executions with a probed step (an `interface.TrainingStep`)."""
 
     def __init__(self, model, config):
         self.model = model
@@ -85,7 +85,7 @@ class ProbingTrainFunction:
 
 def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``; ``role`` ``"probe"`` only on JAX for now."""
-    _check(model, role)
+    _check(model, role, config)
     function = ProbingTrainFunction(model, config)
     object.__setattr__(model, _INSTALLATION, function)
     model.train_function = function
@@ -114,16 +114,22 @@ def check_supported(role):
         )
 
 
-def _check(model, role):
+def _check(model, role, config):
     check_supported(role)
     if model.optimizer is None:
         raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
     unsupported = None
     if has_own_train_step(model):
-        unsupported = (f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; "
-                       "on JAX kgrad probes Keras' own train_step only yet")
+        unsupported = (
+            f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; "
+            "on JAX kgrad probes Keras' own train_step only yet"
+        )
     elif isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
-        unsupported = "a LossScaleOptimizer (mixed_float16) scales the loss; kgrad does not unscale it on JAX yet"
+        unsupported = (
+            "a LossScaleOptimizer (mixed_float16) scales the loss; kgrad does not unscale it on JAX yet"
+        )
+    elif config.instruments:
+        unsupported = f"instruments={list(config.instruments)!r} are computed on TensorFlow only yet"
     elif keras.distribution.distribution() is not None:
         unsupported = "a keras.distribution is set; kgrad probes one device only on JAX yet"
     if unsupported is not None:

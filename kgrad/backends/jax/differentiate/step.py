@@ -25,12 +25,15 @@ from kgrad.plan.tag_names import io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
 #: The summary kind of each tap's gradient, and the capture option it needs.
-_GRADIENT_KIND = {"activation": ("grad", "activation_gradients"), "input": ("input_grad", "input_gradient"),
-                  "prediction": ("pred_grad", "prediction_gradient")}
+_GRADIENT_KIND = {
+    "activation": ("grad", "activation_gradients"),
+    "input": ("input_grad", "input_gradient"),
+    "prediction": ("pred_grad", "prediction_gradient"),
+}
 
 
 class ProbedStep:
-    """Keras' JAX ``train_step`` for ``model``, probed as ``config`` (a `kgrad.plan.options.ProbeConfig`) says.
+    """Keras' JAX ``train_step`` for ``model``, probed as ``config`` (a `ProbeConfig`) says.
 
     Attributes:
         names: ``(scalar names, histogram names)`` of the records, once traced.
@@ -42,10 +45,14 @@ class ProbedStep:
         self.names = None
         self._operations, self._keep = selection.resolve_selection(model, config.layers)
         self._paths = [model_relative_path(model, weight) for weight in model.trainable_variables]
-        self.weight_shapes = {path: tuple(weight.shape)
-                              for path, weight in zip(self._paths, model.trainable_variables)}
-        self._iterations = next(index for index, variable in enumerate(model.optimizer.variables)
-                                if variable is model.optimizer.iterations)
+        self.weight_shapes = {
+            path: tuple(weight.shape) for path, weight in zip(self._paths, model.trainable_variables)
+        }
+        self._iterations = next(
+            index
+            for index, variable in enumerate(model.optimizer.variables)
+            if variable is model.optimizer.iterations
+        )
 
     def __call__(self, state, data):
         trainable, non_trainable, optimizer_variables, metrics_variables = state
@@ -67,8 +74,14 @@ class ProbedStep:
 
             with intercept(self.model, self._operations, _KeyedTaps(tap, self._keep)):
                 loss, aux = self.model.compute_loss_and_updates(
-                    trainable, non_trainable, metrics_variables, x, y, sample_weight,
-                    training=True, optimizer_variables=optimizer_variables,
+                    trainable,
+                    non_trainable,
+                    metrics_variables,
+                    x,
+                    y,
+                    sample_weight,
+                    training=True,
+                    optimizer_variables=optimizer_variables,
                 )
             return loss, (aux, forward)
 
@@ -123,9 +136,12 @@ class ProbedStep:
         if self.config.captures("activations"):
             for key, (row, histogram) in forward.items():
                 rows.add("activation", key, row, histogram, taps[key][1])
-        names = {"input": io_names([key for key in taps if taps[key][0] == "input"], "input",
-                                   float_input_names(self.model, x)),
-                 "prediction": io_names(y_pred, "output", getattr(self.model, "output_names", None))}
+        names = {
+            "input": io_names(
+                [key for key in taps if taps[key][0] == "input"], "input", float_input_names(self.model, x)
+            ),
+            "prediction": io_names(y_pred, "output", getattr(self.model, "output_names", None)),
+        }
         order = {"input": 0, "prediction": 0}
         for key, (kind, shape, layout) in taps.items():
             if layout is None:
@@ -154,8 +170,10 @@ class ProbedStep:
                 change = norms.safe_norm(jnp.ravel(updated.astype(jnp.float32) - weight.astype(jnp.float32)))
                 rows.add_scalar(f"weight_norm/{path}", norm)
                 # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
-                rows.add_scalar(f"update_ratio/{path}",
-                                jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0))
+                rows.add_scalar(
+                    f"update_ratio/{path}",
+                    jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0),
+                )
         rows.add_scalar("global/grad_norm", norms.combined_norm(gradient_norms))
 
 

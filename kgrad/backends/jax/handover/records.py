@@ -16,7 +16,7 @@ from kgrad.logs.record import ProbeRecord
 
 
 class RecordBuffer:
-    """Device records of one probed model, read by a `kgrad.GradientProbe` (`kgrad.backends.interface.HandOver`).
+    """Device records of one probed model, read by a `kgrad.GradientProbe` (an `interface.HandOver`).
 
     Args:
         names: ``fn() -> (scalar names, histogram names)`` of the records.
@@ -49,15 +49,17 @@ class RecordBuffer:
             unread, self._unread = self._unread, []
             appended = self._appended
         first = appended - len(unread)
-        unread = unread[max(delivered - first, 0):]
+        unread = unread[max(delivered - first, 0) :]
         if not unread:
             return [], max(delivered, appended)
         scalar_names, histogram_names = self._names()
         records = []
         for step, scalars, histograms in jax.device_get(unread):
-            records.append(ProbeRecord(
-                int(step),
-                dict(zip(scalar_names, np.asarray(scalars, np.float64).tolist())),
-                dict(zip(histogram_names, np.asarray(histograms))),
-            ))
+            records.append(
+                ProbeRecord(
+                    int(step),
+                    dict(zip(scalar_names, np.asarray(scalars, np.float64).tolist())),
+                    dict(zip(histogram_names, np.asarray(histograms))),
+                )
+            )
         return records, appended

@@ -58,7 +58,9 @@ def summarize(x, bucket_count):
     # Counted as integers: a float32 sum of ones stops growing at 2**24.
     zero_fraction = jnp.sum((values == 0).astype(jnp.int32)).astype(jnp.float32) / size
     row = jnp.stack([norm, mean, std, minimum, maximum, zero_fraction, nonfinite]).astype(jnp.float32)
-    histogram = None if bucket_count is None else _histogram_of(values, minimum, maximum, bucket_count, finite)
+    histogram = (
+        None if bucket_count is None else _histogram_of(values, minimum, maximum, bucket_count, finite)
+    )
     return row, histogram
 
 

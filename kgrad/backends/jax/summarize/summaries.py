@@ -40,7 +40,7 @@ class SummaryRows:
         return self._histograms and selected(self._statistics, kind, _Shaped(shape), layer_has_a_matrix)[1]
 
     def add(self, kind, name, row, histogram, shape, layer_has_a_matrix=True):
-        """The written moments of ``row`` (``[7]``) under ``<kind>_<stat>/<name>``, and ``<kind>_hist/<name>``."""
+        """The written moments of ``row`` (``[7]``) as ``<kind>_<stat>/<name>``; ``<kind>_hist/<name>``."""
         columns, with_histogram = selected(self._statistics, kind, _Shaped(shape), layer_has_a_matrix)
         for column in columns:
             self.scalar_names.append(f"{kind}_{MOMENT_NAMES[column]}/{name}")

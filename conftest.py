@@ -1,0 +1,31 @@
+"""Which backend's code a test run collects: Keras picks one backend per process.
+
+``python -m pytest`` collects the tests and the docstring examples of kgrad
+(``testpaths`` in setup.cfg); the examples under ``kgrad/backends/<name>/``
+are collected only in a run on that backend, and the tests of another backend
+(``tests/jax``) are shown as skipped with the command that runs them.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+_BACKEND_FOLDERS = {"tensorflow": "kgrad/backends/tensorflow", "jax": "kgrad/backends/jax"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    path = str(collection_path).replace("\\", "/")
+    backend = keras.config.backend()
+    return any(folder in path and name != backend for name, folder in _BACKEND_FOLDERS.items()) or None
+
+
+def pytest_collection_modifyitems(config, items):
+    if keras.config.backend() == "jax":
+        return
+    skip = pytest.mark.skip(reason="JAX backend tests: run `KERAS_BACKEND=jax python -m pytest tests/jax`")
+    for item in items:
+        if "tests/jax/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(skip)
