@@ -116,6 +116,9 @@ _GUARD_TARGET = 1.05
 _INSTRUMENTS_TARGET = 1.05
 #: The options of the cheapest probe with the instruments.
 INSTRUMENTS_ONLY = "capture=['weight_gradients'], histograms=False, instruments=['per_example']"
+#: Issue 42: the stability instruments at every_n_steps=16, the logits one at every step.
+_STABILITY_TARGET = 1.05
+_LOGITS_EVERY_STEP_TARGET = 1.5
 MEMORY_TARGET = 1.10
 #: At the same N, kgrad's overhead must be at most this fraction of the
 #: extra-pass peer's ("at least 2x cheaper").
@@ -179,6 +182,23 @@ def _instruments_only(every_n_steps, time_target):
     )
 
 
+def _stability_only(name, every_n_steps, instruments, time_target):
+    """Issue 42's instruments in the cheapest probe: the weight-gradient norms beside them, no histograms."""
+    return Config(
+        name=name,
+        label=f"GradientProbe(layers='all', every_n_steps={every_n_steps}, capture=['weight_gradients'], "
+        f"histograms=False, instruments={instruments})",
+        family="kgrad",
+        jit_compile=False,
+        every_n_steps=every_n_steps,
+        make_callbacks=_probe(
+            every_n_steps, histograms=False, instruments=instruments, capture=["weight_gradients"]
+        ),
+        time_target=time_target,
+        quick=False,
+    )
+
+
 def _plain(name, label, jit_compile=False):
     return Config(name, label, "baseline", jit_compile, 1, _no_callbacks, quick=not jit_compile)
 
@@ -223,6 +243,13 @@ def all_configs():
         # N=16 is measured here (N changes how often the probed step runs,
         # not what it allocates). No time target.
         _instruments_only(1, time_target=None),
+        # Issue 42's targets: the stability instruments at every 16 steps
+        # (<= 1.05; the attention instrument is not built yet), and the logits
+        # instrument at every step (<= 1.5), in their cheapest probe.
+        _stability_only("probe_stability_n16", 16, ["optimizer", "logits"], _STABILITY_TARGET),
+        _stability_only("probe_logits_n1", 1, ["logits"], _LOGITS_EVERY_STEP_TARGET),
+        # No target: the same probe without instruments, what they are added to.
+        _stability_only("probe_weight_norms_n16", 16, [], None),
         # The default guard: the every-step sentinel (the loss and the weight
         # gradients); the replay runs on a trip only, never in a timed run.
         _guard_config("guard", "NonFiniteGuard() alone: the sentinel (loss + weight gradients)", {},

@@ -60,6 +60,22 @@ def _mobilenet():
     return keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=CLASSES)
 
 
+def _transformer():
+    # One post-norm encoder block (keras.layers.MultiHeadAttention, 2 heads)
+    # on 16 positions of 16 features: 7.3k weights, the shape of a
+    # transformer's instabilities at the size of a unit test (issue 42).
+    inputs = keras.Input((16, 16))
+    hidden = keras.layers.Dense(32, name="embed")(inputs)
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8, name="attention")(hidden, hidden)
+    hidden = keras.layers.LayerNormalization(name="norm_1")(hidden + attention)
+    feed_forward = keras.layers.Dense(64, activation="gelu", name="ffn_in")(hidden)
+    feed_forward = keras.layers.Dense(32, name="ffn_out")(feed_forward)
+    hidden = keras.layers.LayerNormalization(name="norm_2")(hidden + feed_forward)
+    pooled = keras.layers.GlobalAveragePooling1D()(hidden)
+    outputs = keras.layers.Dense(CLASSES, activation="softmax", name="head")(pooled)
+    return keras.Model(inputs, outputs, name="transformer")
+
+
 MODELS = {
     spec.name: spec
     for spec in (
@@ -77,6 +93,14 @@ MODELS = {
             (32, 32, 3),
             16,
             _mobilenet,
+        ),
+        ModelSpec(
+            "transformer",
+            "Transformer encoder block (MultiHeadAttention 2 heads x 8, FFN 64, post-norm) on 16x16, "
+            "GAP, Dense 10; batch 32",
+            (16, 16),
+            32,
+            _transformer,
         ),
     )
 }
