@@ -2,10 +2,12 @@
 
 import dataclasses
 import os
+import threading
 
 import keras
 
 from kgrad import backends
+from kgrad.callbacks import probe_output
 from kgrad.logs.writer import ProbeWriter
 from kgrad.plan.options import ProbeConfig
 
@@ -137,6 +139,14 @@ class GradientProbe(keras.callbacks.Callback):
         self.latest_by_tape = {}
         self._writers = {}
         self._step = None
+        # Keras' JAX trainer may run on_train_batch_end in worker threads, and
+        # in any order (`async_safe`): what they update is updated under it.
+        self._lock = threading.RLock()
+
+    # Keras dispatches on_train_batch_end asynchronously only for callbacks that
+    # say it is safe (JAX; TensorFlow's trainer never does): this one reads the
+    # device only after executions that probed, and holds `_lock` meanwhile.
+    async_safe = True
 
     # -- installing the probing step ------------------------------------------------
 
@@ -148,7 +158,7 @@ class GradientProbe(keras.callbacks.Callback):
         # Under a multi-worker strategy every worker runs the probe (its
         # collectives need all of them) but only the chief writes events.
         writes = self.log_dir is not None and backend.is_chief(self.model)
-        log_dir = _writable(self.log_dir) if writes else None
+        log_dir = probe_output.writable(self.log_dir) if writes else None
         self._step = backend.attach(self.model, "probe", self.config)
         self._probing_function = self.model.train_function
         # The host knows exactly which steps an execution runs, unless an
@@ -203,13 +213,16 @@ class GradientProbe(keras.callbacks.Callback):
         if steps_in_epoch:
             # Keras reports a short last execution as a full one.
             batch = min(batch, steps_in_epoch - 1)
-        steps_seen = self._steps_before_epoch + batch + 1
-        ran_probed_step = _contains_probed_step(
-            self._steps_seen, steps_seen - 1, self.config.every_n_steps
-        )
-        self._steps_seen = steps_seen
-        if ran_probed_step:
-            self._collect()
+        with self._lock:
+            steps_seen = self._steps_before_epoch + batch + 1
+            ran_probed_step = _contains_probed_step(
+                self._steps_seen, steps_seen - 1, self.config.every_n_steps
+            )
+            # An end dispatched out of order finds the count ahead of it; what it
+            # would have read, the next read (at the latest the epoch's end) reads.
+            self._steps_seen = max(self._steps_seen, steps_seen)
+            if ran_probed_step:
+                self._collect()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._steps_before_epoch = self._steps_seen
@@ -225,6 +238,10 @@ class GradientProbe(keras.callbacks.Callback):
             writer.flush()
 
     def _collect(self):
+        with self._lock:
+            self._collect_new_records()
+
+    def _collect_new_records(self):
         if self._step is None:
             return
         for name, pipeline in self._step.pipelines().items():
@@ -238,7 +255,7 @@ class GradientProbe(keras.callbacks.Callback):
                     self.latest_by_tape[name] = record
                 self.latest = record
                 if self._log_dir is not None:
-                    self._writer(name, pipeline).write(_for_tensorboard(record))
+                    self._writer(name, pipeline).write(probe_output.for_tensorboard(record))
                 if self.on_probe is not None:
                     self.on_probe(record)
 
@@ -254,40 +271,3 @@ def _contains_probed_step(first_step, last_step, every_n_steps):
     """Whether a step index in ``[first_step, last_step]`` is probed."""
     first_probed = -(-first_step // every_n_steps) * every_n_steps
     return first_probed <= last_step
-
-
-def _for_tensorboard(record):
-    """A step the loss scaler skipped is logged as such, not as an explosion.
-
-    Its gradients overflowed on purpose (the loss scaler probes for the
-    largest usable scale), and it shares its step with the next step, as
-    ``optimizer.iterations`` does not advance: only the loss-scale tags are
-    written. ``on_probe`` and ``latest`` still get the whole record.
-    """
-    if record.scalars.get("global/loss_scale_skipped", 0.0) < 1.0:
-        return record
-    scalars = {
-        tag: value for tag, value in record.scalars.items() if tag.startswith("global/loss_scale")
-    }
-    return dataclasses.replace(record, scalars=scalars, histograms={})
-
-
-def _writable(log_dir):
-    """``log_dir``, checked writable without creating it (the writer creates it lazily).
-
-    A fit that fails before its first probed step then leaves no folder.
-    """
-    existing = os.path.abspath(log_dir)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    problem = None
-    if not os.path.isdir(existing):
-        problem = f"{existing!r} is a file"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{existing!r} is not writable"
-    if problem is not None:
-        raise ValueError(
-            f"`log_dir` cannot be written: log_dir={log_dir!r} ({problem}). "
-            "Pass a directory you can write to, e.g. log_dir='logs/run1'."
-        )
-    return log_dir
