@@ -86,14 +86,15 @@ def _read_points(log):
     return points
 
 
-def _fit(steps_per_execution, log, jit_compile=False):
+def _fit(steps_per_execution, log, jit_compile=False, instruments=()):
     x, y = classification_data(samples=STEPS_PER_EPOCH * 2)
     model = compile_classifier(
         sequential_classifier(), jit_compile=jit_compile, steps_per_execution=steps_per_execution
     )
     collector = RecordCollector()
     probe = kgrad.GradientProbe(
-        None, layers=["hidden"], every_n_steps=EVERY_N_STEPS, histograms=False, on_probe=collector
+        None, layers=["hidden"], every_n_steps=EVERY_N_STEPS, histograms=False, on_probe=collector,
+        instruments=instruments,
     )
     model.fit(
         x, y, batch_size=2, epochs=EPOCHS, verbose=0, callbacks=[_EventLog(log), probe]
@@ -122,14 +123,19 @@ def test_the_guard_catches_a_read(device_reads):
 
 
 @pytest.mark.parametrize(
-    "steps_per_execution, jit_compile", [(1, False), (3, False), (1, True)],
-    ids=["spe1", "spe3", "spe1-xla"],  # XLA: statistics run after the step
+    "steps_per_execution, jit_compile, instruments",
+    [(1, False, ()), (3, False, ()), (1, True, ()), (3, False, ("optimizer", "logits"))],
+    ids=["spe1", "spe3", "spe1-xla", "spe3-stability"],  # XLA: statistics run after the step
 )
-def test_reads_only_after_executions_with_a_probed_step(device_reads, steps_per_execution, jit_compile):
-    model, collector = _fit(steps_per_execution, device_reads, jit_compile)
+def test_reads_only_after_executions_with_a_probed_step(
+    device_reads, steps_per_execution, jit_compile, instruments
+):
+    model, collector = _fit(steps_per_execution, device_reads, jit_compile, instruments)
     assert _read_points(device_reads) == _expected_read_points(steps_per_execution)
     total_steps = EPOCHS * STEPS_PER_EPOCH
     assert collector.steps == list(range(0, total_steps, EVERY_N_STEPS))
+    if instruments:  # computed in the probed steps, read with their records only
+        assert all({"adam_rms/hidden/kernel", "logit_max_max/output"} <= set(r.scalars) for r in collector.records)
     # Epochs of known length: the host counts steps exactly and never reads
     # the device counter.
     assert device_reads.count(("read", "steps_run")) == 0
