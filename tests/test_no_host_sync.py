@@ -135,7 +135,8 @@ def test_reads_only_after_executions_with_a_probed_step(
     total_steps = EPOCHS * STEPS_PER_EPOCH
     assert collector.steps == list(range(0, total_steps, EVERY_N_STEPS))
     if instruments:  # computed in the probed steps, read with their records only
-        assert all({"adam_rms/hidden/kernel", "logit_max_max/output"} <= set(r.scalars) for r in collector.records)
+        tags = {"adam_rms/hidden/kernel", "logit_max_max/output"}
+        assert all(tags <= set(record.scalars) for record in collector.records)
     # Epochs of known length: the host counts steps exactly and never reads
     # the device counter.
     assert device_reads.count(("read", "steps_run")) == 0
