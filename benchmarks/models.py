@@ -8,7 +8,6 @@ import dataclasses
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 CLASSES = 10
 
@@ -138,6 +137,8 @@ def make_dataset(spec, x, y):
     background thread filling a buffer, so the CPU time measured during
     another configuration's turn is that configuration's alone.
     """
+    import tensorflow as tf  # here only: the JAX benchmark (no TensorFlow on the GPU machine) uses MODELS
+
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     dataset = dataset.batch(spec.batch_size, drop_remainder=True).repeat()
     # Nor tf.data's autotuning thread: it has nothing to tune here, and

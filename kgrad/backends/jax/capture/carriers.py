@@ -35,6 +35,7 @@ class CarrierLayout:
 
     bucket_count: object  # buckets of the histogram, or None for none
     example_norms: bool  # whether the mean and max of per-example norms follow (dJ/dŷ)
+    columns: tuple = stats.ALL_COLUMNS  # the moments computed (the others are NaN)
 
     @property
     def size(self):
@@ -53,7 +54,7 @@ class CarrierLayout:
         return row, histogram, (rest[0], rest[1]) if self.example_norms else None
 
     def statistics_of(self, gradient):
-        row, histogram = stats.summarize(gradient, self.bucket_count)
+        row, histogram = stats.summarize(gradient, self.bucket_count, self.columns)
         parts = [row] + ([] if histogram is None else [histogram.ravel()])
         if self.example_norms:
             example = norms.example_norms(gradient) if gradient.ndim else jnp.abs(gradient)[None]

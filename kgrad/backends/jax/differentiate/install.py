@@ -19,13 +19,16 @@ from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.handover.records import RecordBuffer
 
 _INSTALLATION = "_kgrad_jax_installation"
+# Functions of earlier fits, kept on the model: tracing and compiling the probed
+# step takes seconds, and a later fit with the same options runs them again.
+_KEPT = "_kgrad_jax_train_functions"
 
 
 class ProbingTrainFunction:
     """``model.train_function`` for executions with a probed step (an `interface.TrainingStep`)."""
 
     def __init__(self, model, config):
-        self.model = model
+        self.model, self.config = model, config
         self.every_n_steps = config.every_n_steps
         self.probed_step = ProbedStep(model, config)
         self.buffer = RecordBuffer(lambda: self.probed_step.names, self.probed_step.weight_shapes)
@@ -86,7 +89,14 @@ class ProbingTrainFunction:
 def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``; ``role`` ``"probe"`` only on JAX for now."""
     _check(model, role, config)
-    function = ProbingTrainFunction(model, config)
+    kept = model.__dict__.setdefault(_KEPT, [])
+    same = [f for f in kept if f.config == config and f.keras_train_function is model.train_function]
+    function = same[0] if same else None
+    if function is None:
+        function = ProbingTrainFunction(model, config)
+        kept[:] = [f for f in kept if f.keras_train_function is model.train_function][-3:] + [function]
+    function.start_at(0)
+    function.buffer.clear()  # what a fit that raised left unread is not this fit's
     object.__setattr__(model, _INSTALLATION, function)
     model.train_function = function
     return function

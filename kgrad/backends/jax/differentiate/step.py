@@ -67,7 +67,8 @@ class ProbedStep:
             def tap(key, kind, tensor):
                 if kind == "activation" and self.config.captures("activations"):
                     wants = rows.wants_histogram("activation", tensor.shape)
-                    forward[key] = stats.summarize(tensor, self._buckets if wants else None)
+                    columns = rows.columns("activation", tensor.shape)
+                    forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
                 if key in carriers:
                     return tap_gradient(tensor, carriers[key], taps[key][2])
                 return tensor
@@ -120,7 +121,11 @@ class ProbedStep:
             layout = None
             if self.config.captures(option):
                 wants = rows.wants_histogram(gradient_kind, tensor.shape)
-                layout = CarrierLayout(self._buckets if wants else None, example_norms=kind == "prediction")
+                layout = CarrierLayout(
+                    self._buckets if wants else None,
+                    example_norms=kind == "prediction",
+                    columns=rows.columns(gradient_kind, tensor.shape),
+                )
             found[key] = (kind, tuple(tensor.shape), layout)
             return tensor
 
@@ -162,7 +167,9 @@ class ProbedStep:
         for path, weight, gradient, updated in zip(self._paths, before, gradients, after):
             has_matrix = path.rpartition("/")[0] in with_a_matrix
             wants = rows.wants_histogram("weight_grad", gradient.shape, has_matrix)
-            row, histogram = stats.summarize(gradient, self._buckets if wants else None)
+            # The norm of every weight's gradient enters global/grad_norm.
+            columns = rows.columns("weight_grad", gradient.shape, has_matrix, extra=(0,))
+            row, histogram = stats.summarize(gradient, self._buckets if wants else None, columns)
             gradient_norms.append(row[0])
             rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
             if weight_tags_written(statistics, gradient, has_matrix):

@@ -37,6 +37,11 @@ class RecordBuffer:
             self._unread.append(record)
             self._appended += 1
 
+    def clear(self):
+        """Drops the records not read (a fit that raised left them)."""
+        with self._lock:
+            self._unread = []
+
     def has_unread(self):
         """Whether records wait to be read (a host check, no device read)."""
         with self._lock:

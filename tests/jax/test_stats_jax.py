@@ -1,0 +1,70 @@
+"""`kgrad.backends.jax.summarize.stats`: the meaning TensorFlow's statistics have, against NumPy in float64."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kgrad.backends.jax.summarize import stats
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _numpy_row(values):
+    values = np.asarray(values, np.float64).ravel()
+    finite = values[np.isfinite(values)]
+    norm = np.nan if np.isnan(values).any() else (np.inf if np.isinf(values).any() else np.linalg.norm(values))
+    return [norm, finite.mean() if finite.size else 0.0, finite.std() if finite.size else 0.0,
+            finite.min() if finite.size else 0.0, finite.max() if finite.size else 0.0,
+            np.mean(values == 0) if values.size else 0.0, np.sum(~np.isfinite(values))]
+
+
+CASES = {
+    "normal": np.random.default_rng(0).normal(size=(40, 7)),
+    "with_zeros": np.array([0.0, 0.0, 1.5, -2.0]),
+    "with_nan_and_inf": np.array([1.0, NAN, 3.0, INF, -2.0]),
+    "only_non_finite": np.array([NAN, INF, -INF]),
+    "inf_no_nan": np.array([1.0, INF, -INF]),
+    "exploding": np.array([3e20, -4e20, 1e19, 0.0]),
+    "dominant_mean": 1e3 + np.random.default_rng(1).normal(size=200) * 1e-2,
+}
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_moment_matches_numpy(case, jit):
+    values = np.asarray(CASES[case], np.float32)
+    summarize = jax.jit(lambda x: stats.summarize(x, 5)) if jit else (lambda x: stats.summarize(x, 5))
+    row, histogram = summarize(jnp.asarray(values))
+    expected = _numpy_row(values)
+    np.testing.assert_allclose(np.asarray(row), expected, rtol=2e-5, atol=1e-6)
+    finite = values[np.isfinite(values)]
+    assert float(np.sum(histogram[:, 2])) == finite.size
+    if finite.size and finite.min() < finite.max():
+        assert float(histogram[0, 0]) == finite.min() and float(histogram[-1, 1]) == finite.max()
+        counts, _ = np.histogram(finite, bins=5, range=(finite.min(), finite.max()))
+        # Values on a bucket's edge may fall on either side in float32 (1e3 +- 1e-2: the
+        # edges are a few float32 steps apart); none is lost.
+        assert np.abs(np.asarray(histogram[:, 2]) - counts).max() <= 1
+
+
+def test_only_the_asked_columns_of_finite_values_are_computed():
+    values = jnp.asarray(CASES["normal"], jnp.float32)
+    full, _ = stats.summarize(values, None)
+    norm_only, _ = stats.summarize(values, None, columns=(0,))
+    assert float(norm_only[0]) == pytest.approx(float(full[0]))
+    assert np.isnan(np.asarray(norm_only[1:6])).all() and float(norm_only[6]) == 0.0
+    # With NaN, the exact path gives every column whatever was asked.
+    with_nan, _ = stats.summarize(jnp.asarray(CASES["with_nan_and_inf"], jnp.float32), None, columns=(0,))
+    np.testing.assert_allclose(np.asarray(with_nan), _numpy_row(CASES["with_nan_and_inf"]), rtol=1e-6)
+
+
+def test_an_empty_tensor_has_zero_moments_and_an_empty_histogram():
+    row, histogram = stats.summarize(jnp.zeros((0, 3)), 3)
+    np.testing.assert_array_equal(np.asarray(row), np.zeros(7))
+    np.testing.assert_array_equal(np.asarray(histogram[:, 2]), [0, 0, 0])
+
+
+def test_a_constant_tensor_gets_one_bucket_of_width_one():
+    _, histogram = stats.summarize(jnp.full((6,), 2.0), 2)
+    np.testing.assert_allclose(np.asarray(histogram), [[1.5, 2.0, 0.0], [2.0, 2.5, 6.0]])
