@@ -28,7 +28,6 @@ import time
 import jax
 import jax.numpy as jnp
 import keras
-import numpy as np
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 import kgrad
@@ -37,11 +36,19 @@ from kgrad.backends.jax.capture.taps import Taps, intercept
 from kgrad.backends.jax.summarize import stats
 from kgrad.plan import selection
 
-CONFIGS = ("baseline_aa", "probe_n100", "probe_n10", "probe_n1", "floor_perturb_n1", "perturb_n1", "carrier_n1")
+CONFIGS = (
+    "baseline_aa",
+    "probe_n100",
+    "probe_n10",
+    "probe_n1",
+    "floor_perturb_n1",
+    "perturb_n1",
+    "carrier_n1",
+)
 
 
 def _perturbed_step(model, with_statistics):
-    """Keras' train_step with zero perturbations on the default layers' outputs, differentiated in one pass."""
+    """Keras' train_step with zero perturbations on the default layers' outputs, in one backward pass."""
     operations, keep = selection.resolve_selection(model, None)
 
     def step(state, data):
@@ -67,21 +74,32 @@ def _perturbed_step(model, with_statistics):
 
             with intercept(model, operations, Taps(add, keep)):
                 return model.compute_loss_and_updates(
-                    trainable, non_trainable, metrics_variables, x, y, sample_weight,
-                    training=True, optimizer_variables=optimizer_variables,
+                    trainable,
+                    non_trainable,
+                    metrics_variables,
+                    x,
+                    y,
+                    sample_weight,
+                    training=True,
+                    optimizer_variables=optimizer_variables,
                 )
 
         (_, aux), (gradients, perturbed) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
             trainable, perturbations
         )
         unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-        trainable, optimizer_variables = model.optimizer.stateless_apply(optimizer_variables, gradients, trainable)
+        trainable, optimizer_variables = model.optimizer.stateless_apply(
+            optimizer_variables, gradients, trainable
+        )
         logs, metrics_variables = model._update_metrics_variables(
             metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
         )
         if with_statistics:
             summaries = [stats.summarize(g, 30) for g in perturbed.values()]
-            logs = {**logs, "_kgrad_bench": jnp.sum(jnp.stack([jnp.sum(r) + jnp.sum(h) for r, h in summaries]))}
+            logs = {
+                **logs,
+                "_kgrad_bench": jnp.sum(jnp.stack([jnp.sum(r) + jnp.sum(h) for r, h in summaries])),
+            }
         else:
             logs = {**logs, "_kgrad_bench": sum(jnp.sum(g) for g in perturbed.values())}
         return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
@@ -105,7 +123,7 @@ def _callbacks(config, log_dir):
     if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
     if config.startswith("probe_n"):
-        return [kgrad.GradientProbe(log_dir, every_n_steps=int(config[len("probe_n"):]))]
+        return [kgrad.GradientProbe(log_dir, every_n_steps=int(config[len("probe_n") :]))]
     return []
 
 
@@ -140,10 +158,16 @@ def run_model(spec, pairs, steps, seed=0):
             times = {name: _fit(models[name], callbacks[name], x, y, spec) for name in order}
             cpu_ratios.append(times[config][0] / times["baseline"][0])
             wall_ratios.append(times[config][1] / times["baseline"][1])
-        results[config] = {"cpu_ratio": statistics.median(cpu_ratios), "wall_ratio": statistics.median(wall_ratios),
-                           "cpu_ratios": cpu_ratios}
-        print(f"  {spec.name:4s} {config:18s} CPU ratio {results[config]['cpu_ratio']:.3f} "
-              f"[{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}]  wall {results[config]['wall_ratio']:.3f}", flush=True)
+        results[config] = {
+            "cpu_ratio": statistics.median(cpu_ratios),
+            "wall_ratio": statistics.median(wall_ratios),
+            "cpu_ratios": cpu_ratios,
+        }
+        print(
+            f"  {spec.name:4s} {config:18s} CPU ratio {results[config]['cpu_ratio']:.3f} "
+            f"[{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}]  wall {results[config]['wall_ratio']:.3f}",
+            flush=True,
+        )
     return results
 
 
@@ -159,14 +183,22 @@ def main(argv=None):
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
         parser.error(f"--models: unknown {unknown}; expected some of {sorted(MODELS)}.")
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {jax.devices()[0].device_kind}"
-    print(f"kgrad on JAX {jax.__version__}, Keras {keras.__version__}; {machine}; {args.pairs} pairs of "
-          f"{args.steps} steps", flush=True)
+    machine = (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {jax.devices()[0].device_kind}"
+    )
+    print(
+        f"kgrad on JAX {jax.__version__}, Keras {keras.__version__}; {machine}; {args.pairs} pairs of "
+        f"{args.steps} steps",
+        flush=True,
+    )
     results = {name: run_model(MODELS[name], args.pairs, args.steps) for name in args.models.split(",")}
     if args.out:
         with open(args.out, "w") as file:
-            json.dump({"machine": machine, "pairs": args.pairs, "steps": args.steps, "results": results}, file,
-                      indent=1)
+            json.dump(
+                {"machine": machine, "pairs": args.pairs, "steps": args.steps, "results": results},
+                file,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

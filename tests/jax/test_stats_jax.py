@@ -1,4 +1,4 @@
-"""`kgrad.backends.jax.summarize.stats`: the meaning TensorFlow's statistics have, against NumPy in float64."""
+"""`kgrad.backends.jax.summarize.stats`: the meaning TensorFlow's statistics have, against NumPy."""
 
 import jax
 import jax.numpy as jnp
@@ -13,10 +13,18 @@ NAN, INF = float("nan"), float("inf")
 def _numpy_row(values):
     values = np.asarray(values, np.float64).ravel()
     finite = values[np.isfinite(values)]
-    norm = np.nan if np.isnan(values).any() else (np.inf if np.isinf(values).any() else np.linalg.norm(values))
-    return [norm, finite.mean() if finite.size else 0.0, finite.std() if finite.size else 0.0,
-            finite.min() if finite.size else 0.0, finite.max() if finite.size else 0.0,
-            np.mean(values == 0) if values.size else 0.0, np.sum(~np.isfinite(values))]
+    norm = (
+        np.nan if np.isnan(values).any() else (np.inf if np.isinf(values).any() else np.linalg.norm(values))
+    )
+    return [
+        norm,
+        finite.mean() if finite.size else 0.0,
+        finite.std() if finite.size else 0.0,
+        finite.min() if finite.size else 0.0,
+        finite.max() if finite.size else 0.0,
+        np.mean(values == 0) if values.size else 0.0,
+        np.sum(~np.isfinite(values)),
+    ]
 
 
 CASES = {
