@@ -152,20 +152,25 @@ def run_model(spec, pairs, steps, seed=0):
         _fit(models[config], callbacks[config], x[: spec.batch_size * 2], y[: spec.batch_size * 2], spec)
     results = {}
     for config in CONFIGS:
-        cpu_ratios, wall_ratios = [], []
+        cpu_ratios, wall_ratios, baseline_wall = [], [], []
         for pair in range(pairs):
             order = (config, "baseline") if pair % 2 else ("baseline", config)
             times = {name: _fit(models[name], callbacks[name], x, y, spec) for name in order}
             cpu_ratios.append(times[config][0] / times["baseline"][0])
             wall_ratios.append(times[config][1] / times["baseline"][1])
+            baseline_wall.append(times["baseline"][1])
         results[config] = {
             "cpu_ratio": statistics.median(cpu_ratios),
             "wall_ratio": statistics.median(wall_ratios),
+            "baseline_ms_per_step": statistics.median(baseline_wall) / steps * 1e3,
             "cpu_ratios": cpu_ratios,
+            "wall_ratios": wall_ratios,
         }
+        result = results[config]
         print(
-            f"  {spec.name:4s} {config:18s} CPU ratio {results[config]['cpu_ratio']:.3f} "
-            f"[{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}]  wall {results[config]['wall_ratio']:.3f}",
+            f"  {spec.name:9s} {config:18s} CPU ratio {result['cpu_ratio']:.3f} "
+            f"[{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}]  wall ratio {result['wall_ratio']:.3f} "
+            f"[{min(wall_ratios):.3f}-{max(wall_ratios):.3f}]  plain fit {result['baseline_ms_per_step']:.2f} ms/step",
             flush=True,
         )
     return results

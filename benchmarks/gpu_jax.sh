@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# kgrad on JAX on the GPU machine the device tool lends: plain fit against fit with a
+# GradientProbe every 1, 10 and 100 steps, ms/step and ratios (benchmarks/jax_overhead.py).
+# NonFiniteGuard does not run on JAX yet, so there is no guard row.
+#
+# That machine has JAX (CUDA) and TensorBoard but not Keras: its wheels travel in .whl/.
+#   here, once:   bash benchmarks/gpu_jax.sh fetch          (wheels for Python 3.12, x86-64)
+#   the device:   run(command="bash benchmarks/gpu_jax.sh run", carry=[".whl"], timeout_s=540)
+#   a CPU check:  bash benchmarks/gpu_jax.sh run --quick    (here, with the project's environment)
+# Results: $OUT/gpu_jax.json and $OUT/gpu_jax.log (OUT defaults to /tmp). Under 8 minutes on
+# an H200 (3 models x 6 configurations x 5 pairs of 200 steps, after warm-up compiles).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+out=${OUT:-/tmp}
+case "$mode" in
+fetch)
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    mkdir -p .whl
+    keras_version=$(python3 -c 'import keras; print(keras.__version__)')
+    for package in "keras==$keras_version" namex optree google-crc32c; do
+        python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 -d .whl "$package"
+    done
+    ls -l .whl
+    ;;
+run)
+    shift || true
+    if [ -d .whl ] && ! python3 -c 'import keras' 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl
+        export PYTHONPATH=/tmp/site
+    fi
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" KERAS_BACKEND=jax PYTHONUNBUFFERED=1
+    models=mlp,cnn,mobilenet pairs=5 steps=200
+    if [ "${1:-}" = "--quick" ]; then models=mlp pairs=1 steps=20; fi
+    python3 -c 'import jax; print("JAX devices:", jax.devices())'
+    python3 -m benchmarks.jax_overhead --models "$models" --pairs "$pairs" --steps "$steps" \
+        --out "$out/gpu_jax.json" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' | tee "$out/gpu_jax.log"
+    ;;
+*)
+    echo "usage: bash benchmarks/gpu_jax.sh fetch | run [--quick]" >&2
+    exit 2
+    ;;
+esac
