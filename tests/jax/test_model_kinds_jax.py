@@ -45,7 +45,7 @@ def _reference(kernel1, bias1, kernel2, bias2, x, y):
 def test_layers_of_subclassed_and_nested_models_are_probed_by_name(kind, tmp_path):
     keras.utils.set_random_seed(0)
     model = Subclassed(name="sub") if kind == "subclassed" else _nested()
-    model.build((None, FEATURES))
+    model(np.zeros((1, FEATURES), "float32"))  # builds a subclassed model's layers
     model.compile(keras.optimizers.SGD(0.1), "mse")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH, FEATURES)).astype("float32")
