@@ -64,12 +64,13 @@ def test_configure_probe_selects_layers_captures_and_schedule():
     record = model.probe_results
     assert record.step == 6
     stats = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
-    assert sorted(record.scalars) == sorted(f"activation_{stat}/hidden" for stat in stats)
+    # global/loss: the loss of every probed step, whatever is captured (the spikes' first signal).
+    assert sorted(record.scalars) == sorted([f"activation_{stat}/hidden" for stat in stats] + ["global/loss"])
     assert record.histograms == {}
     # By default, activations write only their zero fraction.
     model.configure_probe(layers=["hidden"], every_n_steps=3, capture=["activations"])
     model.fit(x, y, batch_size=8, verbose=0)
-    assert sorted(model.probe_results.scalars) == ["activation_zero_fraction/hidden"]
+    assert sorted(model.probe_results.scalars) == ["activation_zero_fraction/hidden", "global/loss"]
     assert model.probe_results.histograms == {}
 
 

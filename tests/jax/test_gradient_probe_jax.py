@@ -59,6 +59,7 @@ def _reference(weights, x, y):
             params = [jnp.asarray(w) for w in (kernel1, bias1, kernel2, bias2)]
             zeros = (jnp.zeros((BATCH, HIDDEN)), jnp.zeros((BATCH, HIDDEN)), jnp.zeros((BATCH, 1)))
             grads, (hidden, waved) = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(params, xb, *zeros)
+            loss_value = float(loss(params, xb, *zeros)[0])
             weight_grads, dx, d_hidden, d_sin, d_out = grads[0], grads[1], grads[2], grads[3], grads[4]
             paths = ["hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
             record = {
@@ -71,6 +72,7 @@ def _reference(weights, x, y):
                 "activation_std/sin": float(np.std(waved)),
                 "activation_zero_fraction/hidden": float(np.mean(np.asarray(hidden) == 0)),
                 "global/grad_norm": float(np.sqrt(sum(_norm(g) ** 2 for g in weight_grads))),
+                "global/loss": loss_value,
             }
             new = [p - LEARNING_RATE * g for p, g in zip(params, weight_grads)]
             for path, p, g, n in zip(paths, params, weight_grads, new):
@@ -178,6 +180,7 @@ def test_default_statistics_write_the_tags_tensorflow_writes(tmp_path):
         "update_ratio/hidden/kernel",
         "update_ratio/out/kernel",
         "global/grad_norm",
+        "global/loss",
     }
     assert set(records[0].histograms) == {
         "grad_hist/hidden",

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from keras import tree
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from kgrad.backends.common.calls import replaced_calls
+
 
 def float_leaf(value):
     """Whether ``value`` is a floating-point array (or tracer) that a tap can carry."""
@@ -78,14 +80,6 @@ class Taps:
 @contextlib.contextmanager
 def intercept(model, operations_by_name, taps):
     """Routes the outputs of ``model`` and of ``operations_by_name`` through ``taps`` while the block runs."""
-    replaced = []
-
-    def replace(operation, make):
-        had_own_call = "call" in operation.__dict__
-        original = operation.__dict__.get("call")
-        object.__setattr__(operation, "call", make(operation.call))
-        replaced.append((operation, had_own_call, original))
-
     def layer_wrapper(name, operation):
         def wrap(original_call):
             def call(*args, **kwargs):
@@ -103,14 +97,7 @@ def intercept(model, operations_by_name, taps):
 
         return call
 
-    try:
-        replace(model, model_wrapper)
-        for name, operation in operations_by_name.items():
-            replace(operation, layer_wrapper(name, operation))
+    replacements = [(model, model_wrapper)]
+    replacements += [(op, layer_wrapper(name, op)) for name, op in operations_by_name.items()]
+    with replaced_calls(replacements):
         yield taps
-    finally:
-        for operation, had_own_call, original in reversed(replaced):
-            if had_own_call:
-                object.__setattr__(operation, "call", original)
-            else:
-                del operation.__dict__["call"]

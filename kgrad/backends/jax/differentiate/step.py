@@ -21,7 +21,7 @@ from kgrad.backends.jax.capture.taps import Taps, intercept
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.summaries import SummaryRows
 from kgrad.plan import selection
-from kgrad.plan.tag_names import io_names
+from kgrad.plan.tag_names import LOSS_TAG, io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
 #: The summary kind of each tap's gradient, and the capture option it needs.
@@ -96,6 +96,8 @@ class ProbedStep:
         logs, metrics_variables = self.model._update_metrics_variables(
             metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
         )
+        # The loss of every probed step, unscaled, whatever is captured (as on TensorFlow).
+        rows.add_scalar(LOSS_TAG, unscaled_loss)
         self._add_captured(rows, taps, forward, carried, x, y_pred)
         if self.config.captures("weight_gradients"):
             self._add_weights(rows, trainable, gradients, new_trainable)

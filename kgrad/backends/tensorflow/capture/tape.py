@@ -24,7 +24,10 @@ class ProbeTape(tf.GradientTape):
     the *same* backward pass that computed the requested gradients.
 
     Works eagerly, in ``tf.function`` and in ``tf.function(jit_compile=True)``.
-    Layers are restored when the block exits, also on error.
+    Layers are restored when the block exits, also on error. TensorFlow only:
+    on Keras' JAX backend a tape has no meaning (a jitted step differentiates
+    with ``jax.value_and_grad``), and ``kgrad.ProbeTape`` raises, saying to
+    pass `kgrad.GradientProbe` to ``fit``.
 
     Args:
         model: The ``keras.Model`` to look inside.

@@ -17,6 +17,8 @@ import threading
 
 import tensorflow as tf
 
+from kgrad.backends.common.calls import replaced_calls
+
 # Recorders currently open, innermost last. Process-wide on purpose: under
 # `tf.distribute.MirroredStrategy` replica functions are traced on threads of
 # their own, and they must still see the probe opened by the caller.
@@ -144,29 +146,15 @@ def intercept(model, operations_by_name, recorder, keep=None):
             operation has run (so Keras has built it): only operations it
             keeps are recorded.
     """
-    replaced = []
 
     def wrapper_for(name, operation):
         condition = None if keep is None else (lambda: keep(operation))
         return lambda call: _layer_wrapper(call, recorder, name, condition)
 
-    def replace(operation, wrapper):
-        had_own_call = "call" in operation.__dict__
-        original = operation.__dict__.get("call")
-        object.__setattr__(operation, "call", wrapper(operation.call))
-        replaced.append((operation, had_own_call, original))
-
-    try:
-        replace(model, lambda call: _model_wrapper(call, recorder))
-        for name, operation in operations_by_name.items():
-            replace(operation, wrapper_for(name, operation))
+    replacements = [(model, lambda call: _model_wrapper(call, recorder))]
+    replacements += [(op, wrapper_for(name, op)) for name, op in operations_by_name.items()]
+    with replaced_calls(replacements):
         yield
-    finally:
-        for operation, had_own_call, original in reversed(replaced):
-            if had_own_call:
-                object.__setattr__(operation, "call", original)
-            else:
-                del operation.__dict__["call"]
 
 
 def float_leaves(structure):
