@@ -22,14 +22,16 @@ class Subclassed(keras.Model):
 
 
 def _nested():
-    inner = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN, activation="tanh", name="hidden")],
-                             name="inner")
+    inner = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN, activation="tanh", name="hidden")], name="inner"
+    )
     inputs = keras.Input((FEATURES,))
     return keras.Model(inputs, keras.layers.Dense(1, name="out")(inner(inputs)), name="outer")
 
 
 def _reference(kernel1, bias1, kernel2, bias2, x, y):
     with jax.enable_x64(True):
+
         def loss(d_hidden, d_out, k1):
             hidden = jnp.tanh(x @ k1 + bias1) + d_hidden
             out = hidden @ kernel2 + bias2 + d_out
@@ -37,8 +39,11 @@ def _reference(kernel1, bias1, kernel2, bias2, x, y):
 
         zeros = (jnp.zeros((BATCH, HIDDEN)), jnp.zeros((BATCH, 1)))
         d_hidden, d_out, d_kernel = jax.grad(loss, argnums=(0, 1, 2))(*zeros, jnp.asarray(kernel1))
-        return {"hidden": float(jnp.linalg.norm(d_hidden)), "out": float(jnp.linalg.norm(d_out)),
-                "kernel": float(jnp.linalg.norm(d_kernel))}
+        return {
+            "hidden": float(jnp.linalg.norm(d_hidden)),
+            "out": float(jnp.linalg.norm(d_out)),
+            "kernel": float(jnp.linalg.norm(d_kernel)),
+        }
 
 
 @pytest.mark.parametrize("kind", ["subclassed", "nested"])
@@ -52,8 +57,13 @@ def test_layers_of_subclassed_and_nested_models_are_probed_by_name(kind, tmp_pat
     y = rng.normal(size=(BATCH, 1)).astype("float32")
     weights = [np.asarray(w, np.float64) for w in model.get_weights()]
     records = []
-    model.fit(x, y, batch_size=BATCH, verbose=0,
-              callbacks=[kgrad.GradientProbe(str(tmp_path), on_probe=records.append)])
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        verbose=0,
+        callbacks=[kgrad.GradientProbe(str(tmp_path), on_probe=records.append)],
+    )
     (record,) = records
     expected = _reference(*weights, x.astype(np.float64), y.astype(np.float64))
     kernel = "hidden/kernel" if kind == "subclassed" else "inner/hidden/kernel"
