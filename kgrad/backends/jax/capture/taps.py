@@ -12,17 +12,11 @@ with several float outputs ``name/0``, ``name/1``.
 
 import contextlib
 
-import jax.numpy as jnp
 from keras import tree
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
-
-
-def float_leaf(value):
-    """Whether ``value`` is a floating-point array (or tracer) that a tap can carry."""
-    dtype = getattr(value, "dtype", None)
-    return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+from kgrad.backends.common.model_io import is_float
 
 
 class Taps:
@@ -52,7 +46,7 @@ class Taps:
             return outputs
         name = self._unique(name)
         leaves = tree.flatten(outputs)
-        floats = [index for index, leaf in enumerate(leaves) if float_leaf(leaf)]
+        floats = [index for index, leaf in enumerate(leaves) if is_float(leaf)]
         if not floats:
             self.non_float[name] = [getattr(leaf, "dtype", type(leaf)) for leaf in leaves]
             return outputs
@@ -65,7 +59,7 @@ class Taps:
         if self._model_called or in_symbolic_scope():
             return inputs
         return tree.map_structure(
-            lambda leaf: self._tap(None, "input", leaf) if float_leaf(leaf) else leaf, inputs
+            lambda leaf: self._tap(None, "input", leaf) if is_float(leaf) else leaf, inputs
         )
 
     def model_outputs(self, outputs):
@@ -73,7 +67,7 @@ class Taps:
             return outputs
         self._model_called = True  # the first call is the step's; later ones (a metric's) are not
         return tree.map_structure(
-            lambda leaf: self._tap(None, "prediction", leaf) if float_leaf(leaf) else leaf, outputs
+            lambda leaf: self._tap(None, "prediction", leaf) if is_float(leaf) else leaf, outputs
         )
 
 

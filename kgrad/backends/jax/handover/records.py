@@ -42,11 +42,6 @@ class RecordBuffer:
         with self._lock:
             self._unread = []
 
-    def has_unread(self):
-        """Whether records wait to be read (a host check, no device read)."""
-        with self._lock:
-            return bool(self._unread)
-
     def read_since(self, delivered, latest=None):
         """``(records, delivered)``: the `kgrad.ProbeRecord`s appended after the first ``delivered``."""
         del latest  # TensorFlow's every-step record; the JAX step always appends
