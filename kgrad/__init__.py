@@ -24,6 +24,7 @@ __all__ = [
     "ProbeResult",
     "ProbeTape",
     "ProbingModel",
+    "UnsupportedBackendError",
     "first_non_finite",
     "health_report",
     "prediction_gradient",
@@ -35,7 +36,7 @@ __all__ = [
 
 # The names whose meaning is the backend's own come from the backend Keras runs
 # on (`kgrad.backends.current()`), which names the supported ones otherwise.
-_BACKEND = "kgrad.backends"
+_BACKEND = "<the backend Keras runs on>"
 
 # Each public name and the module that defines it: a name added to __all__
 # is added here too (tests/test_public_api.py checks both lists agree).
@@ -52,6 +53,7 @@ _MODULES = {
     "ProbeResult": _BACKEND,
     "ProbeTape": _BACKEND,
     "ProbingModel": _BACKEND,
+    "UnsupportedBackendError": "kgrad.backends",
     "first_non_finite": _BACKEND,
     "health_report": "kgrad.report.health",
     "prediction_gradient": _BACKEND,
@@ -66,6 +68,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.callbacks.non_finite_guard import NonFiniteGuard  # noqa: F401
     from kgrad.plan.options import CAPTURE_KINDS, GUARD_KINDS  # noqa: F401
     from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
+    from kgrad.backends import UnsupportedBackendError  # noqa: F401
     from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
     from kgrad.report.html import write_html_report  # noqa: F401
     from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
@@ -83,9 +86,10 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
 def __getattr__(name):
     """Loads a public name, or a submodule (``kgrad.report``), on first use."""
     if name in _MODULES:
-        module = importlib.import_module(_MODULES[name])
         if _MODULES[name] == _BACKEND:
-            module = module.current()
+            module = importlib.import_module("kgrad.backends").current()
+        else:
+            module = importlib.import_module(_MODULES[name])
         value = getattr(module, name)
         globals()[name] = value  # later lookups do not come here
         return value

@@ -20,7 +20,21 @@ SUPPORTED_BACKENDS = ("tensorflow", "jax")
 
 
 class UnsupportedBackendError(RuntimeError):
-    """Raised when Keras runs on a backend kgrad does not support yet."""
+    """Raised when Keras runs on a backend kgrad (or one of its parts) does not support yet.
+
+    Raised before ``fit`` starts, by the callback's constructor or its
+    ``on_train_begin``; the message names the backend, what runs on it, and
+    what to do (``KERAS_BACKEND=tensorflow``, or the part that runs there).
+
+    Example:
+
+    >>> import kgrad
+    >>> try:
+    ...     raise kgrad.UnsupportedBackendError("kgrad does not support Keras' 'torch' backend yet.")
+    ... except kgrad.UnsupportedBackendError as error:
+    ...     print(error)
+    kgrad does not support Keras' 'torch' backend yet.
+    """
 
 
 def current():
