@@ -46,3 +46,9 @@ OPTIMIZER_KINDS = ("adam_rms", "grad_outlier_fraction", "update_rms")
 #: ``instruments=["logits"]``: per output, ``<kind>_mean/<output>`` (over examples and
 #: positions) and ``<kind>_max/<output>``.
 LOGIT_KINDS = ("logit_max", "logit_lse", "logit_entropy", "logit_top1_prob")
+#: ``instruments=["attention"]``: per attention layer and head,
+#: ``<kind>/<layer path>/head_<h>``: ``attention_logit_max`` is the largest
+#: pre-softmax score (scaled q·k, masked keys left out) over the sub-batch, query
+#: and key positions; ``attention_entropy`` the mean over examples and query
+#: positions of the entropy (nats) of the attention weights.
+ATTENTION_KINDS = ("attention_logit_max", "attention_entropy")
