@@ -63,19 +63,27 @@ class CarrierLayout:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def tap_gradient(x, carrier, layout):
-    """``x`` unchanged; the carrier's gradient is `CarrierLayout.statistics_of` dJ/dx."""
-    del carrier, layout
+def tap_gradient(x, carrier, layout, inverse_scale=None):
+    """``x`` unchanged; the carrier's gradient is `CarrierLayout.statistics_of` dJ/dx.
+
+    ``inverse_scale`` (a scalar, or ``None``) multiplies dJ/dx before its
+    statistics are taken: 1 / the loss scale when the differentiated loss was
+    scaled (mixed precision), so that the statistics are of the true loss.
+    dJ/dx itself passes on scaled, as Keras' step needs it.
+    """
+    del carrier, layout, inverse_scale
     return x
 
 
-def _forward(x, carrier, layout):
+def _forward(x, carrier, layout, inverse_scale):
     del carrier, layout
-    return x, None
+    return x, inverse_scale
 
 
-def _backward(layout, _, gradient):
-    return gradient, layout.statistics_of(gradient)
+def _backward(layout, inverse_scale, gradient):
+    unscaled = gradient if inverse_scale is None else gradient.astype(jnp.float32) * inverse_scale
+    no_scale_gradient = None if inverse_scale is None else jnp.zeros_like(inverse_scale)
+    return gradient, layout.statistics_of(unscaled), no_scale_gradient
 
 
 tap_gradient.defvjp(_forward, _backward)

@@ -134,10 +134,6 @@ def _check(model, role, config):
             f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; "
             "on JAX kgrad probes Keras' own train_step only yet"
         )
-    elif isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
-        unsupported = (
-            "a LossScaleOptimizer (mixed_float16) scales the loss; kgrad does not unscale it on JAX yet"
-        )
     elif config.instruments:
         unsupported = f"instruments={list(config.instruments)!r} are computed on TensorFlow only yet"
     elif keras.distribution.distribution() is not None:

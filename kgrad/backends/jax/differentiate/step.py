@@ -18,6 +18,7 @@ from kgrad.backends.common import norms
 from kgrad.backends.common.model_io import float_input_names, model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.taps import Taps, intercept
+from kgrad.backends.jax.differentiate import loss_scale
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.summaries import SummaryRows
 from kgrad.plan import selection
@@ -60,6 +61,8 @@ class ProbedStep:
         rows = SummaryRows(self.config.histograms, self.config.statistics)
         taps = self._discover(trainable, non_trainable, x, rows)
         carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
+        # Keras differentiates the scaled loss (mixed precision): statistics are of the true loss.
+        inverse_scale = loss_scale.inverse_loss_scale(self.model.optimizer, optimizer_variables)
 
         def loss_and_forward(trainable, carriers):
             forward = {}
@@ -70,7 +73,7 @@ class ProbedStep:
                     columns = rows.columns("activation", tensor.shape)
                     forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
                 if key in carriers:
-                    return tap_gradient(tensor, carriers[key], taps[key][2])
+                    return tap_gradient(tensor, carriers[key], taps[key][2], inverse_scale)
                 return tensor
 
             with intercept(self.model, self._operations, _KeyedTaps(tap, self._keep)):
@@ -100,7 +103,13 @@ class ProbedStep:
         rows.add_scalar(LOSS_TAG, unscaled_loss)
         self._add_captured(rows, taps, forward, carried, x, y_pred)
         if self.config.captures("weight_gradients"):
-            self._add_weights(rows, trainable, gradients, new_trainable)
+            self._add_weights(rows, trainable, gradients, new_trainable, inverse_scale)
+        if inverse_scale is not None:
+            rows.add_scalar("global/loss_scale", 1.0 / inverse_scale)
+        if loss_scale.skips_overflowed_steps(self.model.optimizer):
+            # The loss scaler skipped the update (its scale was too large; not an
+            # explosion) when it did not advance the iterations.
+            rows.add_scalar("global/loss_scale_skipped", optimizer_variables[self._iterations] == step)
         self.names = (rows.scalar_names, rows.histogram_names)
         record = (step, rows.scalars(), rows.histograms(self.config.bucket_count))
         return logs, (new_trainable, non_trainable, optimizer_variables, metrics_variables), record
@@ -162,11 +171,13 @@ class ProbedStep:
                 rows.add_scalar(f"pred_grad_example_norm_mean/{name}", example[0])
                 rows.add_scalar(f"pred_grad_example_norm_max/{name}", example[1])
 
-    def _add_weights(self, rows, before, gradients, after):
+    def _add_weights(self, rows, before, gradients, after, inverse_scale):
         statistics = self.config.statistics
         with_a_matrix = layers_with_a_matrix(self._paths, list(self.weight_shapes.values()))
         gradient_norms = []
         for path, weight, gradient, updated in zip(self._paths, before, gradients, after):
+            if inverse_scale is not None:
+                gradient = gradient.astype(jnp.float32) * inverse_scale
             has_matrix = path.rpartition("/")[0] in with_a_matrix
             wants = rows.wants_histogram("weight_grad", gradient.shape, has_matrix)
             # The norm of every weight's gradient enters global/grad_norm.

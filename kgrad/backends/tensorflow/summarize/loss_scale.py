@@ -1,16 +1,8 @@
 """Loss scaling (mixed precision, ``loss_scale_factor``): kgrad reports gradients of the unscaled loss."""
 
-import keras
 import tensorflow as tf
 
-
-def scales_loss(optimizer):
-    """Whether ``optimizer.scale_loss`` multiplies the loss (mixed precision, or
-    a ``loss_scale_factor``), so that gradients must be divided back."""
-    return optimizer is not None and (
-        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-        or getattr(optimizer, "loss_scale_factor", None) is not None
-    )
+from kgrad.backends.common.loss_scale import scales_loss  # noqa: F401  (imported from here too)
 
 
 def inverse_loss_scale(optimizer):
