@@ -33,7 +33,12 @@ class ProbingTrainFunction:
         self.probed_step = ProbedStep(model, config)
         self.buffer = RecordBuffer(lambda: self.probed_step.names, self.probed_step.weight_shapes)
         compile_steps = model.jit_compile and not model.run_eagerly
-        self._probed = jax.jit(self.probed_step, donate_argnums=0) if compile_steps else self.probed_step
+        self._state_shardings = _state_shardings(model)
+        self._probed = (
+            jax.jit(self.probed_step, donate_argnums=0, out_shardings=(None, self._state_shardings, None))
+            if compile_steps
+            else self.probed_step
+        )
         self._plain = None  # Keras' own step, jitted on first use (executions of several steps)
         self._compile = compile_steps
         self.keras_train_function = model.train_function
@@ -59,7 +64,11 @@ class ProbingTrainFunction:
             return logs, state
         if self._plain is None:
             step = self.model.train_step
-            self._plain = jax.jit(step, donate_argnums=0) if self._compile else step
+            self._plain = (
+                jax.jit(step, donate_argnums=0, out_shardings=(None, self._state_shardings))
+                if self._compile
+                else step
+            )
         return self._plain(state, data)
 
     # -- what the callbacks ask (kgrad.backends.interface.TrainingStep) ---------------
@@ -84,6 +93,18 @@ class ProbingTrainFunction:
 
     def batch_not_kept(self):
         return None
+
+
+def _state_shardings(model):
+    """Where the state lives under a `keras.distribution` (as Keras' train function keeps it), or ``None``.
+
+    Under `keras.distribution.DataParallel` the batch is split over the devices
+    and the step is one program over the global batch (GSPMD): the statistics
+    kgrad reduces are those of the global batch, as on one device.
+    """
+    if keras.distribution.distribution() is None:
+        return None
+    return model._get_state_sharding_spec()
 
 
 def attach(model, role, config):
@@ -136,8 +157,6 @@ def _check(model, role, config):
         )
     elif config.instruments:
         unsupported = f"instruments={list(config.instruments)!r} are computed on TensorFlow only yet"
-    elif keras.distribution.distribution() is not None:
-        unsupported = "a keras.distribution is set; kgrad probes one device only on JAX yet"
     if unsupported is not None:
         raise UnsupportedBackendError(
             f"kgrad.GradientProbe cannot probe this fit on Keras' JAX backend: {unsupported}. "

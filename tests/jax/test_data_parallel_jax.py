@@ -1,0 +1,47 @@
+"""`keras.distribution.DataParallel` over 2 CPU devices logs what one device logs on the same global batch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "data_parallel_jax.py")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, env=environment,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_batch_is_split_over_two_devices(runs):
+    assert runs["devices"] == 2
+    assert "batch" in runs["sharding"]  # the variables live on the DataParallel mesh
+
+
+def test_data_parallel_logs_the_values_of_one_device(runs):
+    one, parallel = runs["one_device"], runs["data_parallel"]
+    assert [r["step"] for r in parallel] == [r["step"] for r in one] == [0, 2, 4, 6]
+    for single, split in zip(one, parallel):
+        assert split["scalars"].keys() == single["scalars"].keys()
+        assert "grad_norm/sin" in split["scalars"] and "input_grad_norm/input" in split["scalars"]
+        for tag, value in single["scalars"].items():
+            # Sums over the batch in another order: float32 rounding only.
+            assert split["scalars"][tag] == pytest.approx(value, rel=1e-5, abs=1e-7), tag
+        for tag, buckets in single["histograms"].items():
+            expected, got = np.array(buckets), np.array(split["histograms"][tag])
+            np.testing.assert_allclose(got[:, :2], expected[:, :2], rtol=1e-5, atol=1e-6, err_msg=tag)
+            assert got[:, 2].sum() == expected[:, 2].sum(), tag
+            # A value on a bucket edge may fall on either side of it after a
+            # reduction in another order: the counts up to each edge agree within 1.
+            assert np.abs(np.cumsum(got[:, 2]) - np.cumsum(expected[:, 2])).max() <= 1, tag
+
+
+def test_probing_does_not_change_data_parallel_training(runs):
+    assert runs["weight_difference"] == 0.0
