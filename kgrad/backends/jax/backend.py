@@ -21,10 +21,10 @@ from kgrad.backends.jax.unavailable import (  # noqa: F401
     ProbeTape,
     ProbingModel,
     first_non_finite,
-    prediction_gradient,
     replay_step,
-    tap,
 )
+from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
+from kgrad.backends.jax.differentiate.prediction_gradient import prediction_gradient  # noqa: F401
 from kgrad.plan import selection
 
 NAME = "jax"

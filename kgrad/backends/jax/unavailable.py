@@ -25,7 +25,5 @@ def _unavailable(name, what):
 ProbeTape = _unavailable("ProbeTape", "is a tf.GradientTape (JAX differentiates with jax.value_and_grad)")
 ProbingModel = _unavailable("ProbingModel", "overrides the TensorFlow train_step")
 ProbeResult = _unavailable("ProbeResult", "is what a ProbeTape returns")
-tap = _unavailable("tap", "marks a tensor for a ProbeTape")
-prediction_gradient = _unavailable("prediction_gradient", "differentiates with a tf.GradientTape")
 first_non_finite = _unavailable("first_non_finite", "reads a ProbeTape's result")
 replay_step = _unavailable("replay_step", "replays a NonFiniteGuard's step, which runs on TensorFlow only")

@@ -17,6 +17,7 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float
+from kgrad.backends.jax.capture import user_taps
 
 
 class Taps:
@@ -44,6 +45,10 @@ class Taps:
     def layer_output(self, name, operation, outputs):
         if in_symbolic_scope() or (self._keep is not None and not self._keep(operation)):
             return outputs
+        return self.tapped(name, outputs)
+
+    def tapped(self, name, outputs):
+        """``outputs`` of ``name`` (a layer, an op or a `kgrad.tap`), each float leaf tapped."""
         name = self._unique(name)
         leaves = tree.flatten(outputs)
         floats = [index for index, leaf in enumerate(leaves) if is_float(leaf)]
@@ -93,5 +98,5 @@ def intercept(model, operations_by_name, taps):
 
     replacements = [(model, model_wrapper)]
     replacements += [(op, layer_wrapper(name, op)) for name, op in operations_by_name.items()]
-    with replaced_calls(replacements):
+    with replaced_calls(replacements), user_taps.active(taps):  # kgrad.tap calls reach taps too
         yield taps

@@ -1,9 +1,9 @@
 """dJ/d(prediction) that survives Keras' logits shortcut."""
 
-import contextlib
-
 import keras
 import tensorflow as tf
+
+from kgrad.backends.common.losses import as_loss, loss_metrics_paused
 
 
 def _plain_tensor(tensor):
@@ -73,7 +73,7 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
     """
     if isinstance(loss_fn, keras.Model):
         return compiled_prediction_gradient(loss_fn, y_true, y_pred, sample_weight, argument=True)
-    loss_fn = _as_loss(loss_fn)
+    loss_fn = as_loss(loss_fn)
     y_copy = _plain_copy(y_pred)
     with tf.GradientTape() as tape:
         tape.watch(tf.nest.flatten(y_copy))
@@ -86,44 +86,6 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
         loss, y_copy, unconnected_gradients=tf.UnconnectedGradients.ZERO
     )
     return gradients
-
-
-def _as_loss(loss_fn):
-    """``loss_fn`` as a callable; a name is looked up as ``model.compile`` does."""
-    if isinstance(loss_fn, str):
-        try:
-            return keras.losses.get(loss_fn)
-        except ValueError:
-            raise ValueError(
-                f"`loss_fn` names no Keras loss. Received: loss_fn={loss_fn!r}. Pass a name "
-                "that model.compile accepts (e.g. 'sparse_categorical_crossentropy', 'mse'), "
-                "a keras.losses.Loss, a function loss_fn(y_true, y_pred) or a compiled model."
-            ) from None
-    if not callable(loss_fn):
-        raise TypeError(
-            "`loss_fn` must be a loss name, a keras.losses.Loss, a callable "
-            f"loss_fn(y_true, y_pred) or a compiled model. Received: loss_fn={loss_fn!r} of "
-            f"type {type(loss_fn).__name__}. "
-            "Example: kgrad.prediction_gradient('mse', y, y_pred)."
-        )
-    return loss_fn
-
-
-@contextlib.contextmanager
-def _loss_metrics_paused(compile_loss):
-    # Keras' CompileLoss updates per-output loss metrics when called; the
-    # shadow evaluation for dJ/dŷ must not count twice in the logged metrics.
-    # One `None` per metric, not an empty list: CompileLoss zips its losses
-    # with its metrics, and an empty list stands for a single output, which
-    # would drop every loss but the first.
-    saved = compile_loss.__dict__.get("_metrics")
-    if saved is not None:
-        object.__setattr__(compile_loss, "_metrics", [None] * len(saved))
-    try:
-        yield
-    finally:
-        if saved is not None:
-            object.__setattr__(compile_loss, "_metrics", saved)
 
 
 def compiled_prediction_gradient(model, y_true, y_pred, sample_weight=None, argument=False):
@@ -149,5 +111,5 @@ def compiled_prediction_gradient(model, y_true, y_pred, sample_weight=None, argu
         # loss metrics to the list that the pause has swapped out, and the
         # call would then zip the losses with no metric and drop all but one.
         compile_loss.build(y_true, y_pred)
-    with _loss_metrics_paused(compile_loss):
+    with loss_metrics_paused(compile_loss):
         return prediction_gradient(compiled_loss, y_true, y_pred, sample_weight)

@@ -1,0 +1,52 @@
+"""Loss functions as kgrad's dJ/dŷ evaluates them, whichever backend differentiates.
+
+`kgrad.prediction_gradient` takes any loss ``model.compile`` accepts; these
+turn it into a callable, and keep a compiled loss's own metrics from counting
+the extra evaluation.
+
+>>> import keras
+>>> float(as_loss("mse")(keras.ops.ones((1, 2)), keras.ops.zeros((1, 2)))[0])
+1.0
+"""
+
+import contextlib
+
+import keras
+
+
+def as_loss(loss_fn):
+    """``loss_fn`` as a callable; a name is looked up as ``model.compile`` does."""
+    if isinstance(loss_fn, str):
+        try:
+            return keras.losses.get(loss_fn)
+        except ValueError:
+            raise ValueError(
+                f"`loss_fn` names no Keras loss. Received: loss_fn={loss_fn!r}. Pass a name "
+                "that model.compile accepts (e.g. 'sparse_categorical_crossentropy', 'mse'), "
+                "a keras.losses.Loss, a function loss_fn(y_true, y_pred) or a compiled model."
+            ) from None
+    if not callable(loss_fn):
+        raise TypeError(
+            "`loss_fn` must be a loss name, a keras.losses.Loss, a callable "
+            f"loss_fn(y_true, y_pred) or a compiled model. Received: loss_fn={loss_fn!r} of "
+            f"type {type(loss_fn).__name__}. "
+            "Example: kgrad.prediction_gradient('mse', y, y_pred)."
+        )
+    return loss_fn
+
+
+@contextlib.contextmanager
+def loss_metrics_paused(compile_loss):
+    # Keras' CompileLoss updates per-output loss metrics when called; the
+    # shadow evaluation for dJ/dŷ must not count twice in the logged metrics.
+    # One `None` per metric, not an empty list: CompileLoss zips its losses
+    # with its metrics, and an empty list stands for a single output, which
+    # would drop every loss but the first.
+    saved = compile_loss.__dict__.get("_metrics")
+    if saved is not None:
+        object.__setattr__(compile_loss, "_metrics", [None] * len(saved))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            object.__setattr__(compile_loss, "_metrics", saved)
