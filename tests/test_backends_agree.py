@@ -2,7 +2,9 @@
 
 Keras picks one backend per process; the JAX run writes what its probe
 recorded as JSON. Both runs start from the same weights (set from NumPy), so
-every value of the first probed step must agree, for both ``statistics=``.
+every value of the second probed step must agree, for both ``statistics=``,
+and with ``instruments=["optimizer", "logits", "per_example"]`` (a softmax
+classifier trained by Adam).
 """
 
 import json
@@ -23,35 +25,50 @@ SCRIPT = """
     keras.utils.set_random_seed(0)
     inputs = keras.Input((3,), name="features")
     hidden = keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
-    outputs = keras.layers.Dense(2, name="out")(keras.ops.tanh(hidden))
+    instruments = [name for name in sys.argv[2].split(",") if name]
+    if instruments:  # a classifier trained by Adam: every instrument has something to say
+        outputs = keras.layers.Dense(3, activation="softmax", name="out")(keras.ops.tanh(hidden))
+        loss, optimizer, classes = "sparse_categorical_crossentropy", keras.optimizers.Adam(0.01), 3
+    else:
+        outputs = keras.layers.Dense(2, name="out")(keras.ops.tanh(hidden))
+        loss, optimizer, classes = "mse", keras.optimizers.SGD(0.1), None
     model = keras.Model(inputs, outputs, name="m")
-    model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.compile(optimizer, loss)
     rng = np.random.default_rng(0)
     model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
     x = rng.normal(size=(8, 3)).astype("float32")
-    y = rng.normal(size=(8, 2)).astype("float32")
+    y = rng.normal(size=(8, 2)).astype("float32") if classes is None else np.arange(8) % classes
     records = []
-    model.fit(x, y, batch_size=8, verbose=0, callbacks=[kgrad.GradientProbe(
-        None, layers="all", statistics=sys.argv[1], every_n_steps=1, on_probe=records.append)])
-    (record,) = records
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[kgrad.GradientProbe(
+        None, layers="all", statistics=sys.argv[1], every_n_steps=1, on_probe=records.append,
+        instruments=instruments)])
+    record = records[-1]  # the second step: Adam's moments have a history
     print(json.dumps({"scalars": record.scalars,
                       "histograms": {tag: h.tolist() for tag, h in record.histograms.items()}}))
 """
 
 
-def _probe_on(backend, statistics):
+def _probe_on(backend, statistics, instruments=""):
     process = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), statistics], capture_output=True, text=True,
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), statistics, instruments],
+        capture_output=True, text=True,
         timeout=300, env={**os.environ, "KERAS_BACKEND": backend},
     )
     assert process.returncode == 0, process.stderr[-3000:]
     return json.loads(process.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("statistics", ["default", "all"])
-def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(statistics):
+@pytest.mark.parametrize(
+    "statistics, instruments",
+    [("default", ""), ("all", ""), ("default", "optimizer,logits,per_example")],
+)
+def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(statistics, instruments):
     assert keras.config.backend() == "tensorflow"
-    tensorflow, jax = _probe_on("tensorflow", statistics), _probe_on("jax", statistics)
+    tensorflow = _probe_on("tensorflow", statistics, instruments)
+    jax = _probe_on("jax", statistics, instruments)
+    if instruments:
+        assert {"adam_rms/out/kernel", "logit_entropy_mean/output", "global/noise_batch_sq_norm",
+                "example_grad_norm_max/hidden/kernel", "update_rms/hidden/kernel"} <= set(jax["scalars"])
     assert sorted(jax["scalars"]) == sorted(tensorflow["scalars"])
     assert sorted(jax["histograms"]) == sorted(tensorflow["histograms"])
     for tag, value in tensorflow["scalars"].items():

@@ -155,8 +155,16 @@ def _check(model, role, config):
             f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; "
             "on JAX kgrad probes Keras' own train_step only yet"
         )
-    elif config.instruments:
-        unsupported = f"instruments={list(config.instruments)!r} are computed on TensorFlow only yet"
+    elif "attention" in config.instruments:
+        unsupported = (
+            "instruments=['attention'] (attention logits and entropy per head) is computed on "
+            "TensorFlow only yet; 'optimizer', 'logits' and 'per_example' run on JAX"
+        )
+    elif config.instruments and has_own_train_step(model):
+        unsupported = (
+            f"instruments={list(config.instruments)!r} with the own train_step of model '{model.name}': "
+            "on JAX the instruments run in Keras' own train_step only yet"
+        )
     if unsupported is not None:
         raise UnsupportedBackendError(
             f"kgrad.GradientProbe cannot probe this fit on Keras' JAX backend: {unsupported}. "

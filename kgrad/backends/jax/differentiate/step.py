@@ -20,6 +20,7 @@ from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.taps import Taps, intercept
 from kgrad.backends.jax.differentiate import loss_scale
 from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize.instruments import Instruments, optimizer_paths
 from kgrad.backends.jax.summarize.summaries import SummaryRows
 from kgrad.plan import selection
 from kgrad.plan.tag_names import LOSS_TAG, io_names
@@ -63,11 +64,15 @@ class ProbedStep:
         carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
         # Keras differentiates the scaled loss (mixed precision): statistics are of the true loss.
         inverse_scale = loss_scale.inverse_loss_scale(self.model.optimizer, optimizer_variables)
+        instruments = Instruments(self.model, self.config, self._operations, self._keep)
+        carriers.update(instruments.carriers(trainable, non_trainable, x))
 
         def loss_and_forward(trainable, carriers):
-            forward = {}
+            forward, seen = {}, []
 
             def tap(key, kind, tensor):
+                if kind == "prediction":
+                    instruments.see_prediction(seen, tensor)
                 if kind == "activation" and self.config.captures("activations"):
                     wants = rows.wants_histogram("activation", tensor.shape)
                     columns = rows.columns("activation", tensor.shape)
@@ -76,7 +81,9 @@ class ProbedStep:
                     return tap_gradient(tensor, carriers[key], taps[key][2], inverse_scale)
                 return tensor
 
-            with intercept(self.model, self._operations, _KeyedTaps(tap, self._keep)):
+            with intercept(self.model, self._operations, _KeyedTaps(tap, self._keep)), instruments.recording(
+                carriers, inverse_scale
+            ):
                 loss, aux = self.model.compute_loss_and_updates(
                     trainable,
                     non_trainable,
@@ -87,10 +94,10 @@ class ProbedStep:
                     training=True,
                     optimizer_variables=optimizer_variables,
                 )
-            return loss, (aux, forward)
+            return loss, (aux, forward, seen)
 
         grad_fn = jax.value_and_grad(loss_and_forward, argnums=(0, 1), has_aux=True)
-        (_, (aux, forward)), (gradients, carried) = grad_fn(trainable, carriers)
+        (_, (aux, forward, seen)), (gradients, carried) = grad_fn(trainable, carriers)
         unscaled_loss, y_pred, non_trainable, metrics_variables = aux
         step = optimizer_variables[self._iterations]
         new_trainable, optimizer_variables = self.model.optimizer.stateless_apply(
@@ -104,6 +111,9 @@ class ProbedStep:
         self._add_captured(rows, taps, forward, carried, x, y_pred)
         if self.config.captures("weight_gradients"):
             self._add_weights(rows, trainable, gradients, new_trainable, inverse_scale)
+        paths, true_gradients = optimizer_paths(self._paths, self.config.statistics, gradients, inverse_scale)
+        update = (paths, true_gradients, trainable, new_trainable, optimizer_variables)
+        instruments.add_rows(rows, carried, seen, y_pred, update)
         if inverse_scale is not None:
             rows.add_scalar("global/loss_scale", 1.0 / inverse_scale)
         if loss_scale.skips_overflowed_steps(self.model.optimizer):

@@ -23,70 +23,16 @@ t = ``iterations`` + 1. They are the state read back after the step.
 =========================================  ==================================================
 
 Lion, Adafactor, SGD (with or without momentum) and other optimizers keep no
-second moment kgrad reads (`moment_rule` says why): they get ``update_rms/``
-only, and a warning, never a zero. Under a ``LossScaleOptimizer`` the inner
-optimizer's state is read. With ``gradient_accumulation_steps`` the moments
+second moment kgrad reads (`kgrad.backends.common.moment_rules.moment_rule`
+says why): they get ``update_rms/`` only, and a warning, never a zero. Under a
+``LossScaleOptimizer`` the inner optimizer's state is read. With ``gradient_accumulation_steps`` the moments
 move every few steps only: nothing is computed, with a warning.
 """
 
-import keras
 import tensorflow as tf
 
+from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow.handover import replicas
-
-_NO_SECOND_MOMENT = (
-    "keeps no second moment of the gradients, so it gives no adam_rms/ or "
-    "grad_outlier_fraction/; update_rms/ is written"
-)
-
-
-def inner_optimizer(optimizer):
-    """The optimizer whose state moves: a ``LossScaleOptimizer``'s inner one."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return optimizer.inner_optimizer
-    return optimizer
-
-
-def moment_rule(optimizer):
-    """``(rule, reason)``: ``"adam"``, ``"nadam"`` or ``"adamax"`` and ``None``, or ``None`` and why not.
-
-    Example:
-
-    >>> import keras
-    >>> moment_rule(keras.optimizers.AdamW())
-    ('adam', None)
-    >>> print(moment_rule(keras.optimizers.SGD())[1])  # doctest: +NORMALIZE_WHITESPACE
-    plain SGD keeps no state at all, so it gives no adam_rms/ or grad_outlier_fraction/;
-    update_rms/ is written
-    """
-    optimizer = inner_optimizer(optimizer)
-    name = type(optimizer).__name__
-    if optimizer is None:
-        return None, "no optimizer is known for these gradients; nothing is written"
-    if getattr(optimizer, "gradient_accumulation_steps", None):
-        return None, (
-            f"{name} accumulates gradients (gradient_accumulation_steps="
-            f"{optimizer.gradient_accumulation_steps}): its moments do not move every step"
-        )
-    if isinstance(optimizer, keras.optimizers.Nadam):
-        return "nadam", None
-    if isinstance(optimizer, keras.optimizers.Adamax):
-        return "adamax", None
-    if isinstance(optimizer, keras.optimizers.Adam):  # AdamW too
-        return "adam", None
-    if isinstance(optimizer, keras.optimizers.Lion):
-        return None, f"Lion (its update is the sign of a momentum, ±lr per entry) {_NO_SECOND_MOMENT}"
-    if isinstance(optimizer, keras.optimizers.Adafactor):
-        return None, (
-            "Adafactor's second moment is factored into row and column statistics: adam_rms/ "
-            "and grad_outlier_fraction/ are not computed for it (yet); update_rms/ is written"
-        )
-    if isinstance(optimizer, keras.optimizers.SGD):
-        if optimizer.momentum:
-            return None, f"SGD with momentum {_NO_SECOND_MOMENT}"
-        return None, "plain SGD keeps no state at all, " + _NO_SECOND_MOMENT.partition(", ")[2]
-    return None, f"{name} is not one of Adam, AdamW, Adamax, Nadam: it {_NO_SECOND_MOMENT}"
-
 
 def _rms(tensor):
     return tf.sqrt(tf.reduce_mean(tf.square(tensor)))

@@ -1,0 +1,145 @@
+"""The instruments a probe asked for (``instruments=``), inside the probed JAX step.
+
+The same tags, meaning and warnings as on TensorFlow
+(`kgrad.backends.tensorflow.summarize.instrument_summaries`); what cannot be
+computed gets no tag and one warning per trace naming what and why:
+
+- ``"per_example"``: `kgrad.backends.jax.summarize.per_example` (carriers in the backward pass);
+- ``"optimizer"``: `kgrad.backends.jax.summarize.optimizer_state` (the state after the
+  update), and ``update_rms/`` from the update itself;
+- ``"logits"``: `kgrad.backends.jax.summarize.logits` (recorded in the forward pass).
+
+`ProbedStep` asks for the carriers before tracing (`carriers`), enters
+`recording` around Keras' loss computation after its own taps, hands each
+prediction to `see_prediction` (its statistics are computed there, while the
+logits are alive, and leave the differentiated function as auxiliary outputs),
+and after the update calls `add_rows`.
+"""
+
+import contextlib
+import math
+import warnings
+
+import jax.numpy as jnp
+
+from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
+from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
+from kgrad.backends.jax.summarize.per_example import PerExampleLayers
+from kgrad.plan.tag_names import io_names
+from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
+
+
+class Instruments:
+    """The instruments of one `ProbedStep`.
+
+    Args:
+        model: The probed model.
+        config: Its `kgrad.plan.options.ProbeConfig`.
+        operations_by_name, keep: The captured operations and their predicate.
+    """
+
+    def __init__(self, model, config, operations_by_name, keep):
+        self.model, self.config = model, config
+        wanted = config.instruments
+        self.per_example = self.moments = self.capture = None
+        if "per_example" in wanted:
+            self.per_example = PerExampleLayers(model, operations_by_name, keep)
+        if "optimizer" in wanted:
+            self.moments = OptimizerMoments(model.optimizer, model.trainable_variables)
+        if "logits" in wanted:
+            self.capture = LogitCapture(model)
+
+    def carriers(self, trainable, non_trainable, x):
+        """The per-example carriers (``{}`` without ``"per_example"``)."""
+        if self.per_example is None:
+            return {}
+        return self.per_example.carriers(trainable, non_trainable, x)
+
+    @contextlib.contextmanager
+    def recording(self, carriers, inverse_scale=None):
+        """Per-example carriers and logit capture while Keras computes the loss."""
+        with contextlib.ExitStack() as stack:
+            if self.per_example is not None:
+                stack.enter_context(self.per_example.wrap(carriers, inverse_scale))
+            if self.capture is not None:
+                stack.enter_context(self.capture.recording())
+            yield
+
+    def see_prediction(self, seen, prediction):
+        """Appends ``(statistics, None)`` or ``(None, reason)`` of one model output to ``seen``."""
+        if self.capture is None:
+            return
+        logits, reason = self.capture.logits(prediction)
+        seen.append((None, reason) if logits is None else (logit_statistics(logits), None))
+
+    def add_rows(self, rows, carried, seen, y_pred, update):
+        """Adds every instrument's tags to ``rows``.
+
+        Args:
+            rows: The step's `kgrad.backends.jax.summarize.summaries.SummaryRows`.
+            carried: The carriers' cotangents.
+            seen: What `see_prediction` gathered.
+            y_pred: The step's prediction (for the output names).
+            update: ``(paths, gradients, before, after, optimizer state after)``: the
+                ``{weight number: path}`` of the weights with ``update_ratio/``, the
+                gradients of the true loss, the trainable values before and after.
+        """
+        if self.per_example is not None:
+            buckets = self.config.bucket_count if self.config.histograms else None
+            reasons = self.per_example.add_rows(rows, carried, buckets)
+            if reasons:  # once per trace: never a guessed value, but say which are missing
+                warnings.warn(f"kgrad: no per-example gradient norms for {_by_reason(reasons)}", stacklevel=3)
+        if self.moments is not None:
+            self._add_optimizer(rows, *update)
+        if self.capture is not None:
+            names = io_names(y_pred, "output", getattr(self.model, "output_names", None))
+            reasons = {}
+            for name, (statistics, reason) in zip(names, seen):
+                if statistics is None:
+                    reasons[name] = reason
+                    continue
+                for kind, (mean, largest) in statistics.items():
+                    rows.add_scalar(f"{kind}_mean/{name}", mean)
+                    rows.add_scalar(f"{kind}_max/{name}", largest)
+            if reasons:
+                _warn("logits", "no logit statistics for " + _by_reason(reasons))
+
+    def _add_optimizer(self, rows, paths, gradients, before, after, state_after):
+        self.moments.add_rows(rows, paths, gradients, state_after, self.config.outlier_sigmas)
+        if self.moments.reason is not None:
+            _warn("optimizer", self.moments.reason)
+        for number, path in paths.items():  # ‖Δw‖/√n, any optimizer
+            change = after[number].astype(jnp.float32) - before[number].astype(jnp.float32)
+            size = float(max(math.prod(change.shape), 1))
+            rows.add_scalar(f"update_rms/{path}", jnp.sqrt(jnp.sum(jnp.square(change))) / math.sqrt(size))
+
+
+def optimizer_paths(paths, statistics, gradients, inverse_scale=None):
+    """``({weight number: path}, gradients of the true loss)``: the weights with ``update_ratio/``.
+
+    As on TensorFlow, the optimizer's tags go to the weights whose
+    ``weight_norm/`` and ``update_ratio/`` are written
+    (`kgrad.plan.tag_selection.weight_tags_written`).
+    """
+    if inverse_scale is not None:  # Keras differentiated the scaled loss (mixed precision)
+        gradients = [gradient.astype(jnp.float32) * inverse_scale for gradient in gradients]
+    with_a_matrix = layers_with_a_matrix(paths, [gradient.shape for gradient in gradients])
+    written = {
+        number: path
+        for number, (path, gradient) in enumerate(zip(paths, gradients))
+        if weight_tags_written(statistics, gradient, path.rpartition("/")[0] in with_a_matrix)
+    }
+    return written, gradients
+
+
+def _warn(instrument, message):
+    # Once per trace, not per step: the step is traced once per plan.
+    warnings.warn(f"kgrad: instruments=['{instrument}']: {message}.", stacklevel=4)
+
+
+def _by_reason(reasons):
+    """``'a', 'b': why; 'c': other`` from ``{name: reason}``."""
+    names = {}
+    for name, reason in reasons.items():
+        names.setdefault(reason, []).append(repr(name))
+    return "; ".join(f"{', '.join(group)}: {reason}" for reason, group in names.items())

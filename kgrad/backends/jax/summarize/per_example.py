@@ -1,0 +1,168 @@
+"""``instruments=["per_example"]`` on JAX: which layers get per-example norms, their carriers, their tags.
+
+The tags and their meaning are TensorFlow's
+(`kgrad.backends.tensorflow.summarize.instruments`): ``example_grad_norm_<stat>/<weight
+path>`` (and ``example_grad_norm_hist/``), ``noise_example_sq_norm_mean/<layer>``,
+``noise_batch_sq_norm/<layer>``, their ``global/`` sums when every trainable
+weight is covered, and ``global/batch_size``. The numbers come from the
+layers' per-example carriers (`kgrad.backends.jax.summarize.example_norms`):
+`PerExampleLayers.wrap` puts one on the output of each captured layer with
+weights, *outside* kgrad's own tap (so the carrier sees the dJ/d(output) that
+the layer's tap sees), with the layer's input and weights as residuals.
+A layer called more than once in a step, an unsupported layer, and every layer
+of a model with a trainable BatchNormalization get no tags and one warning.
+"""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import keras
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+from kgrad.backends.common.calls import replaced_calls
+from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.jax.summarize import example_norms, stats
+from kgrad.plan import operations
+
+#: Keys of the per-example carriers among the step's carriers (no layer name starts with it).
+PREFIX = "\x00per_example/"
+
+
+def _coupling_layers(model):
+    return [
+        layer.name
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
+    ]
+
+
+class PerExampleLayers:
+    """The per-example carriers of a probed step.
+
+    Args:
+        model: The probed model.
+        operations_by_name: The captured operations (`kgrad.plan.selection.resolve_selection`).
+        keep: Its predicate, or ``None``.
+    """
+
+    def __init__(self, model, operations_by_name, keep):
+        self.model = model
+        self._candidates = {
+            name: op
+            for name, op in operations_by_name.items()
+            # A layer made of layers: its weights are its leaves', reported when those are captured.
+            if isinstance(op, keras.layers.Layer) and not operations.children(op)
+        }
+        self._keep = keep
+        self.reasons = {}
+        self._layers = {}  # name -> layer, of those with a carrier
+        self._rows = None
+
+    def carriers(self, trainable, non_trainable, x):
+        """``{key: zeros [weights, B + 1]}``: one carrier per layer with per-example norms."""
+        calls = {}
+
+        def count(name, op):
+            def wrap(call):
+                def counted(*args, **kwargs):
+                    output = call(*args, **kwargs)
+                    if not in_symbolic_scope() and op.trainable_weights and self._kept(op):
+                        calls.setdefault(name, []).append(output)
+                    return output
+
+                return counted
+
+            return wrap
+
+        def forward(trainable, non_trainable, x):
+            kwargs = {"training": True} if self.model._call_has_training_arg else {}
+            replacements = [(op, count(name, op)) for name, op in self._candidates.items()]
+            with replaced_calls(replacements):
+                self.model.stateless_call(trainable, non_trainable, x, **kwargs)
+
+        jax.eval_shape(forward, trainable, non_trainable, x)
+        coupled = _coupling_layers(self.model)
+        carriers = {}
+        for name, outputs in calls.items():
+            layer = self._candidates[name]
+            reason = example_norms.unsupported_reason(layer)
+            if coupled:
+                reason = (
+                    f"not defined: {_names(coupled)} (BatchNormalization in training mode) "
+                    "couples the examples of the batch"
+                )
+            elif reason is None and len(outputs) > 1:
+                reason = "called more than once in the step: not supported on JAX yet"
+            elif reason is None and len(jax.tree.leaves(outputs[0])) != 1:
+                reason = "more than one output"
+            if reason is not None:
+                self.reasons[name] = reason
+                continue
+            self._layers[name] = layer
+            self._rows = jax.tree.leaves(outputs[0])[0].shape[0]
+            carriers[PREFIX + name] = jnp.zeros([len(layer.trainable_weights), self._rows + 1], jnp.float32)
+        return carriers
+
+    def _kept(self, op):
+        return self._keep is None or self._keep(op)
+
+    @contextlib.contextmanager
+    def wrap(self, carriers, inverse_scale=None):
+        """Puts each layer's carrier on its output while the block runs (enter it after the taps)."""
+
+        def make(layer, carrier):
+            reduce = example_norms.reducer(layer, inverse_scale)
+
+            def wrap(call):
+                def carried(*args, **kwargs):
+                    output = call(*args, **kwargs)
+                    if in_symbolic_scope():
+                        return output
+                    weights = (
+                        [w.value for w in layer.trainable_weights],
+                        [w.value for w in layer.non_trainable_weights],
+                    )
+                    inputs = jax.lax.stop_gradient((args[0], weights))
+                    return example_norms.example_tap(output, carrier, inputs[0], inputs[1], reduce)
+
+                return carried
+
+            return wrap
+
+        replacements = [(layer, make(layer, carriers[PREFIX + name])) for name, layer in self._layers.items()]
+        with replaced_calls(replacements):
+            yield
+
+    def add_rows(self, rows, carried, bucket_count):
+        """Adds the per-example tags from the carriers; returns ``{layer: why not}`` of the others."""
+        covered, model_example, model_batch = set(), [], []
+        for name, layer in self._layers.items():
+            values = carried[PREFIX + name]
+            sq_norms, batch = values[:, :-1], values[:, -1]
+            for weight, weight_sq_norms in zip(layer.trainable_weights, sq_norms):
+                path = model_relative_path(self.model, weight)
+                norms = jnp.sqrt(jnp.maximum(weight_sq_norms, 0.0))
+                shape = norms.shape
+                wants = rows.wants_histogram("example_grad_norm", shape)
+                columns = rows.columns("example_grad_norm", shape)
+                row, histogram = stats.summarize(norms, bucket_count if wants else None, columns)
+                rows.add("example_grad_norm", path, row, histogram, shape)
+                covered.add(id(weight))
+            # mean_i ‖B·∇ℓ_i‖² = B·Σ_i ‖∇ℓ_i‖²: example i's gradient on its own, in ∇J's scale.
+            example_sum = jnp.sum(sq_norms)
+            rows.add_scalar(f"noise_example_sq_norm_mean/{name}", self._rows * example_sum)
+            rows.add_scalar(f"noise_batch_sq_norm/{name}", jnp.sum(batch))
+            model_example.append(example_sum)
+            model_batch.append(jnp.sum(batch))
+        if self._layers:
+            if all(id(weight) in covered for weight in self.model.trainable_variables):
+                rows.add_scalar("global/noise_example_sq_norm_mean", self._rows * sum(model_example))
+                rows.add_scalar("global/noise_batch_sq_norm", sum(model_batch))
+            rows.add_scalar("global/batch_size", float(self._rows))
+        return dict(self.reasons)
+
+
+def _names(names, shown=3):
+    quoted = ", ".join(repr(name) for name in names[:shown])
+    return quoted if len(names) <= shown else f"{quoted} and {len(names) - shown} more"

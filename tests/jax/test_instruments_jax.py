@@ -1,0 +1,263 @@
+"""``instruments=["optimizer", "logits", "per_example"]`` on Keras' JAX backend, against references.
+
+Each statistic is compared with one computed another way: Adam's tags from
+the optimizer's state read back after the step (``model.optimizer.variables``)
+and a float64 ``jax.grad`` of the model split by hand, in NumPy; the logits'
+from the model's own pre-softmax values; the per-example norms from a
+brute-force loop of float64 ``jax.grad``, one example at a time. Jit on and
+off; the weights after the probed fits are the plain fits'.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+
+BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 3, 4, 3, 3
+INSTRUMENTS = ["optimizer", "logits", "per_example"]
+SIGMAS = 1.0  # small enough that some entries are outliers
+
+
+def _classifier(jit_compile):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((FEATURES,), name="features")
+    hidden = keras.layers.Dense(HIDDEN, activation="relu", name="hidden")(inputs)
+    outputs = keras.layers.Dense(CLASSES, activation="softmax", name="out")(hidden)
+    model = keras.Model(inputs, outputs, name="m")
+    model.compile(keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy", jit_compile=jit_compile)
+    return model
+
+
+def _batches():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(STEPS, BATCH, FEATURES)).astype("float32")
+    return x, rng.integers(0, CLASSES, size=(STEPS, BATCH))
+
+
+def _norm(a):
+    return float(np.sqrt(np.sum(np.square(np.asarray(a, np.float64)))))
+
+
+def _classifier_reference(weights, xb, yb):
+    """Float64: the batch gradient, per-example gradients (ℓ_i = CE_i / B) and the logits."""
+    with jax.enable_x64(True):
+        params = [jnp.asarray(w, jnp.float64) for w in weights]
+        xb = jnp.asarray(xb, jnp.float64)
+
+        def logits(params, x):
+            k1, b1, k2, b2 = params
+            return jax.nn.relu(x @ k1 + b1) @ k2 + b2
+
+        def example_loss(params, x, label):
+            z = logits(params, x[None])[0]
+            return (jax.nn.logsumexp(z) - z[label]) / BATCH
+
+        per_example = [jax.grad(example_loss)(params, xb[i], int(yb[i])) for i in range(BATCH)]
+        per_example = [[np.asarray(g) for g in example] for example in per_example]
+        batch = [sum(example[w] for example in per_example) for w in range(4)]
+        return batch, per_example, np.asarray(logits(params, xb))
+
+
+def _logit_expectations(z, name="output"):
+    z = np.asarray(z, np.float64).reshape(-1, z.shape[-1])
+    lse = np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1)) + z.max(-1)
+    p = np.exp(z - lse[:, None])
+    values = {
+        "logit_max": z.max(-1),
+        "logit_lse": lse,
+        "logit_entropy": -np.sum(p * np.log(p), -1),
+        "logit_top1_prob": p.max(-1),
+    }
+    expected = {}
+    for kind, per_position in values.items():
+        expected[f"{kind}_mean/{name}"] = float(per_position.mean())
+        expected[f"{kind}_max/{name}"] = float(per_position.max())
+    return expected
+
+
+def _example_expectations(per_example, paths, layers, batch=BATCH):
+    """The per-example tags of weights ``paths`` (numbered as in ``per_example``) grouped by ``layers``."""
+    expected, example_total, batch_total = {}, 0.0, 0.0
+    for layer, numbers in layers.items():
+        example_sum = batch_sum = 0.0
+        for number in numbers:
+            norms = [_norm(example[number]) for example in per_example]
+            expected[f"example_grad_norm_mean/{paths[number]}"] = float(np.mean(norms))
+            expected[f"example_grad_norm_max/{paths[number]}"] = float(np.max(norms))
+            example_sum += sum(n * n for n in norms)
+            batch_sum += _norm(sum(example[number] for example in per_example)) ** 2
+        expected[f"noise_example_sq_norm_mean/{layer}"] = batch * example_sum
+        expected[f"noise_batch_sq_norm/{layer}"] = batch_sum
+        example_total, batch_total = example_total + example_sum, batch_total + batch_sum
+    expected["global/noise_example_sq_norm_mean"] = batch * example_total
+    expected["global/noise_batch_sq_norm"] = batch_total
+    expected["global/batch_size"] = float(batch)
+    return expected
+
+
+def _adam_expectations(model, gradients, paths):
+    """adam_rms/ and grad_outlier_fraction/ from Adam's state read back after the step, in NumPy."""
+    optimizer = model.optimizer
+    t = float(np.asarray(optimizer.iterations))
+    beta_1, beta_2, epsilon = optimizer.beta_1, optimizer.beta_2, optimizer.epsilon
+    expected = {}
+    for variable, gradient, path in zip(model.trainable_variables, gradients, paths):
+        index = optimizer._get_variable_index(variable)
+        m = np.asarray(optimizer._momentums[index], np.float64)
+        v = np.asarray(optimizer._velocities[index], np.float64)
+        scaled = gradient * np.sqrt(1 - beta_2**t) / (np.sqrt(v) + epsilon)
+        expected[f"adam_rms/{path}"] = float(np.sqrt(np.mean(np.square(scaled))))
+        m_hat, v_hat = m / (1 - beta_1**t), v / (1 - beta_2**t)
+        variance = v_hat - m_hat**2
+        outlier = (variance > 0) & (np.abs(gradient - m_hat) > SIGMAS * np.sqrt(np.maximum(variance, 0)))
+        expected[f"grad_outlier_fraction/{path}"] = float(np.mean(outlier))
+    return expected
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_each_instrument_equals_its_reference_and_training_is_unchanged(jit_compile, tmp_path):
+    x, y = _batches()
+    model, plain = _classifier(jit_compile), _classifier(jit_compile)
+    paths = ["hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
+    outliers_seen = 0
+    for step in range(STEPS):
+        before = [np.asarray(w) for w in model.get_weights()]
+        records = []
+        probe = kgrad.GradientProbe(
+            str(tmp_path), statistics="all", every_n_steps=1, instruments=INSTRUMENTS,
+            outlier_sigmas=SIGMAS, on_probe=records.append,
+        )
+        model.fit(x[step], y[step], batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe])
+        plain.fit(x[step], y[step], batch_size=BATCH, shuffle=False, verbose=0)
+        (record,) = records
+        gradients, per_example, logits = _classifier_reference(before, x[step], y[step])
+        expected = _adam_expectations(model, gradients, paths)
+        expected.update(_logit_expectations(logits))
+        expected.update(_example_expectations(per_example, paths, {"hidden": [0, 1], "out": [2, 3]}))
+        for path, old, new in zip(paths, before, model.get_weights()):
+            expected[f"update_rms/{path}"] = _norm(new - old) / np.sqrt(old.size)
+        for tag, value in expected.items():
+            assert record.scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), (step, tag)
+        outliers_seen += sum(record.scalars[f"grad_outlier_fraction/{path}"] > 0 for path in paths)
+        histogram = record.histograms["example_grad_norm_hist/hidden/kernel"]
+        assert histogram[:, 2].sum() == BATCH
+    assert outliers_seen > 0  # the outlier test was exercised, not only its zeros
+    for probed_weight, plain_weight in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(probed_weight, plain_weight, rtol=1e-6, atol=1e-7)
+    logs = kgrad.read_logs(str(tmp_path))["kgrad"]["scalars"]
+    assert logs["adam_rms/out/kernel"].steps.tolist() == [0, 1, 2]
+
+
+VOCAB, LENGTH, SEQUENCES = 7, 5, 4
+
+
+def _sequence_model(dtype="float32"):
+    """Embedding → Conv1D → LayerNormalization → Dense(tanh) → EinsumDense → Dense head (logits)."""
+    inputs = keras.Input((LENGTH,), dtype="int32", name="tokens")
+    h = keras.layers.Embedding(VOCAB, 4, name="embed", dtype=dtype)(inputs)
+    h = keras.layers.Conv1D(3, 2, padding="same", name="conv", dtype=dtype)(h)
+    h = keras.layers.LayerNormalization(name="norm", dtype=dtype)(h)
+    h = keras.layers.Dense(2, activation="tanh", name="mix", dtype=dtype)(h)  # P² > K·N: explicit form
+    h = keras.layers.EinsumDense("btd,de->bte", (None, 5), bias_axes="e", name="proj", dtype=dtype)(h)
+    logits = keras.layers.Dense(VOCAB, name="head", dtype=dtype)(h)  # P² ≤ K·N: Gram matrices
+    return keras.Model(inputs, logits, name="lm")
+
+
+def test_sequence_layers_per_example_norms_and_lm_logits_against_a_float64_loop(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = _sequence_model()
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, VOCAB, size=(SEQUENCES, LENGTH)).astype("int32")
+    labels = rng.integers(0, VOCAB, size=(SEQUENCES, LENGTH))
+    weights = [np.asarray(w) for w in model.get_weights()]
+    records = []
+    model.fit(tokens, labels, batch_size=SEQUENCES, verbose=0, callbacks=[kgrad.GradientProbe(
+        str(tmp_path), every_n_steps=1, instruments=INSTRUMENTS, on_probe=records.append)])
+    with jax.enable_x64(True):
+        reference = _sequence_model("float64")
+        reference.set_weights(weights)
+        params = [jnp.asarray(w, jnp.float64) for w in weights]
+
+        def example_loss(params, i):
+            z = reference.stateless_call(params, [], tokens[i : i + 1])[0][0]
+            picked = jnp.take_along_axis(z, jnp.asarray(labels[i])[:, None], axis=-1)[:, 0]
+            return jnp.sum(jax.nn.logsumexp(z, axis=-1) - picked) / (SEQUENCES * LENGTH)
+
+        per_example = [[np.asarray(g) for g in jax.grad(example_loss)(params, i)] for i in range(SEQUENCES)]
+        logits = np.asarray(reference.stateless_call(params, [], tokens)[0])
+    paths = [v.path.removeprefix("lm/") for v in model.trainable_variables]
+    layers = {}
+    for number, path in enumerate(paths):
+        layers.setdefault(path.partition("/")[0], []).append(number)
+    expected = _example_expectations(per_example, paths, layers, batch=SEQUENCES)
+    expected.update(_logit_expectations(logits))
+    (record,) = records
+    for tag, value in expected.items():
+        assert record.scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+
+
+def _fit_warnings(model, x, y, instruments, tmp_path):
+    records = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[kgrad.GradientProbe(
+            str(tmp_path), every_n_steps=1, instruments=instruments, on_probe=records.append)])
+    return records[0].scalars, " ".join(str(w.message) for w in caught if "kgrad" in str(w.message))
+
+
+def test_what_cannot_be_computed_is_absent_with_the_reason(tmp_path):
+    x, y = _batches()
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(HIDDEN, name="hidden")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid", name="out")(hidden))
+    model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy")
+    scalars, said = _fit_warnings(model, x[0], y[0] % 2, INSTRUMENTS, tmp_path)
+    assert not [tag for tag in scalars if tag.startswith(("example_grad", "noise_", "adam_rms", "logit_"))]
+    assert "global/batch_size" not in scalars and "update_rms/hidden/kernel" in scalars
+    assert "'bn' (BatchNormalization in training mode) couples the examples" in said
+    assert "plain SGD keeps no state at all" in said
+    assert "a sigmoid output: independent probabilities" in said
+
+
+def test_a_shared_layer_and_attention_are_refused_clearly(tmp_path):
+    x, y = _batches()
+    inputs = keras.Input((FEATURES,))
+    shared = keras.layers.Dense(FEATURES, name="shared")
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(shared(shared(inputs))))
+    model.compile(keras.optimizers.Adam(), "mse")
+    scalars, said = _fit_warnings(model, x[0], y[0].astype("float32"), ["per_example"], tmp_path)
+    assert "'shared': called more than once in the step" in said
+    assert "example_grad_norm_mean/out/kernel" in scalars and "global/noise_batch_sq_norm" not in scalars
+    with pytest.raises(kgrad.UnsupportedBackendError, match=r"instruments=\['attention'\].*TensorFlow"):
+        model.fit(x[0], y[0], verbose=0, callbacks=[kgrad.GradientProbe(None, instruments=["attention"])])
+
+
+@pytest.mark.parametrize("ending", ["dense", "activation_layer", "softmax_layer", "ops_softmax"])
+def test_the_logits_behind_every_kind_of_final_softmax(ending, tmp_path):
+    x, y = _batches()
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((FEATURES,))
+    logits = keras.layers.Dense(CLASSES, name="logits")(inputs)
+    softmax = {
+        "activation_layer": lambda z: keras.layers.Activation("softmax")(z),
+        "softmax_layer": lambda z: keras.layers.Softmax()(z),
+        "ops_softmax": keras.ops.softmax,
+    }
+    if ending == "dense":
+        model = keras.Model(inputs, keras.layers.Dense(CLASSES, activation="softmax", name="logits")(inputs))
+    else:
+        model = keras.Model(inputs, softmax[ending](logits))
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    layer = model.get_layer("logits")  # the model's own logits, before the step
+    z = x[0] @ np.asarray(layer.kernel) + np.asarray(layer.bias)
+    scalars, said = _fit_warnings(model, x[0], y[0], ["logits"], tmp_path)
+    for tag, value in _logit_expectations(z).items():
+        assert scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+    assert said == ""
