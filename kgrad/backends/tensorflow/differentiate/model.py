@@ -4,6 +4,7 @@ import keras
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 
+from kgrad.backends.common.functional_base import use_functional_base
 from kgrad.plan.options import ProbeConfig
 from kgrad.plan.step_plan import StepPlan
 from kgrad.backends.tensorflow.differentiate.prebuild import BuiltBeforeTracing
@@ -54,7 +55,7 @@ class ProbingModel(keras.Model):
         # `FunctionalProbingModel` ourselves, as Keras swaps `Model` for
         # `Functional`, so that Keras' own swap never reaches `ProbingModel`.
         if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
-            _use_functional_base(type(self))
+            use_functional_base(type(self), ProbingModel, FunctionalProbingModel)
         super().__init__(*args, **kwargs)
 
     def configure_probe(self, **options):
@@ -132,12 +133,3 @@ class FunctionalProbingModel(ProbingModel, Functional):
     As ``keras.Model(inputs, outputs)`` returns a ``Functional``. Not public:
     test ``isinstance(model, kgrad.ProbingModel)``.
     """
-
-
-def _use_functional_base(cls):
-    """Replaces `ProbingModel` by `FunctionalProbingModel` among the bases of ``cls``."""
-    if cls is ProbingModel:
-        return FunctionalProbingModel
-    if issubclass(cls, ProbingModel) and not issubclass(cls, Functional):
-        cls.__bases__ = tuple(_use_functional_base(base) for base in cls.__bases__)
-    return cls
