@@ -80,9 +80,16 @@ class GradientProbe(keras.callbacks.Callback):
             ``grad_outlier_fraction/<weight path>``; with any optimizer
             ``update_rms/<weight path>``. ``["logits"]``: per output, the max
             logit, log-sum-exp, entropy and top-1 probability
-            (``logit_max_mean/<output>``...). See docs/instruments.md.
+            (``logit_max_mean/<output>``...). ``["attention"]``: per attention
+            layer and head, the largest pre-softmax score and the entropy of
+            the attention weights (``attention_logit_max/<layer>/head_<h>``,
+            ``attention_entropy/<layer>/head_<h>``), on a sub-batch; for
+            Keras' MultiHeadAttention and GroupedQueryAttention and KerasHub's
+            GPT-2, BERT and Gemma attention. See docs/instruments.md.
         outlier_sigmas: k of ``grad_outlier_fraction/``: an entry is an
             outlier when |g − m̂| > k·√max(v̂ − m̂², 0).
+        attention_examples: How many examples of each probed batch the
+            attention instrument scores (the first ones; per replica).
 
     Example:
 
@@ -110,6 +117,7 @@ class GradientProbe(keras.callbacks.Callback):
         statistics="default",
         instruments=(),
         outlier_sigmas=6.0,
+        attention_examples=4,
     ):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
@@ -123,6 +131,7 @@ class GradientProbe(keras.callbacks.Callback):
             statistics=statistics,
             instruments=instruments,
             outlier_sigmas=outlier_sigmas,
+            attention_examples=attention_examples,
         )
         if on_probe is not None and not callable(on_probe):
             raise TypeError(

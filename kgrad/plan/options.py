@@ -16,8 +16,9 @@ CAPTURE_KINDS = (
 #: gradient noise scale is estimated; ``"optimizer"`` Adam's second-moment lag
 #: (``adam_rms/``), gradient outliers and the update RMS from the optimizer's
 #: own state; ``"logits"`` the max logit, log-sum-exp, entropy and top-1
-#: probability of each output (see docs/instruments.md).
-INSTRUMENTS = ("per_example", "optimizer", "logits")
+#: probability of each output; ``"attention"`` the largest score and the entropy
+#: of each attention layer's heads, on a sub-batch (see docs/instruments.md).
+INSTRUMENTS = ("per_example", "optimizer", "logits", "attention")
 
 #: What ``statistics=`` takes: ``"default"`` writes what people look at
 #: (norms, update ratios, zero fractions, non-finite counts, gradient
@@ -43,6 +44,9 @@ class ProbeConfig:
         outlier_sigmas: With ``instruments=["optimizer"]``, a gradient entry
             is an outlier when |g − m̂| > outlier_sigmas·√max(v̂ − m̂², 0)
             (a positive number; OLMo-core's default, 6).
+        attention_examples: With ``instruments=["attention"]``, how many
+            examples of the probed batch (per replica) are scored (a
+            positive ``int``; the attention scores cost B·N·T·S each).
     """
 
     layers: object = None
@@ -53,6 +57,7 @@ class ProbeConfig:
     statistics: str = "default"
     instruments: tuple = ()
     outlier_sigmas: float = 6.0
+    attention_examples: int = 4
 
     def __post_init__(self):
         _check_positive_int("every_n_steps", self.every_n_steps)
@@ -65,6 +70,7 @@ class ProbeConfig:
         check_statistics(self.statistics)
         object.__setattr__(self, "instruments", _check_instruments(self.instruments))
         _check_positive_number("outlier_sigmas", self.outlier_sigmas)
+        _check_positive_int("attention_examples", self.attention_examples)
 
     def captures(self, kind):
         return kind in self.capture
@@ -104,7 +110,7 @@ def _check_instruments(value):
     if isinstance(value, str) or not hasattr(value, "__iter__") or any(v not in INSTRUMENTS for v in value):
         raise ValueError(
             f"`instruments` must be a list of {list(INSTRUMENTS)} (or empty). Received: "
-            f"instruments={value!r}. Example: instruments=['optimizer', 'logits']."
+            f"instruments={value!r}. Example: instruments=['optimizer', 'logits', 'attention']."
         )
     return tuple(value)
 

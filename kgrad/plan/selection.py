@@ -77,6 +77,21 @@ def resolve_selection(model, layers, argument="layers"):
     return _resolve_list(model, layers, argument, named, canonical, in_time_loop), None
 
 
+def report_names(model):
+    """Every layer and operation of ``model`` once, under the name kgrad reports it by.
+
+    Its plain name when unique in the model, its path ``"outer/inner"`` otherwise.
+
+    >>> import keras
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
+    >>> list(report_names(model))
+    ['out']
+    """
+    named = operations.tappable_operations(model)
+    canonical = _canonical_names(named)
+    return {name: operation for name, operation in named.items() if canonical[id(operation)] == name}
+
+
 def _inside_recurrent_layers(model):
     """``{id(operation): RNN layer}`` for the cells of the RNN layers and what they hold.
 

@@ -61,6 +61,16 @@ class StepPlan:
         return self.probe is not None and (self.probed_steps_only or self.probe.every_n_steps == 1)
 
     @property
+    def records_layer_inputs(self):
+        """Whether the tape keeps its layers' inputs (``instruments=["per_example"]``)."""
+        return self.probe is not None and "per_example" in self.probe.instruments
+
+    @property
+    def records_attention(self):
+        """Whether the tape keeps the attention layers' q and k (``instruments=["attention"]``)."""
+        return self.probe is not None and "attention" in self.probe.instruments
+
+    @property
     def defers_statistics(self):
         """Whether the step returns its tensors for the statistics to run after it."""
         return (

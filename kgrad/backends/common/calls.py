@@ -25,23 +25,25 @@ import contextlib
 
 
 @contextlib.contextmanager
-def replaced_calls(replacements):
+def replaced_calls(replacements, method="call"):
     """Replaces ``call`` on each operation by ``make(its call)`` while the block runs; restores it on exit.
 
     Args:
         replacements: ``(operation, make)`` pairs, ``make(original_call) -> call``.
+        method: The method replaced, ``"call"`` unless the step to intercept is
+            an inner one (an attention layer's ``_compute_attention``).
     """
     replaced = []
     try:
         for operation, make in replacements:
-            had_own_call = "call" in operation.__dict__
-            original = operation.__dict__.get("call")
-            object.__setattr__(operation, "call", make(operation.call))
+            had_own_call = method in operation.__dict__
+            original = operation.__dict__.get(method)
+            object.__setattr__(operation, method, make(getattr(operation, method)))
             replaced.append((operation, had_own_call, original))
         yield
     finally:
         for operation, had_own_call, original in reversed(replaced):
             if had_own_call:
-                object.__setattr__(operation, "call", original)
+                object.__setattr__(operation, method, original)
             else:
-                del operation.__dict__["call"]
+                del operation.__dict__[method]

@@ -36,6 +36,9 @@ class ProbeResult:
             softmax/sigmoid outputs whose cross-entropy Keras computed from
             the logits inside the tape's block: the gradient of the tensor
             the softmax or sigmoid was applied to.
+        attention: The attention layers' projected q and k
+            (`kgrad.backends.tensorflow.capture.attention_calls.AttentionCapture`),
+            for ``instruments=["attention"]``, or ``None``.
 
     Example:
 
@@ -60,6 +63,7 @@ class ProbeResult:
     layer_inputs: dict = dataclasses.field(default_factory=dict)
     logits_gradients: dict = dataclasses.field(default_factory=dict)
     prediction_gradient: object = None
+    attention: object = None
 
 
 def zeros_for_none(gradients, tensors):

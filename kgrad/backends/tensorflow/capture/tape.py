@@ -4,7 +4,7 @@ import contextlib
 
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.capture import active_collection
+from kgrad.backends.tensorflow.capture import active_collection, attention_calls
 from kgrad.backends.tensorflow.capture import logits_shortcut, tape_checks, taps
 from kgrad.plan import selection
 from kgrad.backends.tensorflow.capture import probe_result
@@ -78,6 +78,7 @@ class ProbeTape(tf.GradientTape):
         record_inputs=False,
         *,
         _integer_inputs="raise",
+        _record_attention=False,
     ):
         super().__init__(
             persistent=persistent, watch_accessed_variables=watch_accessed_variables
@@ -103,6 +104,8 @@ class ProbeTape(tf.GradientTape):
                 f"`record_inputs` must be True or False. Received: record_inputs={record_inputs!r}."
             )
         self._record_inputs = record_inputs
+        self._record_attention = _record_attention  # q and k of attention layers (instrument)
+        self._attention = None
         self._model = model
         self._name = name or model.name
         self._layers = layers
@@ -116,7 +119,7 @@ class ProbeTape(tf.GradientTape):
 
     def __enter__(self):
         watch_inputs, integer_inputs = self._recorder._watch_inputs, self._recorder._integer_inputs
-        self._probe = None
+        self._probe = self._attention = None
         self._replaying = False
         collection = active_collection.active_collection()
         if collection is not None:
@@ -137,6 +140,8 @@ class ProbeTape(tf.GradientTape):
         )
         stack.enter_context(taps.recording(self._recorder))
         self._shortcut_calls = stack.enter_context(logits_shortcut.recording(self))
+        if self._record_attention or getattr(collection, "records_attention", False):
+            self._attention = stack.enter_context(attention_calls.intercept(self._model))
         self._open_contexts = stack
         try:
             return super().__enter__()
@@ -286,5 +291,6 @@ class ProbeTape(tf.GradientTape):
                 name for name, gradient in zip(names, probe_part) if gradient is None
             ),
             logits_gradients=logits_gradients,
+            attention=self._attention,
         )
         return tf.nest.pack_sequence_as(sources, user_part)

@@ -99,7 +99,12 @@ class TapeCollection:
     @property
     def records_layer_inputs(self):
         """Whether the tapes must keep their layers' inputs (per-example instruments)."""
-        return self._plan.probe is not None and "per_example" in self._plan.probe.instruments
+        return self._plan.records_layer_inputs
+
+    @property
+    def records_attention(self):
+        """Whether the tapes must keep the attention layers' q and k (attention instrument)."""
+        return self._plan.records_attention
 
     def guard_states(self):
         """The `GuardState` of each tape that differentiated, in order."""

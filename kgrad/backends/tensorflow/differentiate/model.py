@@ -65,7 +65,8 @@ class ProbingModel(keras.Model):
             **options: ``layers``, ``every_n_steps``, ``capture``,
                 ``histograms``, ``bucket_count``, ``statistics``
                 (``"default"`` or ``"all"``), ``instruments``
-                (``["per_example", "optimizer", "logits"]``), ``outlier_sigmas``.
+                (``["per_example", "optimizer", "logits", "attention"]``),
+                ``outlier_sigmas``, ``attention_examples``.
         """
         object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
         self._set_probing_step(ProbingStep(self))

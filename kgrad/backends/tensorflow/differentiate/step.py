@@ -216,8 +216,8 @@ class ProbingStep:
             model,
             layers=selection.captured_layers(model, plan),
             watch_inputs=plan.probe is not None and plan.probe.captures("input_gradient"),
-            persistent=True,
-            record_inputs=plan.probe is not None and "per_example" in plan.probe.instruments,
+            persistent=True, record_inputs=plan.records_layer_inputs,
+            _record_attention=plan.records_attention,
             _integer_inputs="warn",  # only read where inputs are watched: dJ/dx is captured
         ) as tape:
             y_pred, loss = forward.forward_and_loss(model, x, y, sample_weight)

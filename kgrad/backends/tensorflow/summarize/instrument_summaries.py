@@ -6,7 +6,8 @@ compute gets no tag and one warning per trace naming what and why (never a zero)
 - ``"per_example"``: `kgrad.backends.tensorflow.summarize.instruments`;
 - ``"optimizer"``: `kgrad.backends.tensorflow.summarize.optimizer_state` (``update_rms/``
   is added by `ProbePipeline.record`, from the update itself);
-- ``"logits"``: `kgrad.backends.tensorflow.summarize.logits`.
+- ``"logits"``: `kgrad.backends.tensorflow.summarize.logits`;
+- ``"attention"``: `kgrad.backends.tensorflow.summarize.attention`.
 """
 
 import warnings
@@ -37,6 +38,22 @@ def add_instruments(pipeline, builder, probe, gradients, weights, unscale):
         reasons = add_logit_summaries(builder, pipeline.model, probe.prediction)
         if reasons:
             _warn("logits", "no logit statistics for " + _by_reason(reasons))
+    if "attention" in instruments:
+        _add_attention(pipeline, builder, probe.attention)
+
+
+def _add_attention(pipeline, builder, capture):
+    from kgrad.backends.tensorflow.summarize.attention import add_attention_summaries
+
+    if capture is None:
+        _warn("attention", "this tape did not record the attention layers: nothing is written")
+        return
+    add_attention_summaries(builder, capture.calls, pipeline.config.attention_examples)
+    if capture.reasons:
+        _warn("attention", "no attention statistics for layer " + _by_reason(capture.reasons))
+    elif not capture.calls:
+        model = getattr(pipeline.model, "name", "the model")
+        _warn("attention", f"model '{model}' called no attention layer in its step, so nothing is written")
 
 
 def _add_per_example(model, builder, probe, gradients, weights, unscale):
