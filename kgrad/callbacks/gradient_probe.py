@@ -198,7 +198,7 @@ class GradientProbe(keras.callbacks.Callback):
         if unprobed_function is None:
             return
         first_step = self._steps_before_epoch + batch
-        last_step = first_step + self.model.steps_per_execution - 1
+        last_step = first_step + self._unsynced_model.steps_per_execution - 1
         if _contains_probed_step(first_step, last_step, self.config.every_n_steps):
             self._step.start_at(first_step)
             self._use_train_function(self._probing_function)
@@ -208,15 +208,30 @@ class GradientProbe(keras.callbacks.Callback):
     def _use_train_function(self, function):
         # Only on a change: a Keras model's __setattr__ tracks what it is given,
         # which cost ~4% of a small JAX model's plain steps when done every batch.
-        if self.model.train_function is not function:
-            self.model.train_function = function
+        model = self._unsynced_model
+        if model.train_function is not function:
+            model.train_function = function
 
     def _unprobed_function(self):
         """The function for executions without a probed step, if this fit may run one, else ``None``.
 
         Asked per batch: a `NonFiniteGuard` may attach after this callback.
         """
-        return backends.current().unprobed_train_function(self.model) if self._exact_count else None
+        if not self._exact_count:
+            return None
+        return backends.current().unprobed_train_function(self._unsynced_model)
+
+    @property
+    def _unsynced_model(self):
+        """The model, without the state sync `Callback.model` does on JAX.
+
+        On JAX, ``Callback.model`` copies the trainer's state into the model's
+        variables (a device read of every weight, and the end of asynchronous
+        dispatch) before returning it: ~10% of a small model's steps when
+        asked every batch. Code that runs every batch needs the model object
+        only, not its weights' values.
+        """
+        return self._model
 
     # -- delivering probed steps -----------------------------------------------------
 

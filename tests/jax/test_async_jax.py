@@ -36,3 +36,29 @@ def test_the_device_is_read_only_after_executions_that_probed(monkeypatch, tmp_p
               callbacks=[kgrad.GradientProbe(str(tmp_path), every_n_steps=4, on_probe=delivered.append)])
     assert [record.step for record in delivered] == [0, 4, 8, 12, 16]
     assert sum(reads) == 5 and len(reads) <= 5  # one device read per probed record, at most
+
+
+def test_batches_do_not_sync_the_model_state(tmp_path):
+    # `Callback.model` copies the trainer's state into the variables on JAX (a
+    # device read, and the end of asynchronous dispatch); the probe must not
+    # ask for it on every batch.
+    def state_syncs(probed, samples):
+        model = _model()
+        syncs = []
+        original = model.jax_state_sync
+
+        def counted():
+            syncs.append(1)
+            return original()
+
+        object.__setattr__(model, "jax_state_sync", counted)
+        callbacks = [kgrad.GradientProbe(str(tmp_path), every_n_steps=1000)] if probed else []
+        model.fit(np.ones((samples, 3), "float32"), np.ones((samples, 1), "float32"), batch_size=4,
+                  epochs=2, verbose=0, callbacks=callbacks)
+        return len(syncs)
+
+    # What the probe adds is per fit (installing it), not per batch: the same
+    # with 20 batches an epoch as with 5.
+    added_to_short_fit = state_syncs(True, 20) - state_syncs(False, 20)
+    added_to_long_fit = state_syncs(True, 80) - state_syncs(False, 80)
+    assert added_to_long_fit == added_to_short_fit, (added_to_short_fit, added_to_long_fit)
