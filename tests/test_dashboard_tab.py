@@ -185,6 +185,8 @@ def test_hover_shows_the_logged_value_and_click_shows_the_histograms(tab, logs):
     from selenium.webdriver.common.action_chains import ActionChains
 
     canvas = tab.find_element("css selector", _column("sigmoid_deep/kgrad") + " canvas.heatmap-canvas")
+    # All of it in the window: an action's offset is from the centre of the element's visible part.
+    tab.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
     scalars = logs["sigmoid_deep/kgrad"]["scalars"]
     steps = scalars["grad_norm/hidden_1"].steps.tolist()
     column = len(steps) // 2

@@ -34,6 +34,11 @@ SCALAR_PREFIXES = (
     "weight_norm/",
     "activation_zero_fraction/",
     "global/grad_norm",
+    # The stability view's signals (instruments=["optimizer", "logits", "attention"]).
+    "global/loss",
+    "adam_rms/",
+    "logit_max_max/",
+    "attention_logit_max/",
 )
 #: Scalar tags that count NaN/Inf: ``<kind>_nonfinite/<name>``.
 NONFINITE_MARK = "_nonfinite/"

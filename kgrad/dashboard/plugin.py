@@ -11,7 +11,9 @@ TensorBoard loads in an iframe; it asks these routes (under
   and the heatmap quantities;
 - ``heatmap?run=R&quantity=Q``: a layer x step matrix (`views.RunView.heatmap`);
 - ``summary?run=R``: health table, NaN/Inf timeline, guard reports;
-- ``histogram?run=R&tag=T``: one histogram tag over steps.
+- ``histogram?run=R&tag=T``: one histogram tag over steps;
+- ``stability?run=R``: adam_rms per layer, max logits, attention maxima and
+  their spikes on one time axis (`views.RunView.stability`).
 
 Safe to serve: a run or tag is looked up among those read from the log
 directory, never joined into a path; anything unknown or malformed gets a
@@ -38,6 +40,7 @@ _STATIC_FILES = {
     "common.js": "text/javascript",
     "heatmap.js": "text/javascript",
     "panels.js": "text/javascript",
+    "stability.js": "text/javascript",
     "style.css": "text/css",
 }
 _MAX_PARAMETER = 1000  # characters; run names and tags are shorter
@@ -74,6 +77,7 @@ class KgradPlugin(base_plugin.TBPlugin):
                 "/heatmap": self._heatmap_route,
                 "/summary": self._summary_route,
                 "/histogram": self._histogram_route,
+                "/stability": self._stability_route,
             }
         )
         return apps
@@ -120,6 +124,10 @@ class KgradPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _summary_route(self, request):
         return self._answer(request, lambda: self._run(request, {"run"}).summary())
+
+    @wrappers.Request.application
+    def _stability_route(self, request):
+        return self._answer(request, lambda: self._run(request, {"run"}).stability())
 
     @wrappers.Request.application
     def _histogram_route(self, request):

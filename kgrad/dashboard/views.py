@@ -15,6 +15,7 @@ import numpy as np
 
 from kgrad.report import layer_series, health as report
 from kgrad.report.table import GRADIENT_NAMES
+from kgrad.dashboard import stability_view
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
 from kgrad.logs.reading import Series
 
@@ -165,6 +166,11 @@ class RunView:
                 "guard": guard_reports(self.data),
             }
         )
+
+    def stability(self):
+        """The stability view: adam_rms, max logits, attention maxima, spikes (`stability_view`)."""
+        return self._once("stability", lambda: clean(stability_view.stability_view(
+            self.run, self.data["scalars"], self.data.get("weight_shapes", {}), self.health.stability)))
 
     def histogram(self, tag):
         """One histogram tag over steps, with an x-range shared by its kind's tags."""

@@ -24,7 +24,7 @@ from kgrad.report.table import GRADIENT_NAMES, named_runs, nonfinite_cell
 
 _STATIC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "dashboard", "static")
 #: The tab's modules, in dependency order, inlined into one module script.
-_MODULES = ("common.js", "heatmap.js", "panels.js", "app.js")
+_MODULES = ("common.js", "heatmap.js", "panels.js", "stability.js", "app.js")
 #: Histograms are left out past this many float32 values (about 4 bytes each, x1.33 in base64).
 HISTOGRAM_BUDGET = 8_000_000
 
@@ -40,6 +40,7 @@ startApp(document.getElementById("kgrad-root"), {
   heatmap: async (run, quantity) => found(data.runs[run].heatmaps[quantity], quantity),
   summary: async (run) => data.runs[run].summary,
   histogram: async (run, tag) => found(data.runs[run].histograms[tag], `histogram ${tag}`),
+  stability: async (run) => data.runs[run].stability,
 }, data.title);
 """
 
@@ -53,7 +54,7 @@ def report_data(log_dir, thresholds=None):
 
     Returns:
         ``{"info": {"runs", "quantities"}, "runs": {run: {"heatmaps", "summary",
-        "histograms"}}, "title", "histograms_left_out"}``.
+        "histograms", "stability"}}, "title", "histograms_left_out"}``.
     """
     run_views = {}
     # A single run's folder is named by the folder, as `kgrad report` names it.
@@ -77,7 +78,12 @@ def report_data(log_dir, thresholds=None):
                         continue
                     budget -= size
                     histograms[tag] = view.histogram(tag)
-        runs[run] = {"heatmaps": heatmaps, "summary": view.summary(), "histograms": histograms}
+        runs[run] = {
+            "heatmaps": heatmaps,
+            "summary": view.summary(),
+            "histograms": histograms,
+            "stability": view.stability(),
+        }
     quantities = [
         {"key": key, "label": label, "unit": unit, "scale": scale}
         for key, (label, unit, scale, _) in views.QUANTITIES.items()

@@ -7,6 +7,7 @@
 import { el, sharedScale, formatNumber } from "./common.js";
 import { heatmapView, legendView, LABEL_WIDTH } from "./heatmap.js";
 import { healthTable, timelineView, histogramView, showTip } from "./panels.js";
+import { stabilityView } from "./stability.js";
 
 const MAX_SIDE_BY_SIDE = 4;
 const GAP = 24; // px between run columns: .columns' gap in style.css
@@ -108,13 +109,15 @@ function neededWidth(body, tables) {
 }
 
 function layout(state, body) {
-  const { heatmaps, summaries } = state.loaded;
+  const { heatmaps, summaries, stabilities } = state.loaded;
   const total = body.clientWidth || 1200;
   const tables = summaries.map(healthTable);
   const perRow = columnsPerRow(total, neededWidth(body, tables), Math.max(1, heatmaps.length));
   const width = Math.floor((total - GAP * (perRow - 1)) / perRow);
   const scale = sharedScale(heatmaps);
   const quantity = state.quantities.find((q) => q.key === state.quantity);
+  // adam_rms on one colour scale for the runs side by side, as the heatmaps above.
+  const stabilityScale = sharedScale(stabilities.filter((s) => s && s.rms).map((s) => s.rms));
   const columns = heatmaps.map((heatmap, index) =>
     el("section", { class: "run-column", "data-run": heatmap.run }, [
       el("h2", { text: heatmap.run }),
@@ -126,6 +129,12 @@ function layout(state, body) {
       el("div", { class: "table-wrap" }, tables[index]),
       el("h3", { text: "NaN / Inf" }),
       timelineView(summaries[index]),
+      stabilities[index] ? el("h3", { text: "Stability: adam_rms, max logits, attention, loss spikes" }) : null,
+      stabilities[index]
+        ? stabilityView(stabilities[index], stabilityScale, width, {
+          hover: (cell, event) => showTip(state.tip, cell, event, "adam_rms"),
+        })
+        : null,
     ]),
   );
   const grid = el("div", { class: "columns", "data-per-row": perRow }, columns);
@@ -149,9 +158,11 @@ async function draw(state, body) {
   const shown = state.shown.slice(0, MAX_SIDE_BY_SIDE);
   const heatmaps = await Promise.all(shown.map((run) => state.source.heatmap(run, state.quantity)));
   const summaries = await Promise.all(shown.map((run) => state.source.summary(run)));
+  // Sources without the stability route (an older HTML report's data) draw without it.
+  const stabilities = await Promise.all(shown.map((run) => (state.source.stability ? state.source.stability(run) : null)));
   if (ticket !== state.drawTicket) return; // a newer draw (another colour, new steps) is under way
   state.heatmaps = Object.fromEntries(heatmaps.map((h) => [h.run, h]));
-  state.loaded = { heatmaps, summaries };
+  state.loaded = { heatmaps, summaries, stabilities };
   layout(state, body);
   body.dataset.state = "ready";
   body.dataset.renderMs = (performance.now() - started).toFixed(1);

@@ -41,7 +41,7 @@ function paint(canvas, heatmap, values, scale, width, height) {
   target.drawImage(cells, 0, 0, canvas.width, canvas.height);
 }
 
-function stepAxis(steps, width) {
+export function stepAxis(steps, width) {
   const axis = el("div", { class: "step-axis" });
   axis.style.width = `${width}px`;
   if (!steps.length) return axis;

@@ -23,5 +23,6 @@ export async function render() {
     heatmap: (run, quantity) => getJSON("heatmap", { run, quantity }),
     summary: (run) => getJSON("summary", { run }),
     histogram: (run, tag) => getJSON("histogram", { run, tag }),
+    stability: (run) => getJSON("stability", { run }),
   });
 }
