@@ -105,6 +105,30 @@ def test_without_a_loss_tag_spikes_are_found_and_no_loss_spike_is_reported():
     assert stability.stability_report({"grad_norm/dense": _series([1.0] * 8 + [9.0])}).spikes == {}
 
 
+def test_an_attention_layer_spikes_by_its_largest_head():
+    # One signal per layer: the max over its heads at each probe (head 0 is the larger one here).
+    rng = np.random.default_rng(0)
+    head_0 = np.asarray(_with_spikes(40, {27: 5.0}))
+    head_1 = np.clip(rng.normal(0.5, 0.4, size=40), 0, 0.99)
+    scalars = {
+        "global/loss": _series(_with_spikes(40, {30: 9.0})),
+        "attention_logit_max/transformer_layer_0/self_attention/head_0": _series(head_0),
+        "attention_logit_max/transformer_layer_0/self_attention/head_1": _series(head_1),
+    }
+    report = stability.stability_report(scalars)
+    layer = "attention_logit_max/transformer_layer_0/self_attention"
+    assert report.signals == ("global/loss", layer)  # the heads themselves are not signals
+    assert [spike.step for spike in report.spikes[layer]] == [27]
+    assert report.spikes[layer][0].value == 5.0
+    (loss,) = report.loss_spikes
+    assert [(lead.layer, lead.signal, lead.step) for lead in loss.leaders] == [
+        ("transformer_layer_0/self_attention", "attention logit max", 27)
+    ]
+    np.testing.assert_array_equal(
+        stability.with_layer_head_maxima(scalars)[layer].values, np.maximum(head_0, head_1)
+    )
+
+
 def test_describe_words_the_spikes():
     scalars = {
         "global/loss": _series(_with_spikes(40, {30: 9.0})),

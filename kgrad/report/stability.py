@@ -8,7 +8,10 @@ a handful of values says nothing. The signals:
 
 - ``global/loss`` (the loss of each probed step) and ``global/grad_norm``;
 - ``adam_rms/<weight path>`` (``instruments=["optimizer"]``), of the weight's layer;
-- ``logit_max_max/<output>`` (``instruments=["logits"]``), of that output.
+- ``logit_max_max/<output>`` (``instruments=["logits"]``), of that output;
+- ``attention_logit_max/<layer>`` (``instruments=["attention"]``): per attention
+  layer, the largest of its heads' ``attention_logit_max/<layer>/head_<h>`` at each
+  probe (attention logit growth precedes loss spikes, Dehghani et al. 2023).
 
 For each loss spike, the layers (and outputs) whose signals spiked inside the
 window of probes before it (``window``, 16 by default, the loss spike's own probe
@@ -35,7 +38,12 @@ import numpy as np
 from kgrad.plan.tag_names import GRAD_NORM_TAG, LOSS_TAG
 
 #: Tag prefixes of the per-layer (per-output) signals, and how a report names them.
-LAYER_SIGNALS = {"adam_rms/": "adam_rms", "logit_max_max/": "max logit"}
+LAYER_SIGNALS = {
+    "adam_rms/": "adam_rms",
+    "logit_max_max/": "max logit",
+    "attention_logit_max/": "attention logit max",
+}
+_HEAD_PREFIX = "attention_logit_max/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +140,38 @@ def spike_indices(values, sigmas=6.0, history=128, min_history=8):
 def signal_tags(scalars):
     """The tags of ``scalars`` that `stability_report` examines, loss and global norm first."""
     tags = [tag for tag in (LOSS_TAG, GRAD_NORM_TAG) if tag in scalars]
-    return tags + [tag for tag in scalars if tag.startswith(tuple(LAYER_SIGNALS))]
+    return tags + [tag for tag in scalars if tag.startswith(tuple(LAYER_SIGNALS)) and not _is_head(tag)]
+
+
+def _is_head(tag):
+    return tag.startswith(_HEAD_PREFIX) and tag.rpartition("/")[2].startswith("head_")
+
+
+def with_layer_head_maxima(scalars):
+    """``scalars`` and, per attention layer, ``attention_logit_max/<layer>``: the max over its heads.
+
+    Heads written at other steps than the layer's first head (never, from one
+    probe) are left out of its maximum. A non-finite head makes the maximum
+    non-finite (a blow-up is a spike).
+
+    >>> import numpy as np
+    >>> from kgrad.logs.reading import Series
+    >>> heads = {f"attention_logit_max/mha/head_{h}": Series(np.arange(2), np.array([h, 3.0 - h]))
+    ...          for h in range(2)}
+    >>> with_layer_head_maxima(heads)["attention_logit_max/mha"].values.tolist()
+    [1.0, 3.0]
+    """
+    layers = {}
+    for tag in scalars:
+        if _is_head(tag):
+            layers.setdefault(tag.rpartition("/")[0], []).append(scalars[tag])
+    combined = dict(scalars)
+    for layer, heads in layers.items():
+        steps = np.asarray(heads[0].steps)
+        same = [np.asarray(head.values, np.float64) for head in heads if np.array_equal(head.steps, steps)]
+        # np.max, not np.nanmax: a NaN head is a blow-up, not a missing value.
+        combined[layer] = type(heads[0])(steps, np.max(np.stack(same), axis=0))
+    return combined
 
 
 def layer_of(tag):
@@ -159,6 +198,7 @@ def stability_report(scalars, sigmas=6.0, history=128, window=16, min_history=8)
     Returns:
         A `StabilityReport`.
     """
+    scalars = with_layer_head_maxima(scalars)
     tags = signal_tags(scalars)
     spikes = {}
     for tag in tags:
