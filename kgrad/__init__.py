@@ -31,6 +31,7 @@ __all__ = [
     "read_logs",
     "replay_step",
     "tap",
+    "value_and_grad",
     "write_html_report",
 ]
 
@@ -60,6 +61,7 @@ _MODULES = {
     "read_logs": "kgrad.logs.reading",
     "replay_step": _BACKEND,
     "tap": _BACKEND,
+    "value_and_grad": _BACKEND,
     "write_html_report": "kgrad.report.html",
 }
 
@@ -81,6 +83,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.logs.record import ProbeRecord  # noqa: F401
     from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
     from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
+    from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401
 
 
 def __getattr__(name):

@@ -96,11 +96,12 @@ class Backend(typing.Protocol):
     prediction_gradient: typing.Callable
     first_non_finite: typing.Callable
     replay_step: typing.Callable
+    value_and_grad: typing.Callable
 
 
 #: The names every backend module defines.
 BACKEND_NAMES = (
     "NAME", "check_supported", "check_layers", "is_chief", "attach", "unprobed_train_function", "detach",
     "replay_fields", "ProbeTape", "ProbingModel", "ProbeResult", "tap", "prediction_gradient",
-    "first_non_finite", "replay_step",
+    "first_non_finite", "replay_step", "value_and_grad",
 )

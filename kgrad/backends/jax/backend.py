@@ -5,6 +5,7 @@ layer and op outputs, carriers whose cotangent is dJ/d(output)'s statistics),
 ``differentiate/`` (Keras' step with them, one backward pass; the train
 function of probed executions), ``summarize/`` (moments and histograms in
 ``jax.numpy``) and ``handover/`` (device records read after probed steps).
+``own_step/`` probes a model's own ``train_step`` through `kgrad.value_and_grad`.
 `kgrad.NonFiniteGuard` and the TensorFlow-only names say so when used.
 """
 
@@ -25,6 +26,7 @@ from kgrad.backends.jax.unavailable import (  # noqa: F401
 )
 from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
 from kgrad.backends.jax.differentiate.prediction_gradient import prediction_gradient  # noqa: F401
+from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401
 from kgrad.plan import selection
 
 NAME = "jax"

@@ -2,23 +2,33 @@
 
 `kgrad.ProbeTape` is a ``tf.GradientTape``; on JAX gradients come from
 ``jax.value_and_grad`` inside a pure ``train_step``, where a tape has no
-meaning. The JAX counterparts of these names are not in this version:
-`kgrad.GradientProbe` with Keras' own ``train_step`` is.
+meaning. The JAX counterpart of `kgrad.ProbeTape` in a model's own
+``train_step`` is `kgrad.value_and_grad` (a drop-in for
+``jax.value_and_grad``); with Keras' own ``train_step``, `kgrad.GradientProbe`
+alone.
 """
 
 from kgrad.backends import UnsupportedBackendError
+
+_JAX_COUNTERPART = (
+    "On JAX, pass kgrad.GradientProbe(...) to model.fit: with Keras' own train_step it needs "
+    "nothing else; in a train_step of your own, replace `jax.value_and_grad(...)` with "
+    "`kgrad.value_and_grad(...)` (the JAX counterpart). Or set KERAS_BACKEND=tensorflow to use "
+)
 
 
 def _unavailable(name, what):
     def refuse(*args, **kwargs):
         raise UnsupportedBackendError(
-            f"kgrad.{name} {what}, so it does not run on Keras' JAX backend. On JAX, pass "
-            "kgrad.GradientProbe(...) to model.fit with Keras' own train_step, or set "
-            "KERAS_BACKEND=tensorflow to use kgrad.{name}."
+            f"kgrad.{name} {what}, so it does not run on Keras' JAX backend. {_JAX_COUNTERPART}"
+            f"kgrad.{name}."
         )
 
     refuse.__name__ = name
-    refuse.__doc__ = f"Not on JAX: kgrad.{name} {what}. Raises `UnsupportedBackendError` when called."
+    refuse.__doc__ = (
+        f"Not on JAX: kgrad.{name} {what}. Raises `UnsupportedBackendError` when called; "
+        "the JAX counterpart is `kgrad.value_and_grad` in a model's own train_step."
+    )
     return refuse
 
 

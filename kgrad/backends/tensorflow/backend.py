@@ -7,6 +7,7 @@ layer and op outputs, `ProbeTape`), ``differentiate/`` (the probing
 ``guard/`` (the sentinel, the kept batch and the replay).
 """
 
+from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
 from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
 from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
@@ -28,6 +29,30 @@ NAME = "tensorflow"
 def check_supported(role):
     """Both roles, ``"probe"`` and ``"guard"``, run on TensorFlow."""
     del role
+
+
+def value_and_grad(fn, argnums=0, has_aux=False, name=None):
+    """Not on TensorFlow: `kgrad.value_and_grad` is the JAX counterpart of `kgrad.ProbeTape`.
+
+    Raises:
+        UnsupportedBackendError: Always, naming `kgrad.ProbeTape`.
+
+    Example:
+
+    >>> import kgrad
+    >>> try:
+    ...     kgrad.value_and_grad(lambda w: w * w)
+    ... except kgrad.UnsupportedBackendError as error:
+    ...     print(str(error).split(":")[0])
+    kgrad.value_and_grad wraps jax.value_and_grad in a JAX train_step
+    """
+    del fn, argnums, has_aux, name
+    raise UnsupportedBackendError(
+        "kgrad.value_and_grad wraps jax.value_and_grad in a JAX train_step: Keras runs on "
+        "TensorFlow here. In a TensorFlow train_step, replace `tf.GradientTape()` with "
+        "`kgrad.ProbeTape(model)` (or `kgrad.ProbeTape(self.generator, name=...)`), the TensorFlow "
+        "counterpart; or set KERAS_BACKEND=jax to use kgrad.value_and_grad."
+    )
 
 
 def check_layers(model, layers):

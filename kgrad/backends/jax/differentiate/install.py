@@ -17,6 +17,7 @@ from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.handover.records import RecordBuffer
+from kgrad.backends.jax.own_step.train_function import OwnStepTrainFunction
 
 _INSTALLATION = "_kgrad_jax_installation"
 # Functions of earlier fits, kept on the model: tracing and compiling the probed
@@ -114,7 +115,9 @@ def attach(model, role, config):
     same = [f for f in kept if f.config == config and f.keras_train_function is model.train_function]
     function = same[0] if same else None
     if function is None:
-        function = ProbingTrainFunction(model, config)
+        # A model with its own train_step is probed through its kgrad.value_and_grad calls.
+        kind = OwnStepTrainFunction if has_own_train_step(model) else ProbingTrainFunction
+        function = kind(model, config)
         kept[:] = [f for f in kept if f.keras_train_function is model.train_function][-3:] + [function]
     function.start_at(0)
     function.buffer.clear()  # what a fit that raised left unread is not this fit's
@@ -150,12 +153,7 @@ def _check(model, role, config):
     if model.optimizer is None:
         raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
     unsupported = None
-    if has_own_train_step(model):
-        unsupported = (
-            f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; "
-            "on JAX kgrad probes Keras' own train_step only yet"
-        )
-    elif "attention" in config.instruments:
+    if "attention" in config.instruments:
         unsupported = (
             "instruments=['attention'] (attention logits and entropy per head) is computed on "
             "TensorFlow only yet; 'optimizer', 'logits' and 'per_example' run on JAX"

@@ -1,0 +1,190 @@
+"""One `kgrad.value_and_grad` call of a probed own ``train_step``: its backward pass, with capture.
+
+`ProbedPart.differentiate` is ``jax.value_and_grad`` of the user's function
+with the layers of one sub-model (the one whose weights are differentiated)
+intercepted (`kgrad.backends.jax.capture.taps.intercept`): each captured
+output goes through a carrier (`kgrad.backends.jax.capture.carriers`), whose
+cotangent holds the statistics of dJ/d(output), so the one backward pass that
+gives the user's gradients gives them too. The carriers are arguments of the
+differentiated function, so a shape-only pass (``jax.eval_shape``) finds the
+taps first. The weights' rows (`add_weights`) follow once the optimizer has
+applied the gradients. The tags are those a TensorFlow `kgrad.ProbeTape` of
+the same sub-model writes: layer and weight paths relative to the sub-model,
+dJ/dŷ as ``pred_grad_*/output``, no dJ/dx (a ``ProbeTape`` watches no input
+unless asked), no ``global/loss``.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from kgrad.backends.common import norms
+from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
+from kgrad.backends.jax.capture.taps import Taps, intercept
+from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize.summaries import SummaryRows
+from kgrad.plan import selection
+from kgrad.plan.tag_names import GRAD_NORM_TAG, io_names
+from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
+
+#: The summary kind of each tap's gradient, and the capture option it needs.
+_GRADIENT_KIND = {
+    "activation": ("grad", "activation_gradients"),
+    "prediction": ("pred_grad", "prediction_gradient"),
+}
+
+
+class ProbedPart:
+    """The probe of one differentiated sub-model in one traced step.
+
+    Args:
+        name: The run it is logged under.
+        model: The sub-model whose weights are differentiated.
+        config: The `kgrad.plan.options.ProbeConfig`.
+        weights: The sub-model's differentiated ``keras.Variable``s.
+
+    Attributes:
+        rows: Its `SummaryRows`, complete once `add_weights` has run.
+        weight_shapes: ``{weight path: shape}``.
+    """
+
+    def __init__(self, name, model, config, weights):
+        self.name, self.model, self.config = name, model, config
+        self.rows = SummaryRows(config.histograms, config.statistics)
+        self._operations, self._keep = _selection(model, config.layers)
+        self.paths = [model_relative_path(model, weight) for weight in weights]
+        self.weight_shapes = {path: tuple(w.shape) for path, w in zip(self.paths, weights)}
+
+    @property
+    def _buckets(self):
+        return self.config.bucket_count if self.config.histograms else None
+
+    def differentiate(self, fn, numbers, has_aux, args, kwargs):
+        """``(value or (value, aux), gradients of args[numbers])``; adds the captured rows."""
+        taps = self._discover(fn, numbers, args, kwargs)
+        carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
+        rows = self.rows
+
+        def with_carriers(carriers, *differentiated):
+            forward = {}
+
+            def tap(key, kind, tensor):
+                if kind == "activation" and self.config.captures("activations"):
+                    wants = rows.wants_histogram("activation", tensor.shape)
+                    columns = rows.columns("activation", tensor.shape)
+                    forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
+                return tap_gradient(tensor, carriers[key], taps[key][2]) if key in carriers else tensor
+
+            with intercept(self.model, self._operations, _PartTaps(tap, self._keep)):
+                out = fn(*_with(args, numbers, differentiated), **kwargs)
+            value, aux = out if has_aux else (out, None)
+            return value, (aux, forward)
+
+        grad_fn = jax.value_and_grad(with_carriers, argnums=tuple(range(len(numbers) + 1)), has_aux=True)
+        (value, (aux, forward)), (carried, *gradients) = grad_fn(carriers, *[args[n] for n in numbers])
+        self._add_captured(taps, forward, carried)
+        return ((value, aux) if has_aux else value), gradients
+
+    def _discover(self, fn, numbers, args, kwargs):
+        """``{key: (kind, shape, carrier layout or None)}`` of the taps of one pass of ``fn``, in order."""
+        found = {}
+
+        def record(key, kind, tensor):
+            layout = None
+            if kind in _GRADIENT_KIND and self.config.captures(_GRADIENT_KIND[kind][1]):
+                gradient_kind = _GRADIENT_KIND[kind][0]
+                wants = self.rows.wants_histogram(gradient_kind, tensor.shape)
+                layout = CarrierLayout(
+                    self._buckets if wants else None,
+                    example_norms=kind == "prediction",
+                    columns=self.rows.columns(gradient_kind, tensor.shape),
+                )
+            if kind != "input":
+                found[key] = (kind, tuple(tensor.shape), layout)
+            return tensor
+
+        def shapes_only(*differentiated):
+            with intercept(self.model, self._operations, _PartTaps(record, self._keep)):
+                return fn(*_with(args, numbers, differentiated), **kwargs)
+
+        jax.eval_shape(shapes_only, *[args[n] for n in numbers])
+        return found
+
+    def _add_captured(self, taps, forward, carried):
+        if self.config.captures("activations"):
+            for key, (row, histogram) in forward.items():
+                self.rows.add("activation", key, row, histogram, taps[key][1])
+        predictions = [key for key, (kind, _, _) in taps.items() if kind == "prediction"]
+        output_names = dict(zip(predictions, io_names(predictions, "output", _output_names(self.model))))
+        for key, (kind, shape, layout) in taps.items():
+            if layout is None:
+                continue
+            name = output_names.get(key, key)
+            row, histogram, example = layout.split(carried[key])
+            self.rows.add(_GRADIENT_KIND[kind][0], name, row, histogram, shape)
+            if example is not None:
+                self.rows.add_scalar(f"pred_grad_example_norm_mean/{name}", example[0])
+                self.rows.add_scalar(f"pred_grad_example_norm_max/{name}", example[1])
+
+    def add_weights(self, before, gradients, after):
+        """The rows of the weights: gradient moments, norms and update ratios (``after`` the update)."""
+        if not self.config.captures("weight_gradients"):
+            return
+        statistics = self.config.statistics
+        with_a_matrix = layers_with_a_matrix(self.paths, list(self.weight_shapes.values()))
+        gradient_norms = []
+        for path, weight, gradient, updated in zip(self.paths, before, gradients, after):
+            has_matrix = path.rpartition("/")[0] in with_a_matrix
+            wants = self.rows.wants_histogram("weight_grad", gradient.shape, has_matrix)
+            # The norm of every weight's gradient enters global/grad_norm.
+            columns = self.rows.columns("weight_grad", gradient.shape, has_matrix, extra=(0,))
+            row, histogram = stats.summarize(gradient, self._buckets if wants else None, columns)
+            gradient_norms.append(row[0])
+            self.rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
+            if weight_tags_written(statistics, gradient, has_matrix):
+                norm = norms.safe_norm(jnp.ravel(weight).astype(jnp.float32))
+                change = norms.safe_norm(jnp.ravel(updated.astype(jnp.float32) - weight.astype(jnp.float32)))
+                self.rows.add_scalar(f"weight_norm/{path}", norm)
+                # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
+                self.rows.add_scalar(
+                    f"update_ratio/{path}",
+                    jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0),
+                )
+        self.rows.add_scalar(GRAD_NORM_TAG, norms.combined_norm(gradient_norms))
+
+
+def _with(args, numbers, differentiated):
+    """``args`` with ``args[numbers[i]]`` replaced by ``differentiated[i]``."""
+    replaced = list(args)
+    for number, value in zip(numbers, differentiated):
+        replaced[number] = value
+    return replaced
+
+
+def _output_names(model):
+    return getattr(model, "output_names", None)
+
+
+def _selection(model, layers):
+    """`selection.resolve_selection` on the sub-model; a list keeps the names the sub-model has."""
+    if not isinstance(layers, (list, tuple)):
+        return selection.resolve_selection(model, layers)
+    candidates, _ = selection.resolve_selection(model, "all")
+    wanted = {layer if isinstance(layer, str) else id(layer) for layer in layers}
+    return {name: op for name, op in candidates.items() if name in wanted or id(op) in wanted}, None
+
+
+class _PartTaps(Taps):
+    """`Taps` whose prediction gets a key of its own (``prediction:0``); inputs are passed on untapped."""
+
+    def __init__(self, tap, keep):
+        self._counts = {}
+
+        def keyed(name, kind, tensor):
+            if name is None:
+                index = self._counts.get(kind, 0)
+                self._counts[kind] = index + 1
+                name = f"{kind}:{index}"
+            return tap(name, kind, tensor) if kind != "input" else tensor
+
+        super().__init__(keyed, keep)
