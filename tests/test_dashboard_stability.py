@@ -119,17 +119,22 @@ def test_spikes_are_the_reports_at_the_planted_steps(run):
     assert (spike["step"], spike["column"], spike["value"]) == (48, 48, 10.0)
     keys = ("layer", "signal", "step", "probes_ahead")
     leaders = [tuple(lead[key] for key in keys) for lead in spike["leaders"]]
-    assert leaders == [("dense_2", "adam_rms", 44, 4), ("output", "max logit", 46, 2)]
+    assert leaders == [
+        ("dense_2", "adam_rms", 44, 4),
+        ("block/mha", "attention logit max", 45, 3),
+        ("output", "max logit", 46, 2),
+    ]
     assert view["missing"] == [] and view["rule"] == "above mean + 6σ of the previous 128 probes"
 
 
-def test_attention_line_is_the_max_over_heads_with_the_reports_rule(run):
+def test_attention_line_is_the_max_over_heads_with_its_spikes(run):
     data, scalars = run
     (line,) = views.RunView("kgrad", data).stability()["attention"]
     heads = [scalars[f"attention_logit_max/block/mha/head_{h}"].values for h in range(HEADS)]
     expected = np.max(heads, axis=0)
     assert line["name"] == "block/mha" and len(line["tags"]) == HEADS
     np.testing.assert_allclose(line["values"], expected, rtol=1e-6)
+    # The rule applied here to NumPy's max over heads: the same spikes as the view's (the report's).
     assert line["spike_steps"] == [int(s) for s in np.asarray(range(STEPS))[spike_indices(expected)]] == [45]
 
 

@@ -169,11 +169,13 @@ def _check(geometry):
         assert near(x, _column_x(canvas["box"], step)), (part, step)
         svg = geometry["svgs"][part]
         assert svg[1] <= y <= svg[3] and near(svg[0], canvas["box"][0]) and near(svg[2], canvas["box"][2])
-        assert leader == (part == "logits")  # output's max logit moved before the loss spike
+        assert leader == (part != "loss")  # the max logit and the attention max moved first
     ((step, line),) = geometry["lossLines"]
     assert step == LOSS_SPIKE[1] and near(line[0], _column_x(canvas["box"], step))
     assert line[1] <= canvas["box"][1] and line[3] >= geometry["svgs"]["loss"][3]  # down the whole view
-    assert geometry["lossList"] == [[48, [["dense_2", "adam_rms", 44], ["output", "max logit", 46]]]]
+    leaders = [["dense_2", "adam_rms", 44], ["block/mha", "attention logit max", 45],
+               ["output", "max logit", 46]]
+    assert geometry["lossList"] == [[48, leaders]]
     for tick, (x, _) in geometry["ticks"]:
         assert near(x, _column_x(canvas["box"], tick)), tick
     # Nothing clipped: every element of each view inside its run's column, no text cut off.

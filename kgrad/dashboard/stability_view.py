@@ -6,9 +6,8 @@ logit per output (``logit_max_max/``, ``instruments=["logits"]``) and of the
 largest attention score per attention layer (the max over its heads of
 ``attention_logit_max/<layer>/head_<h>``, ``instruments=["attention"]``), the
 loss, and where each signal spiked. The spikes are those of `kgrad report`
-(`kgrad.report.stability`: its `StabilityReport`, and its `spike_indices` with
-the report's parameters for the attention maxima, which it does not examine):
-the rule is never written again here or in the page.
+(`kgrad.report.stability.StabilityReport`, which examines the same maxima over
+heads): the rule is never written again here or in the page.
 
 A row of the matrix is a layer: the RMS of g/(√v̂+ε) over the elements of its
 logged weights (``statistics="default"`` logs kernels', not biases'),
@@ -39,7 +38,7 @@ import base64
 import numpy as np
 
 from kgrad.plan.tag_names import LOSS_TAG
-from kgrad.report.stability import layer_of, spike_indices
+from kgrad.report.stability import LAYER_SIGNALS, layer_of
 
 ADAM_PREFIX = "adam_rms/"
 LOGIT_PREFIX = "logit_max_max/"
@@ -124,11 +123,12 @@ def _rms_matrix(scalars, shapes, steps, report):
     }
 
 
-def _line(name, values, logged, steps, spike_steps, tags):
+def _line(name, values, logged, steps, spike_steps, tags, signal):
     """One line of a chart: finite values (``None`` elsewhere), logged NaN/Inf, spikes."""
     finite = np.isfinite(values)
     return {
         "name": name,
+        "signal": signal,  # as a loss spike's leaders name it
         "tags": tags,
         "values": [float(v) if ok else None for v, ok in zip(values, finite)],
         "nonfinite": np.flatnonzero(logged & ~finite).tolist(),
@@ -137,11 +137,16 @@ def _line(name, values, logged, steps, spike_steps, tags):
     }
 
 
-def _lines(scalars, prefix, owner, steps, spikes_of):
+def _lines(scalars, prefix, owner, steps, report):
+    """The lines of the tags under ``prefix``, one per ``owner(tag)`` (the max of its tags)."""
     lines = []
     for name, tags in _groups(scalars, prefix, owner).items():
         values = _combined(scalars, tags, steps, None)
-        lines.append(_line(name, values, ~np.isnan(values), steps, spikes_of(tags, values), tags))
+        # The report's spikes of the line's signal: of its tag, or of the max over heads.
+        reported = [prefix + name] if prefix == ATTENTION_PREFIX else tags
+        spike_steps = [spike.step for tag in reported for spike in report.spikes.get(tag, ())]
+        signal = LAYER_SIGNALS.get(prefix)
+        lines.append(_line(name, values, ~np.isnan(values), steps, spike_steps, tags, signal))
     return lines or None
 
 
@@ -170,21 +175,13 @@ def stability_view(run, scalars, shapes, report):
     stepped = [scalars[tag].steps for tag in tags + ([LOSS_TAG] if tags and LOSS_TAG in scalars else [])]
     steps = np.unique(np.concatenate(stepped)) if stepped else np.zeros(0, np.int64)
 
-    def reported(tags, values):  # the report's spikes of the line's tag
-        return [spike.step for tag in tags for spike in report.spikes.get(tag, ())]
-
-    def attention_spikes(tags, values):  # the report's rule, on the max over heads
-        logged = np.flatnonzero(~np.isnan(values))
-        found = spike_indices(values[logged], report.sigmas, report.history)
-        return [int(steps[logged[index]]) for index in found]
-
     view = {
         "run": run,
         "steps": steps.tolist(),
         "rms": _rms_matrix(scalars, shapes, steps, report),
-        "logits": _lines(scalars, LOGIT_PREFIX, lambda tag: tag[len(LOGIT_PREFIX):], steps, reported),
-        "attention": _lines(scalars, ATTENTION_PREFIX, _attention_owner, steps, attention_spikes),
-        "loss": _lines({LOSS_TAG: scalars[LOSS_TAG]}, LOSS_TAG, lambda tag: "loss", steps, reported)
+        "logits": _lines(scalars, LOGIT_PREFIX, lambda tag: tag[len(LOGIT_PREFIX):], steps, report),
+        "attention": _lines(scalars, ATTENTION_PREFIX, _attention_owner, steps, report),
+        "loss": _lines({LOSS_TAG: scalars[LOSS_TAG]}, LOSS_TAG, lambda tag: "loss", steps, report)
         if tags and LOSS_TAG in scalars
         else None,
         "rule": f"above mean + {report.sigmas:g}σ of the previous {report.history} probes",

@@ -122,8 +122,7 @@ function lineTrack(view, part, title, what, width, leaders) {
     line.spikes.forEach((column, k) => {
       const step = line.spike_steps[k];
       const value = line.values[column];
-      const signal = part === "logits" ? "max logit" : part;
-      const leader = leaders.has(`${signal} ${line.name}@${step}`);
+      const leader = leaders.has(`${line.signal} ${line.name}@${step}`);
       const ring = svgNode("circle", {
         class: "spike-mark" + (leader ? " leader" : ""),
         cx: x(column),
