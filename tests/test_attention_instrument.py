@@ -139,6 +139,24 @@ def test_multi_head_attention_scores_equal_numpy(tmp_path, masking, return_score
     assert logs["attention_logit_max/mha/head_0"].steps.tolist() == [0]
 
 
+def test_grouped_query_attention_scores_equal_numpy(tmp_path):
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((T,), dtype="int32")
+    x = keras.layers.Embedding(V, 8, name="embed")(tokens)
+    attention = keras.layers.GroupQueryAttention(head_dim=4, num_query_heads=4, num_key_value_heads=2,
+                                                 name="gqa")
+    h = attention(x, x, use_causal_mask=True)
+    model = keras.Model(tokens, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+    model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
+    ids, _ = _tokens(8)
+    x = _layer_inputs(model, [attention], ids)[id(attention)][:4]
+    q, k = _dense(x, attention._query_dense), _dense(x, attention._key_dense)  # k: 2 heads for 4
+    expected = _reference(q, k, np.broadcast_to(np.tril(np.ones((T, T), bool)), (4, T, T)), 1 / 2)
+    probe = _probe(tmp_path, examples=4)
+    model.fit(ids, np.ones((8, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[probe])
+    _assert_tags(probe.latest, "gqa", *expected)
+
+
 def test_the_fused_kernel_and_the_materialized_scores_give_the_same_values(tmp_path):
     ids, _ = _tokens(8)
     values = []
@@ -162,6 +180,41 @@ def test_training_is_unchanged_by_the_attention_instrument(tmp_path):
     probed.fit(ids, np.ones((8, 1)), batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[probe])
     for before, after in zip(plain.get_weights(), probed.get_weights()):
         np.testing.assert_array_equal(before, after)
+
+
+class _OwnStep(keras.Model):
+    """A model whose own train_step differentiates with a ProbeTape."""
+
+    def __init__(self):
+        super().__init__(name="own_step")
+        self.embed = keras.layers.Embedding(V, 8, name="embed")
+        self.mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="mha")
+        self.out = keras.layers.Dense(1, name="out")
+
+    def call(self, ids):
+        x = self.embed(ids)
+        return self.out(keras.ops.mean(self.mha(x, x, use_causal_mask=True), axis=1))
+
+    def train_step(self, data):
+        ids, y = data
+        with kgrad.ProbeTape(self) as tape:
+            loss = keras.ops.mean((self(ids, training=True) - y) ** 2)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return {"loss": loss}
+
+
+def test_a_probe_tape_in_a_models_own_train_step_scores_its_attention(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = _OwnStep()
+    model.compile(keras.optimizers.Adam(0.01), jit_compile=False)
+    ids, _ = _tokens(8)
+    x = _layer_inputs(model, [model.mha], ids)[id(model.mha)][:4]
+    q, k = _dense(x, model.mha._query_dense), _dense(x, model.mha._key_dense)
+    expected = _reference(q, k, np.broadcast_to(np.tril(np.ones((T, T), bool)), (4, T, T)), 1 / 2)
+    probe = _probe(tmp_path, examples=4)
+    model.fit(ids, np.ones((8, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[probe])
+    _assert_tags(probe.latest, "mha", *expected)
 
 
 # -- KerasHub: GPT-2, BERT, Gemma (built from configs, no download) -------------------------
