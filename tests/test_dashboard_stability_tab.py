@@ -7,6 +7,7 @@ resized to 1000x700 and 800x600 without a reload: the view is drawn, its heatmap
 has a row per layer and a column per step, every spike ring sits on its step's
 column, the loss spike names what moved first, nothing is clipped, and the page
 logs no JavaScript error. Screenshots go to ``KGRAD_TAB_SCREENSHOTS`` when set.
+The HTML report, opened from disk, draws the same view.
 """
 
 import json
@@ -223,3 +224,24 @@ def test_stability_view_at_three_sizes_with_resizes(page):
     # The check above can fail: an error the page logs is in what it reads.
     page.execute_script("console.error('kgrad test: the console is read')")
     assert any("the console is read" in entry["message"] for entry in page.get_log("browser"))
+
+
+def test_the_html_report_draws_the_view_from_disk(tmp_path):
+    import kgrad
+
+    write_stability_run(str(tmp_path / "logs" / "spiky"))
+    kgrad.write_html_report(tmp_path / "logs", tmp_path / "report.html")
+    driver = _chromium_logging_errors()
+    try:
+        driver.get((tmp_path / "report.html").as_uri())
+        wait_for(driver, "document.querySelector('.body[data-state=ready] .stability-canvas')")
+        drawn = driver.execute_script(
+            "const v = document.querySelector('.stability'), c = v.querySelector('canvas.stability-canvas');"
+            "return [Number(c.dataset.layers), Number(c.dataset.steps),"
+            " [...v.querySelectorAll('.spike-cell, circle.spike-mark')].map((m) => Number(m.dataset.step))]"
+        )
+        planted = [RMS_SPIKE[1], ATTENTION_SPIKE[1], LOGIT_SPIKE[1], LOSS_SPIKE[1]]
+        assert drawn[:2] == [len(LAYERS), STEPS] and sorted(drawn[2]) == sorted(planted)
+        assert not [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    finally:
+        driver.quit()
