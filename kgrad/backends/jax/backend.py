@@ -6,7 +6,8 @@ layer and op outputs, carriers whose cotangent is dJ/d(output)'s statistics),
 function of probed executions), ``summarize/`` (moments and histograms in
 ``jax.numpy``) and ``handover/`` (device records read after probed steps).
 ``own_step/`` probes a model's own ``train_step`` through `kgrad.value_and_grad`.
-`kgrad.NonFiniteGuard` and the TensorFlow-only names say so when used.
+``guard/`` runs `kgrad.NonFiniteGuard`: the sentinel, its train function, the replay.
+The TensorFlow-only names say so when used.
 """
 
 import jax
@@ -17,12 +18,12 @@ from kgrad.backends.jax.differentiate.install import (  # noqa: F401
     detach,
     unprobed_train_function,
 )
+from kgrad.backends.jax.guard.replay import replay_fields, replay_step  # noqa: F401
 from kgrad.backends.jax.unavailable import (  # noqa: F401
     ProbeResult,
     ProbeTape,
     ProbingModel,
     first_non_finite,
-    replay_step,
 )
 from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
 from kgrad.backends.jax.differentiate.prediction_gradient import prediction_gradient  # noqa: F401
@@ -42,7 +43,3 @@ def is_chief(model):
     del model
     return jax.process_index() == 0
 
-
-def replay_fields(model, batch, seeds_after):
-    """The guard does not run on JAX yet (`attach` says so before training)."""
-    raise NotImplementedError("kgrad.NonFiniteGuard does not run on Keras' JAX backend yet.")

@@ -16,6 +16,7 @@ import keras
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.differentiate.step import ProbedStep
+from kgrad.backends.jax.guard.install import attach_guard, attached_guard, detach_guard, keras_train_function
 from kgrad.backends.jax.handover.records import RecordBuffer
 from kgrad.backends.jax.own_step.train_function import OwnStepTrainFunction
 
@@ -28,8 +29,9 @@ _KEPT = "_kgrad_jax_train_functions"
 class ProbingTrainFunction:
     """``model.train_function`` for executions with a probed step (an `interface.TrainingStep`)."""
 
-    def __init__(self, model, config):
+    def __init__(self, model, config, keras_train_function=None):
         self.model, self.config = model, config
+        self.guard = None  # the attached NonFiniteGuard's `GuardRun`: every step guarded
         self.every_n_steps = config.every_n_steps
         self.probed_step = ProbedStep(model, config)
         self.buffer = RecordBuffer(lambda: self.probed_step.names, self.probed_step.weight_shapes)
@@ -42,7 +44,7 @@ class ProbingTrainFunction:
         )
         self._plain = None  # Keras' own step, jitted on first use (executions of several steps)
         self._compile = compile_steps
-        self.keras_train_function = model.train_function
+        self.keras_train_function = keras_train_function or model.train_function
         self.latest_record = None
         self.guard_tripped = None
         self._next_step = 0
@@ -60,9 +62,14 @@ class ProbingTrainFunction:
     def _run(self, state, data):
         index, self._next_step = self._next_step, self._next_step + 1
         if index % self.every_n_steps == 0:
-            logs, state, record = self._probed(state, data)
+            if self.guard is not None:
+                logs, state, record = self.guard.run_probed(self.probed_step, state, data)
+            else:
+                logs, state, record = self._probed(state, data)
             self.buffer.append(record)
             return logs, state
+        if self.guard is not None:
+            return self.guard.run_plain(state, data)
         if self._plain is None:
             step = self.model.train_step
             self._plain = (
@@ -109,16 +116,20 @@ def _state_shardings(model):
 
 
 def attach(model, role, config):
-    """Installs kgrad's train function for this ``fit``; ``role`` ``"probe"`` only on JAX for now."""
+    """Installs kgrad's train function for this ``fit``: ``role`` ``"probe"`` or ``"guard"``."""
+    if role == "guard":
+        return attach_guard(model, config, model.__dict__.get(_INSTALLATION))
     _check(model, role, config)
+    keras_function = keras_train_function(model)
     kept = model.__dict__.setdefault(_KEPT, [])
-    same = [f for f in kept if f.config == config and f.keras_train_function is model.train_function]
+    same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
     function = same[0] if same else None
     if function is None:
         # A model with its own train_step is probed through its kgrad.value_and_grad calls.
         kind = OwnStepTrainFunction if has_own_train_step(model) else ProbingTrainFunction
-        function = kind(model, config)
-        kept[:] = [f for f in kept if f.keras_train_function is model.train_function][-3:] + [function]
+        function = kind(model, config, keras_function)
+        kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [function]
+    function.guard = attached_guard(model)
     function.start_at(0)
     function.buffer.clear()  # what a fit that raised left unread is not this fit's
     object.__setattr__(model, _INSTALLATION, function)
@@ -127,25 +138,27 @@ def attach(model, role, config):
 
 
 def detach(model, role):
-    """Gives the model back Keras' own train function."""
+    """Gives the model back Keras' own train function (or the guard's, while a guard stays attached)."""
+    if role == "guard":
+        return detach_guard(model, model.__dict__.get(_INSTALLATION))
     function = model.__dict__.pop(_INSTALLATION, None)
     if function is not None and model.train_function is function:
-        model.train_function = function.keras_train_function
+        guard = attached_guard(model)
+        model.train_function = function.keras_train_function if guard is None else guard.train_function
 
 
 def unprobed_train_function(model):
-    """Keras' own train function, for executions without a probed step."""
+    """The function for executions without a probed step: the guard's, else Keras' own."""
     function = model.__dict__.get(_INSTALLATION)
-    return None if function is None else function.keras_train_function
+    guard = attached_guard(model)
+    if function is None:
+        return None
+    return function.keras_train_function if guard is None else guard.train_function
 
 
 def check_supported(role):
-    """Raises for the roles that do not run on JAX yet: the guard."""
-    if role != "probe":
-        raise UnsupportedBackendError(
-            "kgrad.NonFiniteGuard does not run on Keras' JAX backend yet (kgrad.GradientProbe does). "
-            "Set KERAS_BACKEND=tensorflow to guard this model, or remove the guard from callbacks."
-        )
+    """Both roles, ``"probe"`` and ``"guard"``, run on JAX (with Keras' own ``train_step``)."""
+    del role
 
 
 def _check(model, role, config):

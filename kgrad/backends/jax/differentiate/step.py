@@ -56,7 +56,9 @@ class ProbedStep:
             if variable is model.optimizer.iterations
         )
 
-    def __call__(self, state, data):
+    def __call__(self, state, data, sentinel=None):
+        # ``sentinel``: fn(old state, new state, loss, gradients) -> state to keep
+        # (`kgrad.backends.jax.guard.sentinel.guard_update`, with a NonFiniteGuard).
         trainable, non_trainable, optimizer_variables, metrics_variables = state
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         rows = SummaryRows(self.config.histograms, self.config.statistics)
@@ -122,7 +124,10 @@ class ProbedStep:
             rows.add_scalar("global/loss_scale_skipped", optimizer_variables[self._iterations] == step)
         self.names = (rows.scalar_names, rows.histogram_names)
         record = (step, rows.scalars(), rows.histograms(self.config.bucket_count))
-        return logs, (new_trainable, non_trainable, optimizer_variables, metrics_variables), record
+        new_state = (new_trainable, non_trainable, optimizer_variables, metrics_variables)
+        if sentinel is not None:
+            new_state = sentinel(state, new_state, unscaled_loss, gradients)
+        return logs, new_state, record
 
     @property
     def _buckets(self):

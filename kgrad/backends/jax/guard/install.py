@@ -1,0 +1,93 @@
+"""Attaching `kgrad.NonFiniteGuard` to a JAX ``fit``: its train function, alone or inside the probe's.
+
+With the guard alone, every execution runs `GuardTrainFunction` (each step
+Keras' own, guarded). With a `kgrad.GradientProbe` too, the probe's train
+function runs its steps through the same `GuardRun` (probed steps with the
+sentinel inside their one backward pass), and executions without a probed
+step run the guard's function: both share one record, so the trip flag and
+the last finite step are one. Whichever callback attaches first, the other
+joins it. The `GuardRun` is kept on the model after ``fit``: a later ``fit``
+with the same options does not compile its step again.
+"""
+
+import keras
+
+from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.jax.guard.run import GuardRun
+from kgrad.plan.options import SENTINEL_KINDS
+
+_GUARD = "_kgrad_jax_guard"
+_KEPT = "_kgrad_jax_guard_runs"
+
+
+def keras_train_function(model):
+    """Keras' own train function of ``model``, also while a kgrad function stands in for it."""
+    function = model.train_function
+    return getattr(function, "keras_train_function", function)
+
+
+def attached_guard(model):
+    """The `GuardRun` attached to ``model`` for this ``fit``, or ``None``."""
+    return model.__dict__.get(_GUARD)
+
+
+def attach_guard(model, config, probing_function=None):
+    """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
+    check_guard(model, config)
+    keras_function = keras_train_function(model)
+    kept = model.__dict__.setdefault(_KEPT, [])
+    same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
+    run = same[0] if same else GuardRun(model, config, keras_function)
+    if not same:
+        kept[:] = [r for r in kept if r.keras_train_function is keras_function][-3:] + [run]
+    run.reset(everything=True)
+    object.__setattr__(model, _GUARD, run)
+    if probing_function is not None:
+        probing_function.guard = run
+    else:
+        model.train_function = run.train_function
+    return run
+
+
+def detach_guard(model, probing_function=None):
+    """Takes the guard out: the probe's function runs unguarded, or Keras' own comes back."""
+    run = model.__dict__.pop(_GUARD, None)
+    if probing_function is not None:
+        probing_function.guard = None
+    if run is not None and model.train_function is run.train_function:
+        model.train_function = run.keras_train_function if probing_function is None else probing_function
+
+
+def check_guard(model, config):
+    """Raises, before anything is installed, for what the guard does not do on JAX yet."""
+    if model.optimizer is None:
+        raise ValueError("NonFiniteGuard needs a compiled model: call model.compile(...) before fit.")
+    unsupported = None
+    if has_own_train_step(model):
+        unsupported = (
+            f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; on JAX "
+            "the guard runs Keras' own train_step only yet (call "
+            "kgrad.backends.jax.guard.sentinel.guard_update in your train_step to guard it)"
+        )
+    elif tuple(config.watch) != SENTINEL_KINDS:
+        unsupported = (
+            f"watch={list(config.watch)!r} checks tensors inside the step every step, which kgrad does on "
+            f"TensorFlow only yet; on JAX use the default watch={list(SENTINEL_KINDS)!r} (the loss and the "
+            "weight gradients): the replay of a trip still names the layer or op where the NaN/Inf was born"
+        )
+    elif not config.ignore_loss_scale_skips and isinstance(
+        model.optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        unsupported = (
+            "ignore_loss_scale_skips=False checks the scaled gradients, which kgrad does on TensorFlow only "
+            "yet; on JAX use ignore_loss_scale_skips=True (the loss is checked every step)"
+        )
+    elif keras.distribution.distribution() is not None:
+        unsupported = "a keras.distribution is set; on JAX the guard runs on one device only yet"
+    if unsupported is not None:
+        raise UnsupportedBackendError(
+            f"kgrad.NonFiniteGuard cannot guard this fit on Keras' JAX backend: {unsupported}. "
+            "Set KERAS_BACKEND=tensorflow, where it is supported."
+        )
+

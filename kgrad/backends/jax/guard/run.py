@@ -1,0 +1,161 @@
+"""The guard of one JAX ``fit``, host side: its record, the kept batches, and the train function.
+
+`GuardRun` runs the guarded steps (`kgrad.backends.jax.guard.steps`), keeps
+their `GuardRecord` (device arrays, passed from step to step, never read on
+a clean step: only the trip flag is, after each execution, as TensorFlow's
+guard reads it with the logs) and a reference to the batches of the latest
+execution (no copy), so that a trip can be replayed on its own batch. It is
+what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
+`GuardCheck`).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.jax.guard.sentinel import initial_record
+from kgrad.backends.jax.guard.steps import GuardedSteps
+from kgrad.report.non_finite import NonFiniteReport, split_name
+
+
+class GuardTrainFunction:
+    """``model.train_function`` for executions without a probed step: every step guarded."""
+
+    def __init__(self, run, keras_train_function):
+        self.run = run
+        self.keras_train_function = keras_train_function
+
+    def __call__(self, state, iterator):
+        logs, state = self.run.run_plain(state, next(iterator))
+        for _ in range(self.run.model.steps_per_execution - 1):
+            try:
+                data = next(iterator)
+            except StopIteration:
+                break
+            logs, state = self.run.run_plain(state, data)
+        return logs, state
+
+
+class GuardRun:
+    """The guard's part of a JAX ``fit`` (`kgrad.backends.interface.TrainingStep` for ``"guard"``).
+
+    Args:
+        model: The compiled model.
+        config: The `GuardConfig`.
+        keras_train_function: Keras' own train function, given back on detach.
+    """
+
+    def __init__(self, model, config, keras_train_function):
+        self.model, self.config = model, config
+        self.steps = GuardedSteps(model, config.halt_updates)
+        self.names = ("loss/loss",) + tuple(
+            f"weight_grad/{model_relative_path(model, weight)}"
+            for weight in (model.trainable_variables if self.steps.checks_gradients else ())
+        )
+        self._compile = model.jit_compile and not model.run_eagerly
+        self._plain = self._jit(self.steps.plain)
+        self._probed = {}  # id(ProbedStep) -> (ProbedStep, its guarded step)
+        self.train_function = GuardTrainFunction(self, keras_train_function)
+        self.keras_train_function = keras_train_function
+        self.latest_record = None
+        self.reset(everything=True)
+
+    def _jit(self, step):
+        # The state is donated, as Keras donates it; the record is small.
+        return jax.jit(step, donate_argnums=0) if self._compile else step
+
+    # -- running steps ------------------------------------------------------------------
+
+    def run_plain(self, state, data):
+        """One guarded step of Keras' own ``train_step``: ``(logs, state)``."""
+        self._keep(data)
+        logs, state, self.record = self._plain(state, self.record, data)
+        self.guard_tripped = self.record.tripped
+        return logs, state
+
+    def run_probed(self, probed_step, state, data):
+        """One guarded probed step: ``(logs, state, probe record)``."""
+        kept = self._probed.get(id(probed_step))
+        if kept is None or kept[0] is not probed_step:
+            kept = self._probed[id(probed_step)] = (probed_step, self._jit(self.steps.probed(probed_step)))
+        self._keep(data)
+        logs, state, probe_record, self.record = kept[1](state, self.record, data)
+        self.guard_tripped = self.record.tripped
+        return logs, state, probe_record
+
+    def _keep(self, data):
+        """A reference to the step's batch, for a replay; the batches of one execution at most."""
+        self._batches[self._batch] = data
+        self._batches.pop(self._batch - self.model.steps_per_execution, None)
+        self._batch += 1
+
+    # -- what the guard callback asks ---------------------------------------------------
+
+    def start_epoch(self):
+        # Written, not read: the device's batch count restarts without a sync.
+        self.record = self.record._replace(batch=jnp.asarray(0, jnp.int32))
+        self._batch = 0
+        self._batches = {}
+
+    def steps_run(self):
+        return int(self.model.optimizer.iterations.numpy())
+
+    def pipelines(self):
+        # The last finite probed step's summaries are read on TensorFlow only.
+        return {}
+
+    def guard_states(self):
+        return {None: self}
+
+    def tripped_batch(self):
+        """``(data, None, batch index)`` of the tripped step (its random draws are in the kept state)."""
+        batch = int(self.record.trip_batch)
+        data = self._batches.get(batch)
+        return None if data is None else (data, None, batch)
+
+    def batch_not_kept(self):
+        return "the batch of the tripped step was not among the latest execution's"
+
+    # -- GuardCheck -----------------------------------------------------------------------
+
+    def read_report(self, last_summaries_for):
+        """Host side: the `NonFiniteReport` of a tripped guard, or ``None`` (reads the record)."""
+        record = jax.device_get(self.record)
+        if not bool(record.tripped):
+            return None
+        bad = {
+            name: (int(nan), int(inf)) for name, (nan, inf) in zip(self.names, record.counts) if nan or inf
+        }
+        if not bad:
+            return None
+        first = next(iter(bad))
+        kind, layer = split_name(first)
+        last_step = int(record.last_finite_step)
+        norm = None
+        if last_step >= 0:
+            value = np.sqrt(float(record.last_finite_squares[self.names.index(first)]))
+            norm = float(value) if np.isfinite(value) else None
+        return NonFiniteReport(
+            step=int(record.trip_step),
+            tensor=first,
+            layer=layer,
+            kind=kind,
+            pass_="forward" if kind == "loss" else "backward",
+            nan_count=bad[first][0],
+            inf_count=bad[first][1],
+            last_finite_step=last_step if last_step >= 0 else None,
+            last_finite_norm=norm,
+            last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
+            non_finite=bad,
+        )
+
+    def reset(self, everything=False):
+        """Re-arms the guard (``action="warn"``); with ``everything``, forgets earlier steps too."""
+        if everything:
+            self.record = initial_record(len(self.names))
+            self._batch = 0
+            self._batches = {}
+        else:
+            self.record = self.record._replace(tripped=jnp.asarray(False))
+        self.guard_tripped = None

@@ -1,0 +1,122 @@
+"""The guard's every-step sentinel on JAX: a pure function of ``(old state, new state, loss, gradients)``.
+
+`guard_update` runs inside a jitted step (or eagerly, the same code): it
+checks the loss and the weight gradients, keeps the state of before when one
+of them is not finite (a ``lax.cond`` on the state tree: trainable,
+non-trainable, optimizer and metrics variables alike) and records the trip in
+a `GuardRecord`, a few small device arrays that travel from step to step. The
+host reads the record only when the flag that comes back with it is set.
+
+Any train step can call it: Keras' own (`kgrad.backends.jax.guard.steps`),
+kgrad's probed step, or a model's own ``train_step`` around
+``jax.value_and_grad``.
+
+Example:
+
+>>> import jax.numpy as jnp
+>>> record = initial_record(2)
+>>> old, new = {"w": jnp.ones(2)}, {"w": jnp.array([0.5, jnp.nan])}
+>>> state, record = guard_update(old, new, jnp.float32(1.0), [jnp.array([jnp.inf, 0.0])],
+...                              record, step=7)
+>>> state["w"].tolist(), bool(record.tripped), int(record.trip_step), record.counts.tolist()
+([1.0, 1.0], True, 7, [[0, 0], [0, 1]])
+"""
+
+import typing
+
+import jax
+import jax.numpy as jnp
+
+
+class GuardRecord(typing.NamedTuple):
+    """What the sentinel keeps on the device between steps (one row per checked tensor).
+
+    Attributes:
+        tripped: Whether a step went non-finite since the last reset.
+        trip_step: ``optimizer.iterations`` of that step (-1: none).
+        trip_batch: Its batch index within the epoch (-1: none).
+        counts: ``[tensors, 2]`` NaN and Inf counts of that step's tensors.
+        last_finite_step: The latest step whose update was applied (-1: none).
+        last_finite_squares: Sums of squares of that step's tensors.
+        batch: The batch index, within the epoch, of the next step.
+    """
+
+    tripped: jax.Array
+    trip_step: jax.Array
+    trip_batch: jax.Array
+    counts: jax.Array
+    last_finite_step: jax.Array
+    last_finite_squares: jax.Array
+    batch: jax.Array
+
+
+def initial_record(count):
+    """A `GuardRecord` for ``count`` checked tensors, before any step."""
+    minus_one = jnp.asarray(-1, jnp.int32)
+    return GuardRecord(
+        tripped=jnp.asarray(False),
+        trip_step=minus_one,
+        trip_batch=minus_one,
+        counts=jnp.zeros((count, 2), jnp.int32),
+        last_finite_step=minus_one,
+        last_finite_squares=jnp.zeros((count,), jnp.float32),
+        batch=jnp.asarray(0, jnp.int32),
+    )
+
+
+def _non_finite_counts(tensors):
+    return jnp.stack([
+        jnp.stack([jnp.sum(jnp.isnan(t)), jnp.sum(jnp.isinf(t))]).astype(jnp.int32) for t in tensors
+    ])
+
+
+def guard_update(old_state, new_state, loss, gradients, record, step, halt_updates=True):
+    """The state to keep after one step, and the guard's record of it.
+
+    A clean step costs one sum of squares per tensor and a ``lax.cond``
+    that picks the new or the old state. (A ``jnp.where`` per leaf let XLA
+    fuse the select into BatchNormalization's moving averages, which then
+    rounded differently from Keras' own step by an ulp; behind the ``cond``
+    the update computes exactly what Keras' does.) The exact
+    NaN/Inf counts are computed only when a sum is not finite (a
+    ``lax.cond``): a sum that overflowed while every element is finite is a
+    clean step, whose update is applied.
+
+    Args:
+        old_state: The state before the step (any pytree of arrays).
+        new_state: The state the step computed (the same structure, shapes and dtypes).
+        loss: The step's loss (unscaled).
+        gradients: The weight gradients (a list of arrays, in the order of
+            the names the record's rows stand for, after the loss).
+        record: The `GuardRecord` of the steps before.
+        step: The step's ``optimizer.iterations`` (a scalar).
+        halt_updates: After a trip, keep the state of before on every later
+            step too, until the record is reset (``action`` "stop"/"raise").
+
+    Returns:
+        ``(state, record)``: ``new_state`` if the update may be applied, else
+        ``old_state``; and the updated `GuardRecord`.
+    """
+    tensors = [jnp.asarray(loss, jnp.float32)] + [jnp.asarray(g).astype(jnp.float32) for g in gradients]
+    squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
+    clean = jnp.all(jnp.isfinite(squares))
+    counts = jax.lax.cond(
+        clean, lambda: jnp.zeros((len(tensors), 2), jnp.int32), lambda: _non_finite_counts(tensors)
+    )
+    bad = jnp.any(counts > 0)
+    apply = jnp.logical_not(bad)
+    if halt_updates:
+        apply = jnp.logical_and(apply, jnp.logical_not(record.tripped))
+    first_trip = jnp.logical_and(bad, jnp.logical_not(record.tripped))
+    state = jax.lax.cond(apply, lambda: new_state, lambda: old_state)
+    step = jnp.asarray(step).astype(jnp.int32)
+    record = GuardRecord(
+        tripped=jnp.logical_or(record.tripped, bad),
+        trip_step=jnp.where(first_trip, step, record.trip_step),
+        trip_batch=jnp.where(first_trip, record.batch, record.trip_batch),
+        counts=jnp.where(first_trip, counts, record.counts),
+        last_finite_step=jnp.where(apply, step, record.last_finite_step),
+        last_finite_squares=jnp.where(apply, squares, record.last_finite_squares),
+        batch=record.batch + 1,
+    )
+    return state, record

@@ -1,0 +1,86 @@
+"""The guarded JAX train steps: Keras' own ``train_step``, and kgrad's probed one, with the sentinel.
+
+Each is a pure function ``(state, record, data) -> (logs, state, record)``
+(the probed one also returns its probe record) that computes what Keras'
+``JAXTrainer.train_step`` computes and passes the step's state through
+`kgrad.backends.jax.guard.sentinel.guard_update` before returning it.
+"""
+
+import jax
+import keras
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from kgrad.backends.jax.guard.sentinel import guard_update
+
+
+def iterations_index(model):
+    """The position of ``optimizer.iterations`` among the optimizer's variables (the step number)."""
+    return next(
+        index for index, variable in enumerate(model.optimizer.variables)
+        if variable is model.optimizer.iterations
+    )
+
+
+class GuardedSteps:
+    """The guarded steps of one model.
+
+    Args:
+        model: A compiled Keras model that uses Keras' own ``train_step``.
+        halt_updates: See `guard_update`.
+
+    Attributes:
+        checks_gradients: Whether the weight gradients are checked (not under loss scaling).
+    """
+
+    def __init__(self, model, halt_updates):
+        self.model = model
+        self.halt_updates = halt_updates
+        # Under a LossScaleOptimizer overflowing gradients are how the scale is found (the
+        # optimizer skips those steps itself): the loss alone is checked (ignore_loss_scale_skips).
+        self.checks_gradients = not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        self._iterations = iterations_index(model)
+
+    def sentinel(self, record, out):
+        """``fn(old_state, new_state, loss, gradients) -> state`` that leaves the new record in ``out``."""
+
+        def check(old_state, new_state, loss, gradients):
+            step = old_state[2][self._iterations]
+            checked = gradients if self.checks_gradients else []
+            state, out["record"] = guard_update(
+                old_state, new_state, loss, checked, record, step, self.halt_updates
+            )
+            return state
+
+        return check
+
+    def plain(self, state, record, data):
+        """Keras' ``JAXTrainer.train_step``, guarded."""
+        model = self.model
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+        (_, aux), gradients = grad_fn(
+            trainable, non_trainable, metrics_variables, x, y, sample_weight,
+            training=True, optimizer_variables=optimizer_variables,
+        )
+        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
+        trainable, optimizer_variables = model.optimizer.stateless_apply(
+            optimizer_variables, gradients, trainable
+        )
+        logs, metrics_variables = model._update_metrics_variables(
+            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        )
+        out = {}
+        new_state = (trainable, non_trainable, optimizer_variables, metrics_variables)
+        state = self.sentinel(record, out)(state, new_state, unscaled_loss, gradients)
+        return logs, state, out["record"]
+
+    def probed(self, probed_step):
+        """``(state, record, data) -> (logs, state, probe record, record)`` of a `ProbedStep`, guarded."""
+
+        def step(state, record, data):
+            out = {}
+            logs, state, probe_record = probed_step(state, data, sentinel=self.sentinel(record, out))
+            return logs, state, probe_record, out["record"]
+
+        return step

@@ -1,0 +1,305 @@
+"""kgrad.NonFiniteGuard on Keras' JAX backend: the sentinel in the jitted step, the kept state, the replay.
+
+Every NaN here is planted in one batch of a real ``model.fit``; the weights
+the guard keeps are compared with those of a plain ``fit`` on the clean
+batches before it (same initial weights), and the counts of the report with
+NumPy's.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+from kgrad.backends.jax.guard.sentinel import guard_update, initial_record
+
+BATCH = 4
+
+
+class Normalize(keras.layers.Layer):
+    """Divides by the row sum: 0 / 0 on an all-zero row (a NaN born inside a custom layer)."""
+
+    def call(self, inputs):
+        return inputs / keras.ops.sum(inputs, axis=-1, keepdims=True)
+
+
+def _positive_data(batches, bad_batch, bad_value, features=3):
+    rng = np.random.RandomState(0)
+    x = rng.uniform(0.5, 1.5, size=(batches * BATCH, features)).astype("float32")
+    y = rng.normal(size=(batches * BATCH, 1)).astype("float32")
+    if bad_batch is not None:
+        x[bad_batch * BATCH + 1] = bad_value
+    return x, y
+
+
+def _model(birthplace):
+    """``(model, bad input row, expected born_at, born_type, born_in)`` for each weightless birthplace."""
+    inputs = keras.Input((3,), name="features")
+    if birthplace == "lambda_sqrt_forward":  # sqrt of a negative input
+        hidden = keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root")(inputs)
+        expected = (-1.0, "root", "Lambda", "forward")
+    elif birthplace == "op_log_forward":  # a Functional op node: log(0) = -inf
+        hidden = keras.ops.log(inputs)
+        expected = (0.0, None, "Log", "forward")
+    elif birthplace == "custom_divide_forward":  # 0 / 0 inside a custom layer
+        hidden = Normalize(name="normalize")(inputs)
+        expected = (0.0, "normalize", "Normalize", "forward")
+    elif birthplace == "lambda_sqrt_backward":  # sqrt(0) = 0 is finite; its gradient is not
+        hidden = keras.layers.Dense(4, use_bias=False, kernel_initializer="ones", name="hidden")(inputs)
+        hidden = keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root")(hidden)
+        expected = (0.0, "root", "Lambda", "backward")
+    elif birthplace == "op_sqrt_backward":
+        hidden = keras.layers.Dense(4, use_bias=False, kernel_initializer="ones", name="hidden")(inputs)
+        hidden = keras.ops.sqrt(hidden)
+        expected = (0.0, None, "Sqrt", "backward")
+    outputs = keras.layers.Dense(1, name="out", kernel_initializer="ones")(hidden)
+    model = keras.Model(inputs, outputs)
+    if expected[1] is None:  # the op node's name, as Keras gave it
+        node = [op for op in model.operations if type(op).__name__ == expected[2]][0]
+        expected = (expected[0], node.name) + expected[2:]
+    return model, expected
+
+
+def _compiled(model, jit=True, steps_per_execution=1, optimizer="sgd"):
+    model.compile(keras.optimizers.get(optimizer), "mse", jit_compile=jit,
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+def _plain_weights(build, x, y, batches, **compile_options):
+    """The weights of a plain ``fit`` on the first ``batches`` batches (none: the initial weights)."""
+    model = _compiled(build(), **compile_options)
+    if batches:
+        model.fit(x[: batches * BATCH], y[: batches * BATCH], batch_size=BATCH, shuffle=False, verbose=0)
+    return [np.asarray(weight) for weight in model.get_weights()]
+
+
+def _assert_same_weights(model, expected):
+    actual = model.get_weights()
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_array_equal(got, want)
+
+
+BIRTHPLACES = ["lambda_sqrt_forward", "op_log_forward", "custom_divide_forward", "lambda_sqrt_backward",
+               "op_sqrt_backward"]
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no_jit"])
+@pytest.mark.parametrize("birthplace", BIRTHPLACES)
+def test_the_guard_names_a_nan_born_in_a_weightless_place(birthplace, jit):
+    bad_batch = 2
+    keras.utils.set_random_seed(1)
+    model, (bad_value, born_at, born_type, born_in) = _model(birthplace)
+    initial = model.get_weights()
+
+    def build():
+        clone, _ = _model(birthplace)
+        clone.set_weights(initial)
+        return clone
+
+    x, y = _positive_data(6, bad_batch, bad_value)
+    expected = _plain_weights(build, x, y, bad_batch, jit=jit)
+    guard = kgrad.NonFiniteGuard()
+    _compiled(model, jit=jit).fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+
+    report = guard.report
+    assert (report.step, report.batch_index, report.last_finite_step) == (bad_batch, bad_batch, bad_batch - 1)
+    assert (report.born_in, report.born_at, report.born_type) == (born_in, born_at, born_type)
+    assert report.replayed is True
+    assert report.born_path == born_at
+    checkify_words = {"lambda_sqrt_forward": "nan generated by primitive: sqrt", "op_log_forward": None,
+                      "custom_divide_forward": "division by zero", "lambda_sqrt_backward": "division by zero",
+                      "op_sqrt_backward": "division by zero"}[birthplace]
+    if checkify_words is None:  # checkify's float checks find NaN and division by zero, not log(0)'s -inf
+        assert report.replay_note is None
+    else:
+        assert f"jax.experimental.checkify (float checks) says: {checkify_words}" in report.replay_note
+    _assert_same_weights(model, expected)
+    assert int(model.optimizer.iterations.numpy()) == bad_batch  # the bad step's update was not applied
+
+
+def test_the_report_counts_are_numpys_and_the_message_is_tensorflows(capsys):
+    bad_batch = 2
+    keras.utils.set_random_seed(2)
+    model, _ = _model("lambda_sqrt_forward")
+    x, y = _positive_data(4, bad_batch, -1.0)
+    x[bad_batch * BATCH + 2, 0] = -4.0  # a second bad row: 4 NaN from the roots in all
+    guard = kgrad.NonFiniteGuard()
+    _compiled(model).fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    bad_x = x[bad_batch * BATCH:(bad_batch + 1) * BATCH]
+    assert (report.born_nan_count, report.born_inf_count) == (int(np.isnan(np.sqrt(bad_x)).sum()), 0)
+    assert report.born_input_range == (float(bad_x.min()), float(bad_x.max()))
+    # The sentinel's own counts: the loss is NaN once; the first weight gradient checked after it.
+    assert report.tensor == "loss/loss" and report.kind == "loss" and report.pass_ == "forward"
+    assert (report.nan_count, report.inf_count) == (1, 0)
+    assert set(report.non_finite) == {"loss/loss", "weight_grad/out/kernel", "weight_grad/out/bias"}
+    # The loss's norm on the last finite step: the plain model's loss on that batch, by NumPy.
+    keras.utils.set_random_seed(2)
+    plain, _ = _model("lambda_sqrt_forward")
+    before = _compiled(plain)
+    before.fit(x[: (bad_batch - 1) * BATCH], y[: (bad_batch - 1) * BATCH], batch_size=BATCH, verbose=0)
+    clean = slice((bad_batch - 1) * BATCH, bad_batch * BATCH)
+    loss = np.mean((np.asarray(before.predict(x[clean], verbose=0), np.float64) - y[clean]) ** 2)
+    np.testing.assert_allclose(report.last_finite_norm, loss, rtol=1e-5)
+    printed = capsys.readouterr().err
+    assert printed.startswith("kgrad.NonFiniteGuard stopped training: Non-finite values at step 2: first in "
+                              "forward order is loss of 'loss' (loss/loss) with 1 NaN and 0 Inf.")
+    assert "Replayed: the first NaN/Inf was born in the forward pass at 'root' (Lambda, path 'root')" \
+        in printed
+    assert "nan generated by primitive: sqrt" in printed and "test_guard_jax.py" in printed
+    assert printed.rstrip().endswith("The weights are those of the last finite step.")
+
+
+def _mlp(seed, batch_norm=False):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((3,)), keras.layers.Dense(4, name="hidden")]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization(name="norm"))
+    layers += [keras.layers.Lambda(lambda t: keras.ops.sqrt(keras.ops.abs(t) + 1e-3), name="root"),
+               keras.layers.Dense(1, name="out")]
+    return keras.Sequential(layers)
+
+
+def _nan_data(batches, bad_batch):
+    """Finite data whose batch ``bad_batch`` holds a NaN input (born in the data)."""
+    x, y = _positive_data(batches, None, 0.0)
+    if bad_batch is not None:
+        x[bad_batch * BATCH + 2, 1] = np.nan
+    return x, y
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no_jit"])
+def test_steps_per_execution_3_keeps_the_tripped_batch_and_its_index(jit):
+    bad_batch = 4  # the middle step of the second execution (batches 3, 4, 5)
+    x, y = _nan_data(9, bad_batch)
+    expected = _plain_weights(lambda: _mlp(3, batch_norm=True), x, y, bad_batch, jit=jit, optimizer="adam")
+    model = _compiled(_mlp(3, batch_norm=True), jit=jit, steps_per_execution=3, optimizer="adam")
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.batch_index, report.last_finite_step) == (bad_batch, bad_batch, bad_batch - 1)
+    assert (report.born_in, report.born_at, report.born_nan_count) == ("data", "input", 1)
+    # The step after the trip in the same execution was not applied either; BatchNormalization's
+    # moving statistics and Adam's moments are those of before the bad step.
+    _assert_same_weights(model, expected)
+    for got, want in zip(model.optimizer.variables, _adam_state(x, y, bad_batch, jit)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=got.path)
+
+
+def _adam_state(x, y, batches, jit):
+    model = _compiled(_mlp(3, batch_norm=True), jit=jit, optimizer="adam")
+    model.fit(x[: batches * BATCH], y[: batches * BATCH], batch_size=BATCH, shuffle=False, verbose=0)
+    return model.optimizer.variables
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_no_trip_trains_exactly_as_plain_fit(steps_per_execution):
+    x, y = _nan_data(7, None)
+    plain = _compiled(_mlp(4, batch_norm=True), steps_per_execution=steps_per_execution, optimizer="adam")
+    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = _compiled(_mlp(4, batch_norm=True), steps_per_execution=steps_per_execution, optimizer="adam")
+    guard = kgrad.NonFiniteGuard()
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[guard])
+    assert guard.report is None and guard.reports == []
+    _assert_same_weights(model, plain.get_weights())
+    assert history.history["loss"] == plain.history.history["loss"]
+    # The model's train function is Keras' own again after fit.
+    assert not hasattr(model.train_function, "run")
+
+
+@pytest.mark.parametrize("order", ["probe_first", "guard_first"])
+@pytest.mark.parametrize("bad_batch", [2, 3], ids=["probed_step", "unprobed_step"])
+def test_the_guard_and_a_probe_together(tmp_path, bad_batch, order):
+    x, y = _nan_data(6, bad_batch)
+    expected = _plain_weights(lambda: _mlp(5), x, y, bad_batch)
+    model = _compiled(_mlp(5))
+    guard = kgrad.NonFiniteGuard()
+    probe = kgrad.GradientProbe(str(tmp_path / "logs"), every_n_steps=2)
+    callbacks = [probe, guard] if order == "probe_first" else [guard, probe]
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
+    report = guard.report
+    assert (report.step, report.batch_index) == (bad_batch, bad_batch)
+    assert (report.born_in, report.born_at) == ("data", "input")
+    _assert_same_weights(model, expected)
+    scalars = kgrad.read_logs(str(tmp_path / "logs"))["kgrad"]["scalars"]
+    steps = scalars["weight_grad_norm/hidden/kernel"].steps
+    # Probed steps 0 and 2 ran; the probed step that tripped is written too (it is what the step saw).
+    assert steps.tolist() == [0, 2]
+
+
+def test_warn_skips_each_bad_step_and_counts_batches_per_epoch():
+    bad_batch = 1
+    x, y = _nan_data(4, bad_batch)
+    guard = kgrad.NonFiniteGuard(action="warn")
+    model = _compiled(_mlp(6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[guard])
+    messages = [str(w.message) for w in caught if "kgrad.NonFiniteGuard" in str(w.message)]
+    assert len(messages) == 2
+    assert all(message.startswith("kgrad.NonFiniteGuard: Non-finite values") for message in messages)
+    # A skipped step does not count: epoch 0 applied 3 of its 4 steps, so epoch 1's batch 1 is step 4.
+    assert [(r.step, r.batch_index, r.born_at) for r in guard.reports] == [(1, 1, "input"), (4, 1, "input")]
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
+def test_raise_raises_with_the_report_and_detaches():
+    x, y = _nan_data(4, 2)
+    model = _compiled(_mlp(7))
+    keras_function = None
+    with pytest.raises(kgrad.NonFiniteError) as raised:
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0,
+                  callbacks=[kgrad.NonFiniteGuard(action="raise")])
+    assert (raised.value.report.step, raised.value.report.born_in) == (2, "data")
+    del keras_function
+    assert not hasattr(model.train_function, "run")
+
+
+def test_replay_step_replays_a_dumped_step(tmp_path):
+    model = _compiled(_model("custom_divide_forward")[0])
+    x, y = _positive_data(3, 1, 0.0)
+    guard = kgrad.NonFiniteGuard(dump_dir=str(tmp_path / "dump"))
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    assert (tmp_path / "dump" / "step_1.npz").exists()
+    replayed = kgrad.replay_step(model, dict(np.load(tmp_path / "dump" / "step_1.npz")), step=1)
+    assert (replayed.born_in, replayed.born_at, replayed.born_type, replayed.step) == (
+        "forward", "normalize", "Normalize", 1)
+
+
+def test_guard_update_keeps_the_state_of_before_and_records_the_trip():
+    old = ({"w": jnp.ones(3)}, [jnp.asarray(5)])
+    new = ({"w": jnp.array([2.0, 3.0, 4.0])}, [jnp.asarray(6)])
+    record = initial_record(2)
+    state, record = jax.jit(guard_update, static_argnames="halt_updates")(
+        old, new, jnp.float32(3.0), [jnp.array([1.0, 2.0, 2.0])], record, step=5)
+    assert state[0]["w"].tolist() == [2.0, 3.0, 4.0] and not bool(record.tripped)
+    assert record.last_finite_squares.tolist() == [9.0, 9.0] and int(record.last_finite_step) == 5
+    # A sum of squares that overflows float32 is not a trip: every element is finite.
+    big = jnp.full((4,), 3e38, jnp.float32)
+    state, record = guard_update(old, new, jnp.float32(1.0), [big], record, step=6)
+    assert not bool(record.tripped) and int(record.last_finite_step) == 6 and state[1][0] == 6
+    bad = jnp.array([np.nan, np.inf, -np.inf, 1.0])
+    state, record = guard_update(old, new, jnp.float32(1.0), [bad], record, step=7)
+    assert state[0]["w"].tolist() == [1.0, 1.0, 1.0] and int(state[1][0]) == 5
+    assert bool(record.tripped) and record.counts.tolist() == [[0, 0], [1, 2]]
+    assert (int(record.trip_step), int(record.trip_batch), int(record.batch)) == (7, 2, 3)
+    # halt_updates: a finite step after the trip is not applied either.
+    state, record = guard_update(old, new, jnp.float32(1.0), [jnp.ones(4)], record, step=8)
+    assert int(state[1][0]) == 5 and int(record.last_finite_step) == 6
+
+
+def test_what_the_guard_does_not_do_on_jax_is_refused_with_the_reason(tmp_path):
+    model = _compiled(_mlp(8))
+    with pytest.raises(kgrad.backends.UnsupportedBackendError,
+                       match=r"watch=\['inputs'\] checks tensors inside the step.*default watch"):
+        model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
+                  callbacks=[kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g"))])
+    assert not (tmp_path / "g").exists()
