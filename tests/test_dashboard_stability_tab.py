@@ -219,11 +219,35 @@ def test_stability_view_at_three_sizes_with_resizes(page):
         _check(geometry)
         canvas_widths.add(round(geometry["canvas"]["box"][2] - geometry["canvas"]["box"][0]))
     assert len(canvas_widths) == 3  # drawn again for each width
+    _hover_shows_the_layers_adam_rms(page, "dense_2", RMS_SPIKE[1])
     errors = [entry for entry in page.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors
     # The check above can fail: an error the page logs is in what it reads.
     page.execute_script("console.error('kgrad test: the console is read')")
     assert any("the console is read" in entry["message"] for entry in page.get_log("browser"))
+
+
+def _hover_shows_the_layers_adam_rms(driver, layer, step):
+    """The tooltip of a cell: its layer, step and the RMS over the layer's weights, from the logged values."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = driver.find_element("css selector", '.stability[data-run="spiky/kgrad"] canvas.stability-canvas')
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
+    width, height = driver.execute_script(
+        "const b = arguments[0].getBoundingClientRect(); return [b.width, b.height]", canvas
+    )
+    row = LAYERS.index(layer)
+    dx = (step + 0.5) / STEPS * width - width / 2
+    dy = (row + 0.5) / len(LAYERS) * height - height / 2
+    ActionChains(driver).move_to_element_with_offset(canvas, round(dx), round(dy)).perform()
+    wait_for(driver, f"document.querySelector('.tooltip').dataset.step === '{step}'")
+    tip = driver.find_element("css selector", ".tooltip")
+    scalars = stability_scalars(step)
+    kernel, bias = scalars[f"adam_rms/{layer}/kernel"], scalars[f"adam_rms/{layer}/bias"]
+    expected = ((64 * kernel**2 + 8 * bias**2) / 72) ** 0.5  # 64 kernel and 8 bias elements
+    assert tip.get_attribute("data-layer") == layer
+    assert float(tip.get_attribute("data-value")) == pytest.approx(expected, rel=1e-5)
+    assert tip.find_element("css selector", ".tip-value").text.startswith("adam_rms = ")
 
 
 def test_the_html_report_draws_the_view_from_disk(tmp_path):
