@@ -67,7 +67,7 @@ def test_the_demo_on_jax_finds_the_vanishing_layers(tmp_path):
     assert not any(layer.flags for layer in relu.layers)
 
 
-@pytest.mark.parametrize("name", ["ProbeTape", "ProbingModel"])
+@pytest.mark.parametrize("name", ["ProbeTape"])
 def test_tensorflow_only_names_say_what_to_use_on_jax(name):
     with pytest.raises(kgrad.backends.UnsupportedBackendError, match=rf"kgrad.{name} .*GradientProbe"):
         getattr(kgrad, name)(None)

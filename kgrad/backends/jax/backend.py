@@ -22,10 +22,10 @@ from kgrad.backends.jax.guard.replay import replay_fields, replay_step  # noqa: 
 from kgrad.backends.jax.unavailable import (  # noqa: F401
     ProbeResult,
     ProbeTape,
-    ProbingModel,
     first_non_finite,
 )
 from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
+from kgrad.backends.jax.differentiate.model import ProbingModel  # noqa: F401
 from kgrad.backends.jax.differentiate.prediction_gradient import prediction_gradient  # noqa: F401
 from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401
 from kgrad.plan import selection

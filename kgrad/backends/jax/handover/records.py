@@ -30,12 +30,19 @@ class RecordBuffer:
         self._appended = 0  # records appended since the buffer was made
         # Keras may run a callback's on_train_batch_end in a worker thread (async dispatch).
         self._lock = threading.Lock()
+        self._keep_latest_only = False
 
     def append(self, record):
         """Keeps a device record; reads nothing."""
         with self._lock:
             self._unread.append(record)
             self._appended += 1
+            if self._keep_latest_only:
+                del self._unread[:-1]
+
+    def keep_latest_only(self):
+        """Keeps only the newest unread record (when nothing reads them all: `kgrad.ProbingModel`)."""
+        self._keep_latest_only = True
 
     def clear(self):
         """Drops the records not read (a fit that raised left them)."""

@@ -1,0 +1,112 @@
+"""`ProbingModel` on JAX: a `keras.Model` whose train function probes Keras' own ``train_step``."""
+
+import keras
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+
+from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common.functional_base import use_functional_base
+from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.jax.differentiate.install import ProbingTrainFunction
+from kgrad.plan.options import ProbeConfig
+
+_INSTALLATION = "_kgrad_jax_installation"  # a kgrad callback's function (differentiate/install.py)
+
+
+@keras.saving.register_keras_serializable(package="kgrad")
+class ProbingModel(keras.Model):
+    """A ``keras.Model`` that probes gradients inside its own training step, on JAX.
+
+    Use it as a base class for a subclassed model, or build it functionally
+    like ``keras.Model(inputs, outputs)``. Training is exactly Keras' own
+    ``train_step``; on probed steps the same backward pass also gives the
+    statistics of activations, dJ/d(activation), dJ/dŷ, dJ/dx and the weight
+    gradients, on device, as `kgrad.GradientProbe` does. Configure what is
+    captured with `configure_probe`; read the latest probed step with
+    `probe_results` (a host read), or pass a `kgrad.GradientProbe` to ``fit``
+    to log to TensorBoard (while it is attached, its options are used).
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> inputs = keras.Input((4,))
+    >>> hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    >>> model = kgrad.ProbingModel(inputs, keras.layers.Dense(1, name="out")(hidden))
+    >>> model.configure_probe(layers=["hidden"], every_n_steps=2)
+    >>> model.compile("sgd", "mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, verbose=0)
+    >>> record = model.probe_results
+    >>> record.step, 0 <= record.scalars["activation_zero_fraction/hidden"] <= 1
+    (0, True)
+    """
+
+    def __new__(cls, *args, **kwargs):
+        # As `keras.Model(inputs, outputs)` returns a `Functional` (common/functional_base.py).
+        if cls is ProbingModel and functional_init_arguments(args, kwargs):
+            return FunctionalProbingModel.__new__(FunctionalProbingModel, *args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
+            use_functional_base(type(self), ProbingModel, FunctionalProbingModel)
+        super().__init__(*args, **kwargs)
+
+    def configure_probe(self, **options):
+        """Sets what the probe captures; see `kgrad.GradientProbe` for the options.
+
+        Args:
+            **options: ``layers``, ``every_n_steps``, ``capture``,
+                ``histograms``, ``bucket_count``, ``statistics``.
+        """
+        object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
+        object.__setattr__(self, "_kgrad_function", None)  # traced for the old options
+        object.__setattr__(self, "_kgrad_latest", None)
+        self.train_function = None
+
+    @property
+    def probe_config(self):
+        """The `kgrad.plan.options.ProbeConfig` set by `configure_probe` (or the default)."""
+        return self.__dict__.get("_kgrad_config") or ProbeConfig()
+
+    def make_train_function(self, force=False):
+        if isinstance(self.train_function, ProbingTrainFunction) and not force:
+            return self.train_function
+        if _INSTALLATION in self.__dict__:  # a kgrad callback's function chose the options
+            return super().make_train_function(force)
+        if has_own_train_step(self):
+            raise UnsupportedBackendError(
+                f"kgrad.ProbingModel '{self.name}' (class {type(self).__name__}) defines its own "
+                "train_step; on JAX a ProbingModel probes Keras' own train_step. In a train_step of "
+                "your own, subclass keras.Model, replace `jax.value_and_grad(...)` with "
+                "`kgrad.value_and_grad(...)` and pass kgrad.GradientProbe(...) to fit."
+            )
+        if force or self.train_function is None:
+            super().make_train_function(force=True)
+        function = self.__dict__.get("_kgrad_function")
+        if function is None or function.keras_train_function is not self.train_function:
+            function = ProbingTrainFunction(self, self.probe_config, self.train_function)
+            # Nothing reads the records but `probe_results`: keep the latest only.
+            function.buffer.keep_latest_only()
+            object.__setattr__(self, "_kgrad_function", function)
+        # Continue counting where the optimizer is (a later fit): probed steps are every n-th.
+        function.start_at(int(self.optimizer.iterations.numpy()) if self.optimizer.built else 0)
+        self.train_function = function
+        return function
+
+    @property
+    def probe_results(self):
+        """The latest probed step as a `kgrad.ProbeRecord`, or ``None``.
+
+        Reading it copies the summaries from device memory (a host sync).
+        """
+        function = self.__dict__.get("_kgrad_function")
+        if function is not None:
+            records, _ = function.buffer.read_since(0)
+            if records:
+                object.__setattr__(self, "_kgrad_latest", records[-1])
+        return self.__dict__.get("_kgrad_latest")
+
+
+@keras.saving.register_keras_serializable(package="kgrad")
+class FunctionalProbingModel(ProbingModel, Functional):
+    """What ``kgrad.ProbingModel(inputs, outputs)`` returns on JAX (not public: test ``isinstance``)."""
