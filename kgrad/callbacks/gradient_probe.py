@@ -223,14 +223,7 @@ class GradientProbe(keras.callbacks.Callback):
 
     @property
     def _unsynced_model(self):
-        """The model, without the state sync `Callback.model` does on JAX.
-
-        On JAX, ``Callback.model`` copies the trainer's state into the model's
-        variables (a device read of every weight, and the end of asynchronous
-        dispatch) before returning it: ~10% of a small model's steps when
-        asked every batch. Code that runs every batch needs the model object
-        only, not its weights' values.
-        """
+        """The model without `Callback.model`'s JAX state sync (a read of every weight): per-batch code."""
         return self._model
 
     # -- delivering probed steps -----------------------------------------------------
