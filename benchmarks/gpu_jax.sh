@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # kgrad on JAX on the GPU machine the device tool lends: plain fit against fit with a
-# GradientProbe every 1, 10 and 100 steps, ms/step and ratios (benchmarks/jax_overhead.py).
-# NonFiniteGuard does not run on JAX yet, so there is no guard row.
+# GradientProbe every 1, 10 and 100 steps, and with a NonFiniteGuard: ms/step and ratios
+# (benchmarks/jax_overhead.py).
 #
 # That machine has JAX (CUDA) and TensorBoard but not Keras: its wheels travel in .whl/.
 #   here, once:   bash benchmarks/gpu_jax.sh fetch          (wheels for Python 3.12, x86-64)
 #   the device:   run(command="bash benchmarks/gpu_jax.sh run", carry=[".whl"], timeout_s=540)
 #   a CPU check:  bash benchmarks/gpu_jax.sh run --quick    (here, with the project's environment)
 # Results: $OUT/gpu_jax.json and $OUT/gpu_jax.log (OUT defaults to /tmp). Under 8 minutes on
-# an H200 (3 models x 6 configurations x 5 pairs of 200 steps, after warm-up compiles).
+# an H200 (3 models x 8 configurations x 5 pairs of 200 steps, after warm-up compiles).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}

@@ -15,6 +15,11 @@ per-pair CPU-time ratios (wall time beside it), with an A/A control
   the perturbation gradients, against ``carrier_n1``: kgrad's probe computing the same
   statistics through its carriers (in the backward pass, no buffer the size of the
   activation), without writing logs.
+- ``guard``: a `kgrad.NonFiniteGuard` (its sentinel every step).
+
+With ``--memory``, each of baseline, probe_n1, probe_n10 and guard also trains in a
+process of its own (``--memory-child``) and reports its peak resident memory (``VmHWM``,
+as benchmarks/memory.py does); the ratios are to the baseline process's.
 """
 
 import argparse
@@ -22,6 +27,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -41,6 +48,7 @@ CONFIGS = (
     "probe_n100",
     "probe_n10",
     "probe_n1",
+    "guard",
     "floor_perturb_n1",
     "perturb_n1",
     "carrier_n1",
@@ -120,6 +128,8 @@ class _SwapTrainFunction(keras.callbacks.Callback):
 
 
 def _callbacks(config, log_dir):
+    if config == "guard":
+        return [kgrad.NonFiniteGuard()]
     if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
     if config.startswith("probe_n"):
@@ -170,9 +180,47 @@ def run_model(spec, pairs, steps, seed=0):
         print(
             f"  {spec.name:9s} {config:18s} CPU ratio {result['cpu_ratio']:.3f} "
             f"[{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}]  wall ratio {result['wall_ratio']:.3f} "
-            f"[{min(wall_ratios):.3f}-{max(wall_ratios):.3f}]  plain fit {result['baseline_ms_per_step']:.2f} ms/step",
+            f"[{min(wall_ratios):.3f}-{max(wall_ratios):.3f}]  "
+            f"plain fit {result['baseline_ms_per_step']:.2f} ms/step",
             flush=True,
         )
+    return results
+
+
+MEMORY_CONFIGS = ("baseline", "probe_n1", "probe_n10", "guard")
+
+
+def _peak_resident_bytes():
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def memory_child(spec, config, steps, seed=0):
+    """Trains ``config`` for ``steps`` steps in this process; prints its peak resident memory (JSON)."""
+    x, y = make_data(spec, steps, seed)
+    model = _model(spec, config, seed)
+    log_dir = tempfile.mkdtemp(prefix="kgrad-jax-memory-")
+    model.fit(x, y, batch_size=spec.batch_size, epochs=2, shuffle=False, verbose=0,
+              callbacks=_callbacks(config, log_dir))
+    print(json.dumps({"config": config, "peak_bytes": _peak_resident_bytes()}))
+
+
+def measure_memory(spec, steps):
+    """``{config: {"peak_mb", "ratio"}}``, each config in a fresh process (a peak only grows)."""
+    peaks = {}
+    for config in MEMORY_CONFIGS:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.jax_overhead", "--models", spec.name,
+             "--steps", str(steps), "--memory-child", config],
+            capture_output=True, text=True, check=True, timeout=900,
+        )
+        peaks[config] = json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]
+    results = {}
+    for config in MEMORY_CONFIGS:
+        results[config] = {"peak_mb": peaks[config] / 2**20, "ratio": peaks[config] / peaks["baseline"]}
+        print(f"  {spec.name:9s} {config:18s} peak memory {results[config]['peak_mb']:.0f} MB, "
+              f"ratio {results[config]['ratio']:.3f}", flush=True)
     return results
 
 
@@ -182,12 +230,16 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=11, help="Timed pairs per configuration.")
     parser.add_argument("--steps", type=int, default=100, help="Steps per timed fit (one sample).")
     parser.add_argument("--out", default=None, help="Write the results as JSON to this file.")
+    parser.add_argument("--memory", action="store_true", help="Also measure peak memory per configuration.")
+    parser.add_argument("--memory-child", default=None, choices=MEMORY_CONFIGS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if keras.config.backend() != "jax":
         parser.error(f"run with KERAS_BACKEND=jax (Keras runs on {keras.config.backend()!r}).")
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
         parser.error(f"--models: unknown {unknown}; expected some of {sorted(MODELS)}.")
+    if args.memory_child:
+        return memory_child(MODELS[args.models.split(",")[0]], args.memory_child, args.steps)
     machine = (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {jax.devices()[0].device_kind}"
     )
@@ -197,6 +249,9 @@ def main(argv=None):
         flush=True,
     )
     results = {name: run_model(MODELS[name], args.pairs, args.steps) for name in args.models.split(",")}
+    if args.memory:
+        for name in args.models.split(","):
+            results[name]["memory"] = measure_memory(MODELS[name], args.steps)
     if args.out:
         with open(args.out, "w") as file:
             json.dump(
