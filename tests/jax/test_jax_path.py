@@ -91,20 +91,3 @@ def test_the_attention_instrument_is_refused_on_jax_with_the_reason(tmp_path):
             callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"), instruments=["optimizer", "attention"])],
         )
     assert not (tmp_path / "logs").exists()
-
-
-def test_a_model_with_its_own_train_step_is_refused_with_the_reason(tmp_path):
-    class Custom(keras.Sequential):
-        def train_step(self, state, data):
-            return super().train_step(state, data)
-
-    model = Custom([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    with pytest.raises(kgrad.backends.UnsupportedBackendError, match=r"defines its own train_step"):
-        model.fit(
-            np.ones((4, 2)),
-            np.ones((4, 1)),
-            verbose=0,
-            callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"))],
-        )
-    assert not (tmp_path / "logs").exists()
