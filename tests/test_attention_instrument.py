@@ -8,7 +8,10 @@ from the token ids and the padding mask. The probed step is the first step of
 ``fit``, on the same batch.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -87,9 +90,9 @@ def _tokens(batch, seed=0):
     return ids * padding, padding
 
 
-def _probe(tmp_path, examples, **options):
-    return kgrad.GradientProbe(tmp_path, every_n_steps=100, capture=["weight_gradients"], histograms=False,
-                               instruments=["attention"], attention_examples=examples, **options)
+def _probe(tmp_path, examples, every_n_steps=100):
+    return kgrad.GradientProbe(tmp_path, every_n_steps=every_n_steps, capture=["weight_gradients"],
+                               histograms=False, instruments=["attention"], attention_examples=examples)
 
 
 # -- keras.layers.MultiHeadAttention -------------------------------------------------------
@@ -129,7 +132,8 @@ def test_multi_head_attention_scores_equal_numpy(tmp_path, masking, return_score
     ids, padding = _tokens(8)
     model = _mha_model(masking, return_scores, jit_compile)
     expected = _mha_expected(model, ids, padding, masking, examples=5)
-    probe = _probe(tmp_path, examples=5)
+    # Under XLA, probing every step: the statistics' inputs are computed in the compiled step.
+    probe = _probe(tmp_path, examples=5, every_n_steps=1 if jit_compile else 100)
     model.fit(ids, np.ones((8, 1)), batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
     _assert_tags(probe.latest, "mha", *expected)
     logs = kgrad.read_logs(tmp_path)["kgrad"]["scalars"]
@@ -215,6 +219,26 @@ def test_a_probe_tape_in_a_models_own_train_step_scores_its_attention(tmp_path):
     probe = _probe(tmp_path, examples=4)
     model.fit(ids, np.ones((8, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[probe])
     _assert_tags(probe.latest, "mha", *expected)
+
+
+def test_under_mirrored_strategy_each_replica_scores_its_first_examples(tmp_path):
+    out = tmp_path / "run.npz"
+    script = os.path.join(os.path.dirname(__file__), "scripts", "attention_replicas.py")
+    result = subprocess.run([sys.executable, script, str(out)], capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "done: 2 replicas" in result.stdout
+    with np.load(out) as arrays:
+        run = {key: arrays[key].astype("float64") for key in arrays.files}
+    # The global batch of 8 is split 4 + 4: the first 2 examples of each replica.
+    x = run["input"][[0, 1, 4, 5]]
+    q = np.einsum("btd,dnh->btnh", x, run["query_kernel"]) + run["query_bias"]
+    k = np.einsum("btd,dnh->btnh", x, run["key_kernel"]) + run["key_bias"]
+    expected = _reference(q, k, np.broadcast_to(np.tril(np.ones((T, T), bool)), (4, T, T)), 1 / 2)
+    for head in range(2):
+        for kind, values in zip(("logit_max", "entropy"), expected):
+            tag = f"scalar/attention_{kind}/mha/head_{head}"
+            np.testing.assert_allclose(run[tag], values[head], rtol=RTOL, err_msg=tag)
 
 
 # -- KerasHub: GPT-2, BERT, Gemma (built from configs, no download) -------------------------
