@@ -273,3 +273,17 @@ def test_the_logits_behind_every_kind_of_final_softmax(ending, tmp_path):
     for tag, value in _logit_expectations(z).items():
         assert scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
     assert said == ""
+
+
+def test_instruments_with_a_models_own_train_step_are_refused_before_training(tmp_path):
+    class Custom(keras.Sequential):
+        def train_step(self, state, data):
+            return super().train_step(state, data)
+
+    model = Custom([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    refused = r"instruments=\['optimizer'\] with the own train_step"
+    with pytest.raises(kgrad.UnsupportedBackendError, match=refused):
+        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0,
+                  callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"), instruments=["optimizer"])])
+    assert not (tmp_path / "logs").exists()
