@@ -37,6 +37,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
     index in the epoch) or in the weights (an earlier update), with its
     type, path, NaN/Inf counts and the finite range of its input.
 
+    On Keras' JAX backend the sentinel runs inside the jitted step, the replay
+    under ``jit``, and with ``action`` "stop" or "raise" the report comes at
+    the epoch's end (`kgrad.backends.jax.guard`; docs/guard.md says what
+    differs).
+
     Args:
         action: ``"stop"`` (stop training, keep the last finite weights),
             ``"warn"`` (warn, skip the bad update, go on) or ``"raise"``
@@ -122,24 +127,53 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay
         self._step = None
+        self._trip_pending = False
+
+    @property
+    def async_safe(self):
+        """Keras' JAX trainer may run this callback's batch ends in another thread.
+
+        On JAX with ``action`` "stop" or "raise", a batch end only reads the
+        trip flag (and asks training to stop); the report waits for the
+        epoch's end (`reports_at_epoch_end`), so Keras keeps dispatching
+        steps without waiting for the device. TensorFlow's trainer never
+        dispatches batch ends asynchronously.
+        """
+        return self.action != "warn"
 
     def on_train_begin(self, logs=None):
         self._step = backends.current().attach(self.model, "guard", self.config)
         self.report = None
         self.reports = []
+        self._trip_pending = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self._step.start_epoch()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._trip_pending:
+            self._trip_pending = False
+            self._report_trip(None)
 
     def on_train_end(self, logs=None):
         backends.current().detach(self.model, "guard")
 
     def on_train_batch_end(self, batch, logs=None):
         tripped = self._step.guard_tripped
-        # The flag came back with the step's logs, which Keras has already
-        # read from the device: testing it costs no device access.
+        # TensorFlow: the flag came back with the step's logs, which Keras has
+        # already read from the device. JAX: a scalar, read in Keras' worker thread.
         if tripped is None or not bool(tripped):
             return
+        if getattr(self._step, "reports_at_epoch_end", False):
+            # Every later step keeps the state of before the trip; `Callback.model`
+            # would sync the trainer's state from this thread: the object only.
+            self._model.stop_training = True
+            self._trip_pending = True
+            return
+        self._report_trip(batch)
+
+    def _report_trip(self, batch):
+        """Reads the trip's report, replays it and acts (``batch``: Keras' index, ``None`` if unknown)."""
         report = None
         # One state for the model, or one per ProbeTape of its own train_step.
         states = self._step.guard_states()
@@ -183,7 +217,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         data, seeds_after, kept_index = (None, None, None) if kept is None else kept
         # With several steps per execution, Keras gives the execution's last
         # batch index: the tripped step's own was counted on the device.
-        fields = {"batch_index": batch if spe == 1 else kept_index}
+        fields = {"batch_index": batch if spe == 1 and batch is not None else kept_index}
         if data is None:
             reason = self._step.batch_not_kept() or "the step's batch was not kept"
             fields["replay_note"] = (

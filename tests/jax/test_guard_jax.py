@@ -303,3 +303,31 @@ def test_what_the_guard_does_not_do_on_jax_is_refused_with_the_reason(tmp_path):
         model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
                   callbacks=[kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g"))])
     assert not (tmp_path / "g").exists()
+
+
+def test_keras_dispatches_the_guard_asynchronously_unless_it_warns():
+    model = _compiled(_mlp(9))
+    assert keras.callbacks.CallbackList([kgrad.NonFiniteGuard()], model=model)._async_train
+    # "warn" replays each trip while training goes on: its batch ends run in order.
+    assert not keras.callbacks.CallbackList([kgrad.NonFiniteGuard(action="warn")], model=model)._async_train
+
+
+def test_batches_do_not_sync_the_model_state():
+    # `Callback.model` copies the trainer's state into the variables on JAX (a device
+    # read of every weight, and the end of asynchronous dispatch): not on every batch.
+    def state_syncs(guarded, batches):
+        model = _compiled(_mlp(10))
+        syncs = []
+        original = model.jax_state_sync
+
+        def counted():
+            syncs.append(1)
+            return original()
+
+        object.__setattr__(model, "jax_state_sync", counted)
+        x, y = _nan_data(batches, None)
+        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
+                  callbacks=[kgrad.NonFiniteGuard()] if guarded else [])
+        return len(syncs)
+
+    assert state_syncs(True, 5) - state_syncs(False, 5) == state_syncs(True, 20) - state_syncs(False, 20)

@@ -69,9 +69,8 @@ class GuardRun:
 
     def run_plain(self, state, data):
         """One guarded step of Keras' own ``train_step``: ``(logs, state)``."""
-        self._keep(data)
         logs, state, self.record = self._plain(state, self.record, data)
-        self.guard_tripped = self.record.tripped
+        self._keep(data)
         return logs, state
 
     def run_probed(self, probed_step, state, data):
@@ -79,16 +78,30 @@ class GuardRun:
         kept = self._probed.get(id(probed_step))
         if kept is None or kept[0] is not probed_step:
             kept = self._probed[id(probed_step)] = (probed_step, self._jit(self.steps.probed(probed_step)))
-        self._keep(data)
         logs, state, probe_record, self.record = kept[1](state, self.record, data)
-        self.guard_tripped = self.record.tripped
+        self._keep(data)
         return logs, state, probe_record
 
     def _keep(self, data):
-        """A reference to the step's batch, for a replay; the batches of one execution at most."""
-        self._batches[self._batch] = data
-        self._batches.pop(self._batch - self.model.steps_per_execution, None)
+        """Keeps a reference to the step's batch (no copy) until the device says the step was clean.
+
+        Keras' JAX loop dispatches steps ahead of the device, and the guard
+        reads its flag in another thread (`async_safe`), possibly several
+        executions later: a batch is let go once its step's flag is computed
+        (``is_ready``, which does not wait) and clear, so the batch of a trip
+        is still here whenever it is read.
+        """
+        self.guard_tripped = self.record.tripped
+        self._batches[self._batch] = (data, self.record.tripped)
         self._batch += 1
+        for batch, (_, tripped) in list(self._batches.items()):
+            if not tripped.is_ready():
+                continue
+            if bool(tripped):
+                if self.config.halt_updates:  # later steps change nothing: stop as soon as seen
+                    self.model.stop_training = True
+            elif batch < self._batch - self.model.steps_per_execution:
+                del self._batches[batch]
 
     # -- what the guard callback asks ---------------------------------------------------
 
@@ -111,11 +124,23 @@ class GuardRun:
     def tripped_batch(self):
         """``(data, None, batch index)`` of the tripped step (its random draws are in the kept state)."""
         batch = int(self.record.trip_batch)
-        data = self._batches.get(batch)
-        return None if data is None else (data, None, batch)
+        kept = self._batches.get(batch)
+        return None if kept is None else (kept[0], None, batch)
 
     def batch_not_kept(self):
-        return "the batch of the tripped step was not among the latest execution's"
+        return "the batch of the tripped step was not kept"
+
+    @property
+    def reports_at_epoch_end(self):
+        """Whether the guard reports a trip at the end of its epoch (on the main thread).
+
+        With ``action`` "stop" or "raise" every step after a trip keeps the
+        state of before it, so the report can wait for the epoch's end, where
+        Keras has put the trainer's state back into the model: the batch ends
+        only read the flag and may run asynchronously. ``"warn"`` replays
+        each trip while training goes on: its batch ends run in order.
+        """
+        return self.config.halt_updates
 
     # -- GuardCheck -----------------------------------------------------------------------
 
@@ -158,4 +183,5 @@ class GuardRun:
             self._batches = {}
         else:
             self.record = self.record._replace(tripped=jnp.asarray(False))
+            self._batches = {}  # what follows the trip is kept afresh
         self.guard_tripped = None

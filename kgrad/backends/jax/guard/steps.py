@@ -7,6 +7,7 @@ Each is a pure function ``(state, record, data) -> (logs, state, record)``
 """
 
 import jax
+import jax.numpy as jnp
 import keras
 from keras.src.trainers.data_adapters import data_adapter_utils
 
@@ -81,6 +82,11 @@ class GuardedSteps:
         def step(state, record, data):
             out = {}
             logs, state, probe_record = probed_step(state, data, sentinel=self.sentinel(record, out))
+            if self.halt_updates:
+                # After a trip every step keeps the state of before: its record is dropped
+                # (step -1; Keras' loop may run a few more before it sees the trip).
+                step_number, scalars, histograms = probe_record
+                probe_record = (jnp.where(record.tripped, -1, step_number), scalars, histograms)
             return logs, state, probe_record, out["record"]
 
         return step

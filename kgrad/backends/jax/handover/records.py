@@ -62,6 +62,8 @@ class RecordBuffer:
         scalar_names, histogram_names = self._names()
         records = []
         for step, scalars, histograms in jax.device_get(unread):
+            if step < 0:  # a step after a NonFiniteGuard's trip: it applied nothing, nothing to log
+                continue
             records.append(
                 ProbeRecord(
                     int(step),
