@@ -1,0 +1,91 @@
+"""examples/instability.py: kgrad flags a planted blow-up on a tiny KerasHub GPT-2 before the loss spikes.
+
+The example runs as a script (as tests/test_examples.py runs the others); its
+event files are read back with `kgrad.read_logs` and the spike rule (mean + 6σ
+of the previous 128 probes) is recomputed here in NumPy, not taken from kgrad.
+"""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kgrad
+
+pytest.importorskip("keras_hub")
+
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "examples" / "instability.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("instability_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines; training runs only under __main__
+    return module
+
+
+def _spike_steps(series, sigmas=6.0, history=128, min_history=8):
+    """Steps above mean + sigmas·σ of the previous finite values (the reference, in NumPy)."""
+    found = []
+    for index, value in enumerate(series.values):
+        before = series.values[max(0, index - history):index]
+        before = before[np.isfinite(before)]
+        if len(before) < min_history:
+            continue
+        if not np.isfinite(value) or value > before.mean() + sigmas * before.std():
+            found.append(int(series.steps[index]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("instability") / "logs"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(log_dir)], capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""), check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, kgrad.read_logs(log_dir)["kgrad"]["scalars"]
+
+
+def test_the_schedule_raises_the_rate_at_step_50():
+    example = _example()
+    schedule = example.RaiseAt(1e-3, 50, 100.0)
+    rates = [float(schedule(np.int64(step))) for step in (0, 49, 50, 79)]
+    np.testing.assert_allclose(rates, [1e-3, 1e-3, 0.1, 0.1], rtol=1e-6)
+
+
+def test_a_layer_is_flagged_before_the_loss_spikes(run):
+    out, scalars = run
+    example = _example()
+    raise_step = example.RAISE_STEP
+    loss = scalars["global/loss"]
+    assert loss.steps.tolist() == list(range(example.STEPS))  # every step probed
+    # The blow-up: the first loss spike after the raise, and it is a real rise.
+    loss_spike = next(step for step in _spike_steps(loss) if step > raise_step)
+    assert loss.values[loss_spike] > 1.5 * loss.values[raise_step]
+    # The layer signals that spiked after the raise and before the loss spike.
+    signals = [tag for tag in scalars if tag.startswith(("adam_rms/", "logit_max_max/"))]
+    assert any(tag.startswith("adam_rms/") for tag in signals) and "logit_max_max/output" in signals
+    flags = {tag: [step for step in _spike_steps(scalars[tag]) if raise_step < step < loss_spike]
+             for tag in signals}
+    first_step = min(steps[0] for steps in flags.values() if steps)
+    assert first_step < loss_spike
+    first_tags = {tag for tag, steps in flags.items() if steps and steps[0] == first_step}
+    # What the example printed is that: the lead in probes, the step, a layer that spiked there.
+    printed = re.search(r"kgrad flagged it (\d+) probes? ahead, at step (\d+): first named (\S+) \((\w+)",
+                        out)
+    assert printed, out
+    probes, step, layer, signal = printed.groups()
+    assert (int(probes), int(step)) == (loss_spike - first_step, first_step)
+    prefix = "adam_rms/" if signal == "adam_rms" else "logit_max_max/"
+    assert any(tag.startswith(prefix + layer + "/") or tag == prefix + layer for tag in first_tags)
+    # ... and one of the model's layers (its weights' paths), or its output.
+    model = example.build_model()
+    layers = {weight.path.rpartition("/")[0] for weight in model.weights}
+    assert layer in layers | {example.OUTPUT}, (layer, sorted(layers))
+    assert f"loss spike at step {loss_spike}:" in out
