@@ -30,6 +30,9 @@ MOMENTS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
 class GuideModel(keras.Model):
     """The guide's first example, with ``kgrad.value_and_grad`` for ``jax.value_and_grad``."""
 
+    part_name = None  # kgrad.value_and_grad's name=
+    differentiate = staticmethod(lambda trainable_variables: trainable_variables)
+
     def compute_loss_and_updates(
         self, trainable_variables, non_trainable_variables, metrics_variables, x, y, sample_weight,
         training=False,
@@ -46,10 +49,10 @@ class GuideModel(keras.Model):
     def train_step(self, state, data):
         trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        grad_fn = kgrad.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+        grad_fn = kgrad.value_and_grad(self.compute_loss_and_updates, has_aux=True, name=self.part_name)
         (loss, (y_pred, non_trainable_variables, metrics_variables)), grads = grad_fn(
-            trainable_variables, non_trainable_variables, metrics_variables, x, y, sample_weight,
-            training=True,
+            self.differentiate(trainable_variables), non_trainable_variables, metrics_variables,
+            x, y, sample_weight, training=True,
         )
         trainable_variables, optimizer_variables = self.optimizer.stateless_apply(
             optimizer_variables, grads, trainable_variables
@@ -387,4 +390,27 @@ def test_a_loss_scale_optimizer_in_an_own_train_step_is_refused_before_training(
     x, y = _data()
     with pytest.raises(kgrad.UnsupportedBackendError, match=r"'guide'.*LossScaleOptimizer scales the loss"):
         model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"))])
+    assert not (tmp_path / "logs").exists()
+
+
+def test_name_names_the_run_of_the_part(tmp_path):
+    x, y = _data()
+    model = _guide_model()
+    model.part_name = "critic"
+    records = []
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=2, on_probe=records.append)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe])
+    assert [(record.tape, record.step) for record in records] == [("critic", 0), ("critic", 2)]
+    assert list(kgrad.read_logs(str(tmp_path))) == ["critic/kgrad"]
+    assert set(probe.latest_by_tape) == {"critic"}
+
+
+def test_differentiating_copies_of_the_state_is_told_why_nothing_is_logged(tmp_path):
+    x, y = _data()
+    model = _guide_model()
+    model.differentiate = staticmethod(lambda trainable_variables: [v * 1.0 for v in trainable_variables])
+    probe = kgrad.GradientProbe(str(tmp_path / "logs"))
+    with pytest.warns(UserWarning, match=r"4 of the 4 arrays it differentiates are not trainable values"):
+        with pytest.raises(ValueError, match=r"none of the arrays it differentiated is a trainable value"):
+            model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[probe])
     assert not (tmp_path / "logs").exists()

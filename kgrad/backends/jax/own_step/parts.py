@@ -36,6 +36,7 @@ class PartCollection:
         self._position = {id(value): index for index, value in enumerate(trainable)}
         self._names = {}
         self.parts = []  # ProbedPart, in the order the step differentiated
+        self.calls = 0  # kgrad.value_and_grad calls, also those whose arrays matched no weight
         self._pending = []  # (part, {id(weight value): index}, weight values, gradients) not applied yet
         self._records = {}  # part name -> (step, scalars, histograms)
         self._optimizers = candidate_optimizers(model)
@@ -62,6 +63,7 @@ class PartCollection:
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
         """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)` in a probed step."""
+        self.calls += 1
         numbers = _positions(argnums, len(args))
         leaves = [leaf for number in numbers for leaf in jax.tree_util.tree_leaves(args[number])]
         indices = [self._position.get(id(leaf)) for leaf in leaves]

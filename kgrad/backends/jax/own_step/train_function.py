@@ -42,6 +42,13 @@ class OwnStepTrainFunction:
     def _probed_step(self, state, data):
         with activated(PartCollection(self.model, self.config, state[0])) as parts, parts:
             logs, state = self.model.train_step(state, data)
+        if not parts.parts and parts.calls:
+            raise ValueError(
+                f"kgrad.GradientProbe: kgrad.value_and_grad ran {parts.calls} time(s) in the train_step "
+                f"of model '{self.model.name}', but none of the arrays it differentiated is a trainable "
+                "value of the step's `state`, so no weight is known to log. Differentiate the values "
+                "as they come from `state` (or list slices of it), not copies or transforms of them."
+            )
         if not parts.parts:
             raise ValueError(
                 f"kgrad.GradientProbe found no kgrad.value_and_grad in the train_step of model "
