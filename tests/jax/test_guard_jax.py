@@ -254,13 +254,11 @@ def test_warn_skips_each_bad_step_and_counts_batches_per_epoch():
 def test_raise_raises_with_the_report_and_detaches():
     x, y = _nan_data(4, 2)
     model = _compiled(_mlp(7))
-    keras_function = None
     with pytest.raises(kgrad.NonFiniteError) as raised:
         model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0,
                   callbacks=[kgrad.NonFiniteGuard(action="raise")])
     assert (raised.value.report.step, raised.value.report.born_in) == (2, "data")
-    del keras_function
-    assert not hasattr(model.train_function, "run")
+    assert not hasattr(model.train_function, "run")  # Keras' own function is back
 
 
 def test_replay_step_replays_a_dumped_step(tmp_path):
@@ -331,3 +329,19 @@ def test_batches_do_not_sync_the_model_state():
         return len(syncs)
 
     assert state_syncs(True, 5) - state_syncs(False, 5) == state_syncs(True, 20) - state_syncs(False, 20)
+
+
+def test_a_nan_born_in_a_nested_model_is_named_with_its_path():
+    keras.utils.set_random_seed(11)
+    root = keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root")
+    inner = keras.Sequential([keras.Input((4,)), root, keras.layers.Dense(2, name="d")], name="inner")
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4, use_bias=False, kernel_initializer="ones", name="hidden")(inputs)
+    model = _compiled(keras.Model(inputs, keras.layers.Dense(1, name="out")(inner(hidden))))
+    x, y = _positive_data(4, 2, 0.0)  # sqrt at 0 inside the nested model: Inf in the backward pass
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.born_in) == (2, "backward")
+    assert (report.born_at, report.born_type, report.born_path) == ("root", "Lambda", "inner/root")
+    assert (report.born_nan_count, report.born_inf_count) == (0, 4)  # dJ/d(input of root): 4 features at 0
