@@ -345,3 +345,21 @@ def test_a_nan_born_in_a_nested_model_is_named_with_its_path():
     assert (report.step, report.born_in) == (2, "backward")
     assert (report.born_at, report.born_type, report.born_path) == ("root", "Lambda", "inner/root")
     assert (report.born_nan_count, report.born_inf_count) == (0, 4)  # dJ/d(input of root): 4 features at 0
+
+
+def test_the_replay_draws_the_dropout_mask_of_the_tripped_step():
+    keras.utils.set_random_seed(12)
+    model = _compiled(keras.Sequential([
+        keras.Input((8,)), keras.layers.Dropout(0.5, name="drop"),
+        keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"), keras.layers.Dense(1, name="out"),
+    ]))
+    x, y = np.ones((4 * BATCH, 8), "float32"), np.ones((4 * BATCH, 1), "float32")
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.born_in, report.born_at) == (0, "forward", "log")
+    # The guard kept the seed generator's state of before the step: the layer, called
+    # eagerly from it, drops what the step and its replay dropped (log(0) = -inf).
+    dropped = int(np.sum(np.asarray(model.get_layer("drop")(x[:BATCH], training=True)) == 0))
+    assert 0 < dropped < BATCH * 8
+    assert (report.born_nan_count, report.born_inf_count) == (0, dropped)
