@@ -364,6 +364,28 @@ def test_an_attention_layer_kgrad_cannot_score_gets_no_tags_and_a_warning(tmp_pa
     assert not [tag for tag in probe.latest.scalars if tag.startswith("attention_")]
 
 
+class _OwnScores(keras.layers.MultiHeadAttention):
+    """Attention whose scores are its own: kgrad cannot know them from q and k."""
+
+    def _compute_attention(self, query, key, value, attention_mask=None, training=None,
+                           return_attention_scores=False, use_causal_mask=False):
+        return super()._compute_attention(2.0 * query, key, value, attention_mask, training,
+                                           return_attention_scores, use_causal_mask)
+
+
+def test_a_subclass_with_its_own_attention_math_is_named_and_not_scored(tmp_path):
+    x = keras.Input((T, 4))
+    h = _OwnScores(num_heads=2, key_dim=2, name="own_scores")(x, x)
+    h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, name="mha")(h, h)
+    model = keras.Model(x, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+    model.compile("adam", "mse", jit_compile=False)
+    probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, instruments=["attention"])
+    message = "no attention statistics for layer 'own_scores': _OwnScores computes its attention its own way"
+    with pytest.warns(UserWarning, match=re.escape(message)):
+        model.fit(np.ones((4, T, 4)), np.ones((4, 1)), verbose=0, callbacks=[probe])
+    assert {tag.split("/")[1] for tag in probe.latest.scalars if tag.startswith("attention_")} == {"mha"}
+
+
 def test_a_model_without_attention_gets_a_warning(tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile("adam", "mse", jit_compile=False)
