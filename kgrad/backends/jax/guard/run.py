@@ -94,14 +94,16 @@ class GuardRun:
         self.guard_tripped = self.record.tripped
         self._batches[self._batch] = (data, self.record.tripped)
         self._batch += 1
-        for batch, (_, tripped) in list(self._batches.items()):
-            if not tripped.is_ready():
-                continue
-            if bool(tripped):
+        # Oldest first, at most two flags read per step (a scalar each, already computed).
+        for batch in list(self._batches)[:2]:
+            tripped = self._batches[batch][1]
+            if batch >= self._batch - self.model.steps_per_execution or not tripped.is_ready():
+                break
+            if bool(tripped):  # the trip's batch (or one after it): kept
                 if self.config.halt_updates:  # later steps change nothing: stop as soon as seen
                     self.model.stop_training = True
-            elif batch < self._batch - self.model.steps_per_execution:
-                del self._batches[batch]
+                break
+            del self._batches[batch]
 
     # -- what the guard callback asks ---------------------------------------------------
 
