@@ -363,3 +363,13 @@ def test_the_replay_draws_the_dropout_mask_of_the_tripped_step():
     dropped = int(np.sum(np.asarray(model.get_layer("drop")(x[:BATCH], training=True)) == 0))
     assert 0 < dropped < BATCH * 8
     assert (report.born_nan_count, report.born_inf_count) == (0, dropped)
+
+
+def test_a_probing_model_is_refused_with_the_reason(tmp_path):
+    inputs = keras.Input((3,))
+    model = _compiled(kgrad.ProbingModel(inputs, keras.layers.Dense(1)(inputs)))
+    with pytest.raises(kgrad.backends.UnsupportedBackendError,
+                       match=r"is a kgrad.ProbingModel.*pass kgrad.GradientProbe\(...\) to fit instead"):
+        model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
+                  callbacks=[kgrad.NonFiniteGuard(log_dir=str(tmp_path / "g"))])
+    assert not (tmp_path / "g").exists()

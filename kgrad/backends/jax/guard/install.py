@@ -64,7 +64,13 @@ def check_guard(model, config):
     if model.optimizer is None:
         raise ValueError("NonFiniteGuard needs a compiled model: call model.compile(...) before fit.")
     unsupported = None
-    if has_own_train_step(model):
+    if callable(getattr(model, "configure_probe", None)):  # a kgrad.ProbingModel
+        unsupported = (
+            f"model '{model.name}' is a kgrad.ProbingModel, which keeps only its latest probed record; "
+            "after a trip the steps Keras' loop runs before it stops apply nothing and their records "
+            "would replace it. Guard a plain keras.Model and pass kgrad.GradientProbe(...) to fit instead"
+        )
+    elif has_own_train_step(model):
         unsupported = (
             f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; on JAX "
             "the guard runs Keras' own train_step only yet (call "
