@@ -2,20 +2,25 @@
 
 A 2-layer GPT-2 (KerasHub, built from a config: nothing is downloaded) learns a
 toy language, sequences that count up modulo 32 by a stride of 1, 2 or 3, with
-Adam at its default rate, 1e-3. A learning-rate schedule raises it ×100 at step 50. A
-`kgrad.GradientProbe` with ``instruments=["optimizer", "logits"]`` probes every
-step; from its event files, kgrad's stability report (``kgrad report``'s rule:
-a probe above mean + 6σ of the previous 128 probes) finds the loss spike and
-what spiked before it. The script prints how many probes ahead of the loss
-spike kgrad flagged something, which layer it named first, and the loss
-around it, so that you can see what the loss itself said at the flagged probe.
+Adam at its default rate, 1e-3; a learning-rate schedule raises it ×100 at step
+50. A `kgrad.GradientProbe` with ``instruments=["optimizer", "logits",
+"attention"]`` probes every step; from its event files, kgrad's stability report
+(``kgrad report``'s rule: a probe above mean + 6σ of the previous 128 probes)
+finds the loss spike and what spiked before it. The script prints how many
+probes ahead of the loss spike kgrad flagged something, which layer it named
+first, and what the loss itself said at that probe.
 
-Flags before the raise are ordinary noise of a small model's early training:
-they are printed apart and never counted as having seen the blow-up coming.
+What to expect (seeds 0-7): step 50's update is the first with the raised rate,
+so step 51's probe is the first that can see it. There every layer's
+``adam_rms`` and the attention layers' largest score spike by tens of σ, while the
+loss is within 3σ of its previous probes (it has often begun to rise); the loss
+spike by the same rule follows 1-3 probes later. Flags before the raise are
+noise of a small model's early training: printed apart, never counted.
 
-Run: ``python examples/instability.py [LOG_DIR] [SEED]`` (about 15 s on 2 CPU
-cores), then ``kgrad report LOG_DIR``. Nothing here is TensorFlow-only
-(``keras.ops``, NumPy and kgrad's TF-free readers).
+Run: ``python examples/instability.py [LOG_DIR] [SEED]`` (15-30 s on 2 CPU
+cores), then ``kgrad report LOG_DIR``. The example's own code is not
+TensorFlow-only (``keras.ops``, NumPy, kgrad's TF-free readers); it runs
+wherever kgrad's three instruments run.
 """
 
 import os
@@ -83,11 +88,11 @@ def train(log_dir, seed):
     model.compile(optimizer=keras.optimizers.Adam(RaiseAt(LEARNING_RATE, RAISE_STEP, FACTOR)),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   weighted_metrics=[])
-    # Every step, so that a lead is counted in steps; only what the stability
-    # signals need (adam_rms/ comes from the weight gradients and Adam's state).
-    # instruments += ["attention"] once kgrad's report reads attention_logit_max/ (not yet).
+    # Every step, so that a lead is counted in steps; only what the stability signals
+    # need: adam_rms/ (the weight gradients and Adam's state), the output's max logit,
+    # each attention layer's largest score (on attention_examples=4 examples).
     probe = kgrad.GradientProbe(log_dir, every_n_steps=1, capture=["weight_gradients"],
-                                histograms=False, instruments=["optimizer", "logits"])
+                                histograms=False, instruments=["optimizer", "logits", "attention"])
     model.fit(inputs, targets, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[probe])
     return model

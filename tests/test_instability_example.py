@@ -42,6 +42,24 @@ def _spike_steps(series, sigmas=6.0, history=128, min_history=8):
     return found
 
 
+def _layer_signals(scalars):
+    """``{(layer or output, signal, tag): Series}``: adam_rms per weight, the max logit, and an
+    attention layer's largest score over its heads (their maximum computed here)."""
+    signals, heads = {}, {}
+    for tag, series in scalars.items():
+        kind, _, name = tag.partition("/")
+        if kind == "adam_rms":
+            signals[name.rpartition("/")[0], "adam_rms", tag] = series
+        elif kind == "logit_max_max":
+            signals[name, "max logit", tag] = series
+        elif kind == "attention_logit_max":
+            heads.setdefault(name.rpartition("/")[0], []).append(series)
+    for layer, series in heads.items():
+        values = np.max([head.values for head in series], axis=0)
+        signals[layer, "attention logit max", layer] = type(series[0])(series[0].steps, values)
+    return signals
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("instability") / "logs"
@@ -66,26 +84,28 @@ def test_a_layer_is_flagged_before_the_loss_spikes(run):
     loss = scalars["global/loss"]
     assert loss.steps.tolist() == list(range(example.STEPS))  # every step probed
     # The blow-up: the first loss spike after the raise, and it is a real rise.
-    loss_spike = next(step for step in _spike_steps(loss) if step > raise_step)
+    loss_spike = next((step for step in _spike_steps(loss) if step > raise_step), None)
+    assert loss_spike is not None, f"no loss spike after the raise: {loss.values.round(2).tolist()}"
     assert loss.values[loss_spike] > 1.5 * loss.values[raise_step]
     # The layer signals that spiked after the raise and before the loss spike.
-    signals = [tag for tag in scalars if tag.startswith(("adam_rms/", "logit_max_max/"))]
-    assert any(tag.startswith("adam_rms/") for tag in signals) and "logit_max_max/output" in signals
-    flags = {tag: [step for step in _spike_steps(scalars[tag]) if raise_step < step < loss_spike]
-             for tag in signals}
+    signals = _layer_signals(scalars)
+    assert {"adam_rms", "max logit", "attention logit max"} <= {signal for _, signal, _ in signals}
+    flags = {key: [step for step in _spike_steps(series) if raise_step < step < loss_spike]
+             for key, series in signals.items()}
+    assert any(flags.values()), f"no layer signal spiked between the raise and step {loss_spike}"
     first_step = min(steps[0] for steps in flags.values() if steps)
-    assert first_step < loss_spike
-    first_tags = {tag for tag, steps in flags.items() if steps and steps[0] == first_step}
+    first = {key[:2] for key, steps in flags.items() if steps and steps[0] == first_step}
     # What the example printed is that: the lead in probes, the step, a layer that spiked there.
-    printed = re.search(r"kgrad flagged it (\d+) probes? ahead, at step (\d+): first named (\S+) \((\w+)",
+    printed = re.search(r"kgrad flagged it (\d+) probes? ahead, at step (\d+): first named (\S+) \(([^;]+);",
                         out)
     assert printed, out
     probes, step, layer, signal = printed.groups()
     assert (int(probes), int(step)) == (loss_spike - first_step, first_step)
-    prefix = "adam_rms/" if signal == "adam_rms" else "logit_max_max/"
-    assert any(tag.startswith(prefix + layer + "/") or tag == prefix + layer for tag in first_tags)
-    # ... and one of the model's layers (its weights' paths), or its output.
+    assert (layer, signal) in first, (layer, signal, sorted(first))
+    # ... and one of the model's layers (a weight's path less its last part, or a layer
+    # above it, as an attention layer is above its query kernel), or its output.
     model = example.build_model()
-    layers = {weight.path.rpartition("/")[0] for weight in model.weights}
+    layers = {weight.path.rsplit("/", parts)[0] for weight in model.weights
+              for parts in range(1, weight.path.count("/") + 1)}
     assert layer in layers | {example.OUTPUT}, (layer, sorted(layers))
     assert f"loss spike at step {loss_spike}:" in out
