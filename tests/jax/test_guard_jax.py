@@ -373,3 +373,33 @@ def test_a_probing_model_is_refused_with_the_reason(tmp_path):
         model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
                   callbacks=[kgrad.NonFiniteGuard(log_dir=str(tmp_path / "g"))])
     assert not (tmp_path / "g").exists()
+
+
+def test_an_update_that_overflows_a_weight_is_blamed_on_the_weights_and_its_step():
+    keras.utils.set_random_seed(14)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="out")])
+    model.compile(keras.optimizers.SGD(1e37), "mse")  # finite gradients, an update past float32's max
+    x, y = _positive_data(4, None, 0.0)
+    y[:] = 1e3
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.born_in, report.born_at, report.born_type) == ("weights", "out/kernel", "weight")
+    assert report.born_step == report.last_finite_step == report.step - 1
+    kernel = model.get_layer("out").kernel.numpy()
+    assert report.born_inf_count == int(np.isinf(kernel).sum()) > 0
+
+
+def test_a_loss_that_is_not_finite_with_finite_layers_is_blamed_on_the_loss():
+    keras.utils.set_random_seed(15)
+    out = keras.layers.Dense(1, name="out", kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((3,)), out])
+    model.compile("sgd", lambda y_true, y_pred: keras.ops.mean(keras.ops.log(y_pred - y_true)))
+    x, y = _positive_data(4, None, 0.0)
+    y[:] = 0.0
+    y[2 * BATCH + 1] = 100.0  # log of a negative difference in batch 2
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.born_in, report.born_at, report.born_type) == (2, "forward", "loss", "loss")
+    assert "the replay does not split the loss into its terms" in report.replay_note
