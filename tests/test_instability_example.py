@@ -67,7 +67,7 @@ def run(tmp_path_factory):
         [sys.executable, str(SCRIPT), str(log_dir)], capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, kgrad.read_logs(log_dir)["kgrad"]["scalars"]
+    return result.stdout, kgrad.read_logs(log_dir)
 
 
 def test_the_schedule_raises_the_rate_at_step_50():
@@ -78,7 +78,8 @@ def test_the_schedule_raises_the_rate_at_step_50():
 
 
 def test_a_layer_is_flagged_before_the_loss_spikes(run):
-    out, scalars = run
+    out, logs = run
+    scalars = logs["kgrad"]["scalars"]
     example = _example()
     raise_step = example.RAISE_STEP
     loss = scalars["global/loss"]
@@ -102,6 +103,11 @@ def test_a_layer_is_flagged_before_the_loss_spikes(run):
     probes, step, layer, signal = printed.groups()
     assert (int(probes), int(step)) == (loss_spike - first_step, first_step)
     assert (layer, signal) in first, (layer, signal, sorted(first))
+    # Of those, the one kgrad's report names first (a probe's layers in forward order).
+    (report,) = kgrad.health_report(logs)
+    (spike,) = [spike for spike in report.stability.loss_spikes if spike.step == loss_spike]
+    named = next(lead for lead in spike.leaders if lead.step == first_step)
+    assert (layer, signal) == (named.layer, named.signal)
     # ... and one of the model's layers (a weight's path less its last part, or a layer
     # above it, as an attention layer is above its query kernel), or its output.
     model = example.build_model()
