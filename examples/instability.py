@@ -13,8 +13,9 @@ first, and what the loss itself said at that probe.
 What to expect (seeds 0-7): step 50's update is the first with the raised rate,
 so step 51's probe is the first that can see it. There every layer's
 ``adam_rms`` and the attention layers' largest score spike by tens of σ, while the
-loss is within 3σ of its previous probes (it has often begun to rise); the loss
-spike by the same rule follows 1-3 probes later. Flags before the raise are
+loss, though it has begun to rise (by 6-55%), is within 3σ of its previous probes
+(whose σ includes its early descent); the loss spike by the same rule follows 1-3
+probes later. Flags before the raise are
 noise of a small model's early training: printed apart, never counted.
 
 Run: ``python examples/instability.py [LOG_DIR] [SEED]`` (15-30 s on 2 CPU
