@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import kgrad
-import kgrad.plan.options
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 3, 4, 3, 3
 INSTRUMENTS = ["optimizer", "logits", "per_example"]
@@ -236,7 +235,7 @@ def test_what_cannot_be_computed_is_absent_with_the_reason(tmp_path):
     assert "a sigmoid output: independent probabilities" in said
 
 
-def test_a_shared_layer_and_attention_are_refused_clearly(tmp_path):
+def test_a_shared_layer_is_refused_clearly(tmp_path):
     x, y = _batches()
     inputs = keras.Input((FEATURES,))
     shared = keras.layers.Dense(FEATURES, name="shared")
@@ -245,10 +244,65 @@ def test_a_shared_layer_and_attention_are_refused_clearly(tmp_path):
     scalars, said = _fit_warnings(model, x[0], y[0].astype("float32"), ["per_example"], tmp_path)
     assert "'shared': called more than once in the step" in said
     assert "example_grad_norm_mean/out/kernel" in scalars and "global/noise_batch_sq_norm" not in scalars
-    if "attention" not in kgrad.plan.options.INSTRUMENTS:
-        pytest.skip("instruments=['attention'] is not an option of this kgrad yet")
-    with pytest.raises(kgrad.UnsupportedBackendError, match=r"instruments=\['attention'\].*TensorFlow"):
-        model.fit(x[0], y[0], verbose=0, callbacks=[kgrad.GradientProbe(None, instruments=["attention"])])
+
+
+ATTENTION_LENGTH, ATTENTION_VOCAB, EXAMPLES = 6, 20, 3
+
+
+@pytest.mark.parametrize("masking", ["padding", "causal"])
+def test_attention_statistics_equal_scores_computed_by_hand(masking, tmp_path):
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((ATTENTION_LENGTH,), dtype="int32")
+    x = keras.layers.Embedding(ATTENTION_VOCAB, 8, mask_zero=masking == "padding", name="embed")(tokens)
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="mha")
+    h = attention(x, x, use_causal_mask=masking == "causal")
+    model = keras.Model(tokens, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    rng = np.random.default_rng(0)
+    lengths = np.array([ATTENTION_LENGTH, 3, 1, 4])  # padding at the end of most examples
+    padding = np.arange(ATTENTION_LENGTH)[None, :] < lengths[:, None]
+    ids = rng.integers(1, ATTENTION_VOCAB, size=padding.shape).astype("int32") * padding
+    embedded = np.asarray(model.get_layer("embed").embeddings, np.float64)[ids][:EXAMPLES]
+
+    def project(dense):
+        kernel = np.asarray(dense.kernel, np.float64)
+        return np.einsum("btd,dnh->btnh", embedded, kernel) + np.asarray(dense.bias)
+
+    q, k = project(attention._query_dense), project(attention._key_dense)
+    scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0  # 1/√key_dim
+    if masking == "padding":  # Keras' mask of the query and of the value
+        allowed = padding[:EXAMPLES, :, None] & padding[:EXAMPLES, None, :]
+    else:
+        causal = np.tril(np.ones((ATTENTION_LENGTH, ATTENTION_LENGTH), bool))
+        allowed = np.broadcast_to(causal, (EXAMPLES, ATTENTION_LENGTH, ATTENTION_LENGTH))
+    allowed = np.broadcast_to(allowed[:, None], scores.shape)
+    expected = {}
+    for head in range(2):
+        rows = [(b, t) for b in range(EXAMPLES) for t in range(ATTENTION_LENGTH) if allowed[b, head, t].any()]
+        entropies = []
+        for b, t in rows:
+            z = scores[b, head, t][allowed[b, head, t]]
+            p = np.exp(z - z.max()) / np.sum(np.exp(z - z.max()))
+            entropies.append(-np.sum(p * np.log(p)))
+        largest = np.where(allowed[:, head], scores[:, head], -np.inf).max()
+        expected[f"attention_logit_max/mha/head_{head}"] = float(largest)
+        expected[f"attention_entropy/mha/head_{head}"] = float(np.mean(entropies))
+    records = []
+    model.fit(ids, np.ones((len(ids), 1)), batch_size=len(ids), verbose=0, callbacks=[kgrad.GradientProbe(
+        str(tmp_path), every_n_steps=1, instruments=["attention"], attention_examples=EXAMPLES,
+        on_probe=records.append)])
+    (record,) = records
+    assert sorted(tag for tag in record.scalars if tag.startswith("attention_")) == sorted(expected)
+    for tag, value in expected.items():
+        assert record.scalars[tag] == pytest.approx(value, rel=1e-4), tag
+
+
+def test_attention_without_attention_layers_says_so(tmp_path):
+    x, y = _batches()
+    model = _classifier(True)
+    scalars, said = _fit_warnings(model, x[0], y[0], ["attention"], tmp_path)
+    assert not [tag for tag in scalars if tag.startswith("attention_")]
+    assert "model 'm' called no attention layer in its step, so nothing is written" in said
 
 
 @pytest.mark.parametrize("ending", ["dense", "activation_layer", "softmax_layer", "ops_softmax"])

@@ -5,12 +5,9 @@ import subprocess
 import sys
 import textwrap
 
-import keras
-import numpy as np
 import pytest
 
 import kgrad
-import kgrad.plan.options
 
 BLOCK_TENSORFLOW = """
 import sys
@@ -72,22 +69,3 @@ def test_the_demo_on_jax_finds_the_vanishing_layers(tmp_path):
 def test_tensorflow_only_names_say_what_to_use_on_jax(name):
     with pytest.raises(kgrad.backends.UnsupportedBackendError, match=rf"kgrad.{name} .*GradientProbe"):
         getattr(kgrad, name)(None)
-
-
-@pytest.mark.skipif(
-    "attention" not in kgrad.plan.options.INSTRUMENTS, reason="instruments=['attention'] is not an option yet"
-)
-def test_the_attention_instrument_is_refused_on_jax_with_the_reason(tmp_path):
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    with pytest.raises(
-        kgrad.backends.UnsupportedBackendError,
-        match=r"instruments=\['attention'\].*TensorFlow only yet.*KERAS_BACKEND=tensorflow",
-    ):
-        model.fit(
-            np.ones((4, 2)),
-            np.ones((4, 1)),
-            verbose=0,
-            callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"), instruments=["optimizer", "attention"])],
-        )
-    assert not (tmp_path / "logs").exists()

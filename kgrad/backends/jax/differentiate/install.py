@@ -166,12 +166,7 @@ def _check(model, role, config):
     if model.optimizer is None:
         raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
     unsupported = None
-    if "attention" in config.instruments:
-        unsupported = (
-            "instruments=['attention'] (attention logits and entropy per head) is computed on "
-            "TensorFlow only yet; 'optimizer', 'logits' and 'per_example' run on JAX"
-        )
-    elif config.instruments and has_own_train_step(model):
+    if config.instruments and has_own_train_step(model):
         unsupported = (
             f"instruments={list(config.instruments)!r} with the own train_step of model '{model.name}': "
             "on JAX the instruments run in Keras' own train_step only yet"

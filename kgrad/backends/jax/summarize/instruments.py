@@ -7,12 +7,15 @@ computed gets no tag and one warning per trace naming what and why:
 - ``"per_example"``: `kgrad.backends.jax.summarize.per_example` (carriers in the backward pass);
 - ``"optimizer"``: `kgrad.backends.jax.summarize.optimizer_state` (the state after the
   update), and ``update_rms/`` from the update itself;
-- ``"logits"``: `kgrad.backends.jax.summarize.logits` (recorded in the forward pass).
+- ``"logits"``: `kgrad.backends.jax.summarize.logits` (recorded in the forward pass);
+- ``"attention"``: `kgrad.backends.jax.summarize.attention` (q and k recorded by
+  `kgrad.backends.jax.capture.attention_calls`, scored in the forward pass).
 
 `ProbedStep` asks for the carriers before tracing (`carriers`), enters
 `recording` around Keras' loss computation after its own taps, hands each
-prediction to `see_prediction` (its statistics are computed there, while the
-logits are alive, and leave the differentiated function as auxiliary outputs),
+prediction to `see_prediction` (the logits' and the attention's statistics are
+computed there, while the tensors are alive, and leave the differentiated
+function as auxiliary outputs),
 and after the update calls `add_rows`.
 """
 
@@ -22,6 +25,8 @@ import warnings
 
 import jax.numpy as jnp
 
+from kgrad.backends.jax.capture import attention_calls
+from kgrad.backends.jax.summarize.attention import call_statistics
 from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.per_example import PerExampleLayers
@@ -48,6 +53,8 @@ class Instruments:
             self.moments = OptimizerMoments(model.optimizer, model.trainable_variables)
         if "logits" in wanted:
             self.capture = LogitCapture(model)
+        self.attention = None  # the AttentionCapture of the traced step, with "attention"
+        self._wants_attention = "attention" in wanted
 
     def carriers(self, trainable, non_trainable, x):
         """The per-example carriers (``{}`` without ``"per_example"``)."""
@@ -63,14 +70,23 @@ class Instruments:
                 stack.enter_context(self.per_example.wrap(carriers, inverse_scale))
             if self.capture is not None:
                 stack.enter_context(self.capture.recording())
+            if self._wants_attention:
+                self.attention = stack.enter_context(attention_calls.intercept(self.model))
             yield
 
     def see_prediction(self, seen, prediction):
-        """Appends ``(statistics, None)`` or ``(None, reason)`` of one model output to ``seen``."""
+        """Appends ``("logits", statistics or None, reason or None)`` of one model output to ``seen``.
+
+        At the first output, every attention layer has run: ``("attention", [(name, max, entropy)])``.
+        """
+        if self.attention is not None and not any(entry[0] == "attention" for entry in seen):
+            examples = self.config.attention_examples
+            seen.append(("attention", [call_statistics(call, examples) for call in self.attention.calls]))
         if self.capture is None:
             return
         logits, reason = self.capture.logits(prediction)
-        seen.append((None, reason) if logits is None else (logit_statistics(logits), None))
+        statistics = None if logits is None else logit_statistics(logits)
+        seen.append(("logits", statistics, reason))
 
     def add_rows(self, rows, carried, seen, y_pred, update):
         """Adds every instrument's tags to ``rows``.
@@ -94,7 +110,8 @@ class Instruments:
         if self.capture is not None:
             names = io_names(y_pred, "output", getattr(self.model, "output_names", None))
             reasons = {}
-            for name, (statistics, reason) in zip(names, seen):
+            outputs = [entry for entry in seen if entry[0] == "logits"]
+            for name, (_, statistics, reason) in zip(names, outputs):
                 if statistics is None:
                     reasons[name] = reason
                     continue
@@ -103,6 +120,20 @@ class Instruments:
                     rows.add_scalar(f"{kind}_max/{name}", largest)
             if reasons:
                 _warn("logits", "no logit statistics for " + _by_reason(reasons))
+        if self._wants_attention:
+            self._add_attention(rows, seen)
+
+    def _add_attention(self, rows, seen):
+        scored = [entry[1] for entry in seen if entry[0] == "attention"]
+        for name, largest, entropy in scored[0] if scored else []:
+            for head in range(largest.shape[0]):
+                rows.add_scalar(f"attention_logit_max/{name}/head_{head}", largest[head])
+                rows.add_scalar(f"attention_entropy/{name}/head_{head}", entropy[head])
+        if self.attention is not None and self.attention.reasons:
+            _warn("attention", "no attention statistics for layer " + _by_reason(self.attention.reasons))
+        elif not scored or not scored[0]:
+            said = f"model '{self.model.name}' called no attention layer in its step, so nothing is written"
+            _warn("attention", said)
 
     def _add_optimizer(self, rows, paths, gradients, before, after, state_after):
         self.moments.add_rows(rows, paths, gradients, state_after, self.config.outlier_sigmas)
