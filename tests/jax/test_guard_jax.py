@@ -214,6 +214,8 @@ def test_no_trip_trains_exactly_as_plain_fit(steps_per_execution):
     history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[guard])
     assert guard.report is None and guard.reports == []
     _assert_same_weights(model, plain.get_weights())
+    for got, want in zip(model.optimizer.variables, plain.optimizer.variables):  # Adam's moments too
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=got.path)
     assert history.history["loss"] == plain.history.history["loss"]
     # The model's train function is Keras' own again after fit.
     assert not hasattr(model.train_function, "run")

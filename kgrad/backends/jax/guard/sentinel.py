@@ -2,7 +2,7 @@
 
 `guard_update` runs inside a jitted step (or eagerly, the same code): it
 checks the loss and the weight gradients, keeps the state of before when one
-of them is not finite (a ``lax.cond`` on the state tree: trainable,
+of them is not finite (a select on the state tree: trainable,
 non-trainable, optimizer and metrics variables alike) and records the trip in
 a `GuardRecord`, a few small device arrays that travel from step to step. The
 host reads the record only when the flag that comes back with it is set.
@@ -70,14 +70,22 @@ def _non_finite_counts(tensors):
     ])
 
 
-def guard_update(old_state, new_state, loss, gradients, record, step, halt_updates=True):
+def select_leaves(apply, new_state, old_state):
+    """``new_state`` where ``apply``, else ``old_state``: one ``jnp.where`` per leaf (fused by XLA)."""
+    return jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_state, old_state)
+
+
+def select_whole(apply, new_state, old_state):
+    """The same choice behind one ``lax.cond``: what computed ``new_state`` is not fused with it."""
+    return jax.lax.cond(apply, lambda: new_state, lambda: old_state)
+
+
+def guard_update(old_state, new_state, loss, gradients, record, step, halt_updates=True,
+                 select=select_leaves):
     """The state to keep after one step, and the guard's record of it.
 
-    A clean step costs one sum of squares per tensor and a ``lax.cond``
-    that picks the new or the old state. (A ``jnp.where`` per leaf let XLA
-    fuse the select into BatchNormalization's moving averages, which then
-    rounded differently from Keras' own step by an ulp; behind the ``cond``
-    the update computes exactly what Keras' does.) The exact
+    A clean step costs one sum of squares per tensor and one select per
+    state leaf (``select``). The exact
     NaN/Inf counts are computed only when a sum is not finite (a
     ``lax.cond``): a sum that overflowed while every element is finite is a
     clean step, whose update is applied.
@@ -92,6 +100,10 @@ def guard_update(old_state, new_state, loss, gradients, record, step, halt_updat
         step: The step's ``optimizer.iterations`` (a scalar).
         halt_updates: After a trip, keep the state of before on every later
             step too, until the record is reset (``action`` "stop"/"raise").
+        select: ``fn(apply, new_state, old_state) -> state``: `select_leaves`
+            (a ``jnp.where`` per leaf, which XLA fuses into the update that
+            made the leaf), or `select_whole` (a ``lax.cond``; for state that
+            XLA would round differently once fused with the select).
 
     Returns:
         ``(state, record)``: ``new_state`` if the update may be applied, else
@@ -108,7 +120,7 @@ def guard_update(old_state, new_state, loss, gradients, record, step, halt_updat
     if halt_updates:
         apply = jnp.logical_and(apply, jnp.logical_not(record.tripped))
     first_trip = jnp.logical_and(bad, jnp.logical_not(record.tripped))
-    state = jax.lax.cond(apply, lambda: new_state, lambda: old_state)
+    state = select(apply, new_state, old_state)
     step = jnp.asarray(step).astype(jnp.int32)
     record = GuardRecord(
         tripped=jnp.logical_or(record.tripped, bad),

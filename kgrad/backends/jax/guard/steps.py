@@ -11,7 +11,22 @@ import jax.numpy as jnp
 import keras
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from kgrad.backends.jax.guard.sentinel import guard_update
+from kgrad.backends.jax.guard.sentinel import guard_update, select_leaves, select_whole
+
+
+def select_keras_state(apply, new_state, old_state):
+    """Keras' ``(trainable, non-trainable, optimizer, metrics)``: the new state where ``apply``, else the old.
+
+    A ``jnp.where`` per leaf, fused by XLA into the update that made it,
+    except for the non-trainable variables: fused with the select,
+    BatchNormalization's moving averages rounded differently from Keras' own
+    step (an ulp); behind a ``lax.cond`` they are computed exactly as Keras
+    computes them.
+    """
+    trainable, optimizer, metrics = select_leaves(
+        apply, (new_state[0], new_state[2], new_state[3]), (old_state[0], old_state[2], old_state[3])
+    )
+    return (trainable, select_whole(apply, new_state[1], old_state[1]), optimizer, metrics)
 
 
 def iterations_index(model):
@@ -48,7 +63,7 @@ class GuardedSteps:
             step = old_state[2][self._iterations]
             checked = gradients if self.checks_gradients else []
             state, out["record"] = guard_update(
-                old_state, new_state, loss, checked, record, step, self.halt_updates
+                old_state, new_state, loss, checked, record, step, self.halt_updates, select_keras_state
             )
             return state
 
