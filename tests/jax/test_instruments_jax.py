@@ -341,3 +341,32 @@ def test_instruments_with_a_models_own_train_step_are_refused_before_training(tm
         model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0,
                   callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"), instruments=["optimizer"])])
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_keras_hub_language_model_logits_and_attention(tmp_path):
+    """GPT-2 (KerasHub, built from a config): the LM head's logits are the model's own output."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
+        max_sequence_length=8, dropout=0.0,
+    )
+    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    lm.compile(keras.optimizers.AdamW(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ids = np.random.default_rng(0).integers(1, 50, size=(4, 8)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    expected = _logit_expectations(np.asarray(lm(x, training=False)))  # dropout=0: as in training
+    records = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lm.fit(x, np.roll(ids, -1, 1), batch_size=4, verbose=0, callbacks=[kgrad.GradientProbe(
+            str(tmp_path), every_n_steps=1, instruments=[*INSTRUMENTS, "attention"],
+            on_probe=records.append)])
+    (record,) = records
+    for tag, value in expected.items():
+        assert record.scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+    heads = {tag for tag in record.scalars if tag.startswith("attention_entropy/")}
+    assert heads == {f"attention_entropy/transformer_layer_0/self_attention/head_{h}" for h in (0, 1)}
+    said = " ".join(str(w.message) for w in caught)
+    assert "'token_embedding': ReversibleEmbedding: per-example gradient norms are not supported" in said
+    assert "example_grad_norm_max/transformer_layer_0/self_attention/query/kernel" in record.scalars
