@@ -410,3 +410,9 @@ def test_a_loss_that_is_not_finite_with_finite_layers_is_blamed_on_the_loss():
     report = guard.report
     assert (report.step, report.born_in, report.born_at, report.born_type) == (2, "forward", "loss", "loss")
     assert "the replay does not split the loss into its terms" in report.replay_note
+
+
+def test_first_non_finite_names_the_guard_and_replay_step_on_jax():
+    with pytest.raises(kgrad.backends.UnsupportedBackendError,
+                       match=r"kgrad.first_non_finite .*kgrad.NonFiniteGuard\(\).*kgrad.replay_step"):
+        kgrad.first_non_finite(None)

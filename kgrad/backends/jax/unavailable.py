@@ -35,5 +35,17 @@ def _unavailable(name, what):
 ProbeTape = _unavailable("ProbeTape", "is a tf.GradientTape (JAX differentiates with jax.value_and_grad)")
 ProbingModel = _unavailable("ProbingModel", "overrides the TensorFlow train_step")
 ProbeResult = _unavailable("ProbeResult", "is what a ProbeTape returns")
-first_non_finite = _unavailable("first_non_finite", "reads a ProbeTape's result")
-replay_step = _unavailable("replay_step", "replays a NonFiniteGuard's step, which runs on TensorFlow only")
+
+
+def first_non_finite(*args, **kwargs):
+    """Not on JAX: kgrad.first_non_finite reads a ProbeTape's result. Raises `UnsupportedBackendError`.
+
+    Where a NaN/Inf was born, on JAX: `kgrad.NonFiniteGuard` passed to ``fit``
+    (its report), or `kgrad.replay_step` on a step's batch.
+    """
+    raise UnsupportedBackendError(
+        "kgrad.first_non_finite reads a ProbeTape's result, so it does not run on Keras' JAX backend. "
+        "On JAX, pass kgrad.NonFiniteGuard() to model.fit (guard.report says where the first NaN/Inf "
+        "was born), or call kgrad.replay_step(model, (x, y)) on the step's batch. Or set "
+        "KERAS_BACKEND=tensorflow to use kgrad.first_non_finite."
+    )
