@@ -34,7 +34,13 @@ class GuardCheck(typing.Protocol):
 
 
 class TrainingStep(typing.Protocol):
-    """The probing ``train_step`` installed on a model for one ``fit``."""
+    """The probing ``train_step`` installed on a model for one ``fit``.
+
+    A guard's step may also say ``reports_at_epoch_end = True`` (JAX): its
+    batch ends then only read the trip flag and stop training, and
+    `kgrad.NonFiniteGuard` reports at the epoch's end (Keras may run batch
+    ends in another thread there).
+    """
 
     latest_record: object
     guard_tripped: object
