@@ -416,3 +416,29 @@ def test_first_non_finite_names_the_guard_and_replay_step_on_jax():
     with pytest.raises(kgrad.backends.UnsupportedBackendError,
                        match=r"kgrad.first_non_finite .*kgrad.NonFiniteGuard\(\).*kgrad.replay_step"):
         kgrad.first_non_finite(None)
+
+
+def test_under_a_loss_scale_optimizer_the_loss_is_checked_and_its_own_skips_are_not_trips():
+    def build():
+        keras.utils.set_random_seed(16)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="hidden"),
+                                  keras.layers.Dense(1, name="out", dtype="float32")])
+        model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")
+        return model
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = _nan_data(4, 2)
+        plain = build()
+        plain.fit(x[: 2 * BATCH], y[: 2 * BATCH], batch_size=BATCH, shuffle=False, verbose=0)
+        model = build()
+        guard = kgrad.NonFiniteGuard()
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    report = guard.report
+    # The scaled gradients that overflow on purpose are not checked: only the loss.
+    assert list(report.non_finite) == ["loss/loss"]
+    assert (report.batch_index, report.born_in, report.born_at) == (2, "data", "input")
+    assert report.step == int(plain.optimizer.iterations.numpy())  # the loss scaler's own skips not counted
+    _assert_same_weights(model, plain.get_weights())
