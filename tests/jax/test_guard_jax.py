@@ -442,3 +442,16 @@ def test_under_a_loss_scale_optimizer_the_loss_is_checked_and_its_own_skips_are_
     assert (report.batch_index, report.born_in, report.born_at) == (2, "data", "input")
     assert report.step == int(plain.optimizer.iterations.numpy())  # the loss scaler's own skips not counted
     _assert_same_weights(model, plain.get_weights())
+
+
+def test_a_second_fit_reuses_the_guard_and_counts_afresh():
+    model = _compiled(_mlp(17))
+    guard = kgrad.NonFiniteGuard()
+    clean_x, clean_y = _nan_data(3, None)
+    model.fit(clean_x, clean_y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    assert guard.report is None
+    run = model.__dict__["_kgrad_jax_guard_runs"][-1]
+    x, y = _nan_data(4, 1)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    assert (guard.report.step, guard.report.batch_index, guard.report.last_finite_step) == (4, 1, 3)
+    assert model.__dict__["_kgrad_jax_guard_runs"][-1] is run  # its compiled step, kept
