@@ -3,8 +3,8 @@
 Keras picks one backend per process; the JAX run writes what its probe
 recorded as JSON. Both runs start from the same weights (set from NumPy), so
 every value of the second probed step must agree, for both ``statistics=``,
-and with ``instruments=["optimizer", "logits", "per_example"]`` (a softmax
-classifier trained by Adam).
+and with ``instruments=["optimizer", "logits", "per_example", "attention"]`` (a
+softmax classifier of sequences, with a MultiHeadAttention, trained by Adam).
 """
 
 import json
@@ -23,20 +23,25 @@ SCRIPT = """
     import json, sys
     import keras, numpy as np, kgrad
     keras.utils.set_random_seed(0)
-    inputs = keras.Input((3,), name="features")
-    hidden = keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
     instruments = [name for name in sys.argv[2].split(",") if name]
-    if instruments:  # a classifier trained by Adam: every instrument has something to say
-        outputs = keras.layers.Dense(3, activation="softmax", name="out")(keras.ops.tanh(hidden))
+    shape = (4, 3) if instruments else (3,)
+    inputs = keras.Input(shape, name="features")
+    if instruments:  # a sequence classifier trained by Adam: every instrument has something to say
+        # No biases: the key's gets a gradient of rounding noise only (softmax ignores a shift).
+        attended = keras.layers.MultiHeadAttention(2, 2, use_bias=False, name="mha")(inputs, inputs)
+        hidden = keras.layers.Dense(4, activation="relu", name="hidden")(attended)
+        pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+        outputs = keras.layers.Dense(3, activation="softmax", name="out")(keras.ops.tanh(pooled))
         loss, optimizer, classes = "sparse_categorical_crossentropy", keras.optimizers.Adam(0.01), 3
     else:
+        hidden = keras.layers.Dense(4, activation="relu", name="hidden")(inputs)
         outputs = keras.layers.Dense(2, name="out")(keras.ops.tanh(hidden))
         loss, optimizer, classes = "mse", keras.optimizers.SGD(0.1), None
     model = keras.Model(inputs, outputs, name="m")
     model.compile(optimizer, loss)
     rng = np.random.default_rng(0)
     model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
-    x = rng.normal(size=(8, 3)).astype("float32")
+    x = rng.normal(size=(8, *shape)).astype("float32")
     y = rng.normal(size=(8, 2)).astype("float32") if classes is None else np.arange(8) % classes
     records = []
     model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[kgrad.GradientProbe(
@@ -60,15 +65,18 @@ def _probe_on(backend, statistics, instruments=""):
 
 @pytest.mark.parametrize(
     "statistics, instruments",
-    [("default", ""), ("all", ""), ("default", "optimizer,logits,per_example")],
+    [("default", ""), ("all", ""), ("default", "optimizer,logits,per_example,attention")],
 )
 def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(statistics, instruments):
     assert keras.config.backend() == "tensorflow"
     tensorflow = _probe_on("tensorflow", statistics, instruments)
     jax = _probe_on("jax", statistics, instruments)
     if instruments:
-        assert {"adam_rms/out/kernel", "logit_entropy_mean/output", "global/noise_batch_sq_norm",
-                "example_grad_norm_max/hidden/kernel", "update_rms/hidden/kernel"} <= set(jax["scalars"])
+        assert {
+            "adam_rms/out/kernel", "logit_entropy_mean/output", "global/noise_batch_sq_norm",
+            "example_grad_norm_max/hidden/kernel", "update_rms/hidden/kernel",
+            "example_grad_norm_max/mha/query/kernel", "attention_entropy/mha/head_1",
+        } <= set(jax["scalars"])
     assert sorted(jax["scalars"]) == sorted(tensorflow["scalars"])
     assert sorted(jax["histograms"]) == sorted(tensorflow["histograms"])
     for tag, value in tensorflow["scalars"].items():
