@@ -370,3 +370,24 @@ def test_a_keras_hub_language_model_logits_and_attention(tmp_path):
     said = " ".join(str(w.message) for w in caught)
     assert "'token_embedding': ReversibleEmbedding: per-example gradient norms are not supported" in said
     assert "example_grad_norm_max/transformer_layer_0/self_attention/query/kernel" in record.scalars
+
+
+def test_mixed_float16_per_example_sums_are_of_the_true_loss(tmp_path):
+    """Under a LossScaleOptimizer the carriers unscale dJ/d(output): Σ_i ∇ℓ_i is the true gradient."""
+    x, y = _batches()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((FEATURES,))
+        hidden = keras.layers.Dense(HIDDEN, activation="relu", name="hidden")(inputs)
+        outputs = keras.layers.Dense(CLASSES, activation="softmax", name="out", dtype="float32")(hidden)
+        model = keras.Model(inputs, outputs, name="m")
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+        model.compile(optimizer, "sparse_categorical_crossentropy")
+        scalars, said = _fit_warnings(model, x[0], y[0], INSTRUMENTS, tmp_path)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert said == "" and scalars["global/loss_scale"] > 1
+    # ‖∇J‖² two ways: the per-example carriers' batch sums, and the step's own weight gradients.
+    assert scalars["global/noise_batch_sq_norm"] == pytest.approx(scalars["global/grad_norm"] ** 2, rel=1e-2)
+    assert 0.1 < scalars["adam_rms/hidden/kernel"] < 10  # Adam's units, not the loss scale's
