@@ -76,6 +76,18 @@ class ProbeConfig:
         return kind in self.capture
 
 
+def check_tap_name(name):
+    """Raises a TypeError unless ``name`` (of `kgrad.tap`) is a non-empty string.
+
+    >>> check_tap_name("hidden")
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            "`name` must be a non-empty string naming the tapped tensor. "
+            f"Received: name={name!r}. Example: kgrad.tap('hidden', x)."
+        )
+
+
 def _check_kinds(argument, value, allowed):
     """``value`` ("all" or kinds from ``allowed``) as a non-empty tuple of kinds."""
     kinds = allowed if isinstance(value, str) and value == "all" else value

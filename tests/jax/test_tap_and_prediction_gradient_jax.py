@@ -74,7 +74,7 @@ def test_tap_outside_a_probed_step_returns_its_argument():
 
 
 def test_tap_names_a_bad_name():
-    with pytest.raises(ValueError, match=r"`name` must be a non-empty string.*Received: name=3"):
+    with pytest.raises(TypeError, match=r"`name` must be a non-empty string.*Received: name=3"):
         kgrad.tap(3, jnp.ones(2))
 
 

@@ -13,6 +13,8 @@ import threading
 
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from kgrad.plan.options import check_tap_name
+
 # The Taps of the probed step being traced, innermost last. Tracing happens on
 # the thread that calls the jitted function.
 _ACTIVE = threading.local()
@@ -64,11 +66,7 @@ def tap(name, x):
     >>> "grad_norm/doubled" in probe.latest.scalars
     True
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(
-            "`name` must be a non-empty string naming the tapped tensor. "
-            f"Received: name={name!r}. Example: kgrad.tap('hidden', x)."
-        )
+    check_tap_name(name)
     stack = getattr(_ACTIVE, "stack", None)
     if not stack or in_symbolic_scope():
         return x

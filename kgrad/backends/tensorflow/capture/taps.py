@@ -18,6 +18,7 @@ import threading
 import tensorflow as tf
 
 from kgrad.backends.common.calls import replaced_calls
+from kgrad.plan.options import check_tap_name
 
 # Recorders currently open, innermost last. Process-wide on purpose: under
 # `tf.distribute.MirroredStrategy` replica functions are traced on threads of
@@ -63,11 +64,7 @@ def tap(name, x):
     >>> tape.probe.gradients["hidden"].shape
     TensorShape([1, 3])
     """
-    if not isinstance(name, str) or not name:
-        raise TypeError(
-            "`name` must be a non-empty string naming the tapped tensor. "
-            f"Received: name={name!r}. Example: kgrad.tap('hidden', x)."
-        )
+    check_tap_name(name)
     recorder = active_recorder()
     if recorder is not None:
         recorder.record(name, x, source="tap")
