@@ -2,10 +2,9 @@
 
 import keras
 from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
 
 from kgrad.backends import UnsupportedBackendError
-from kgrad.backends.common.functional_base import use_functional_base
+from kgrad.backends.common.functional_base import BuiltFunctionally
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.differentiate.install import ProbingTrainFunction
 from kgrad.plan.options import ProbeConfig
@@ -14,7 +13,7 @@ _INSTALLATION = "_kgrad_jax_installation"  # a kgrad callback's function (differ
 
 
 @keras.saving.register_keras_serializable(package="kgrad")
-class ProbingModel(keras.Model):
+class ProbingModel(BuiltFunctionally, keras.Model):
     """A ``keras.Model`` that probes gradients inside its own training step, on JAX.
 
     Use it as a base class for a subclassed model, or build it functionally
@@ -39,17 +38,6 @@ class ProbingModel(keras.Model):
     >>> record.step, 0 <= record.scalars["activation_zero_fraction/hidden"] <= 1
     (0, True)
     """
-
-    def __new__(cls, *args, **kwargs):
-        # As `keras.Model(inputs, outputs)` returns a `Functional` (common/functional_base.py).
-        if cls is ProbingModel and functional_init_arguments(args, kwargs):
-            return FunctionalProbingModel.__new__(FunctionalProbingModel, *args, **kwargs)
-        return super().__new__(cls, *args, **kwargs)
-
-    def __init__(self, *args, **kwargs):
-        if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
-            use_functional_base(type(self), ProbingModel, FunctionalProbingModel)
-        super().__init__(*args, **kwargs)
 
     def configure_probe(self, **options):
         """Sets what the probe captures; see `kgrad.GradientProbe` for the options.
@@ -110,3 +98,7 @@ class ProbingModel(keras.Model):
 @keras.saving.register_keras_serializable(package="kgrad")
 class FunctionalProbingModel(ProbingModel, Functional):
     """What ``kgrad.ProbingModel(inputs, outputs)`` returns on JAX (not public: test ``isinstance``)."""
+
+
+# `kgrad.ProbingModel(inputs, outputs)` is a `FunctionalProbingModel` (common/functional_base.py).
+ProbingModel._functional_pair = (ProbingModel, FunctionalProbingModel)

@@ -2,9 +2,8 @@
 
 import keras
 from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
 
-from kgrad.backends.common.functional_base import use_functional_base
+from kgrad.backends.common.functional_base import BuiltFunctionally
 from kgrad.plan.options import ProbeConfig
 from kgrad.plan.step_plan import StepPlan
 from kgrad.backends.tensorflow.differentiate.prebuild import BuiltBeforeTracing
@@ -12,7 +11,7 @@ from kgrad.backends.tensorflow.differentiate.step import ProbingStep
 
 
 @keras.saving.register_keras_serializable(package="kgrad")
-class ProbingModel(keras.Model):
+class ProbingModel(BuiltFunctionally, keras.Model):
     """A ``keras.Model`` that probes gradients inside its own ``train_step``.
 
     Use it as a base class for a subclassed model, or build it functionally
@@ -41,22 +40,6 @@ class ProbingModel(keras.Model):
     # Read by `kgrad.backends.common.own_step.has_own_train_step`: this
     # class's train_step is kgrad's, not a train_step of the user's own.
     _kgrad_probing_model = True
-
-    def __new__(cls, *args, **kwargs):
-        # `keras.Model(inputs, outputs)` returns a `Functional`; do the same,
-        # or Keras would rewrite `ProbingModel.__bases__` to include
-        # `Functional` and break every class that subclasses it afterwards.
-        if cls is ProbingModel and functional_init_arguments(args, kwargs):
-            return FunctionalProbingModel.__new__(FunctionalProbingModel, *args, **kwargs)
-        return super().__new__(cls, *args, **kwargs)
-
-    def __init__(self, *args, **kwargs):
-        # A user subclass built functionally: swap its `ProbingModel` base for
-        # `FunctionalProbingModel` ourselves, as Keras swaps `Model` for
-        # `Functional`, so that Keras' own swap never reaches `ProbingModel`.
-        if functional_init_arguments(args, kwargs) and not isinstance(self, Functional):
-            use_functional_base(type(self), ProbingModel, FunctionalProbingModel)
-        super().__init__(*args, **kwargs)
 
     def configure_probe(self, **options):
         """Sets what the probe captures; see `kgrad.GradientProbe` for options.
@@ -134,3 +117,7 @@ class FunctionalProbingModel(ProbingModel, Functional):
     As ``keras.Model(inputs, outputs)`` returns a ``Functional``. Not public:
     test ``isinstance(model, kgrad.ProbingModel)``.
     """
+
+
+# `kgrad.ProbingModel(inputs, outputs)` is a `FunctionalProbingModel` (common/functional_base.py).
+ProbingModel._functional_pair = (ProbingModel, FunctionalProbingModel)
