@@ -10,8 +10,9 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-os.environ["KERAS_BACKEND"] = "jax"
+if __name__ == "__main__":  # (pytest imports this file for its doctests: leave its environment alone)
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["KERAS_BACKEND"] = "jax"
 
 import jax  # noqa: E402
 import keras  # noqa: E402
@@ -55,15 +56,20 @@ def as_json(records):
     ]
 
 
-one_device, one_device_records = fit(probed=True)
-data_parallel = keras.distribution.DataParallel(devices=jax.devices())
-parallel, parallel_records = fit(probed=True, distribution=data_parallel)
-plain_parallel, _ = fit(probed=False, distribution=data_parallel)
-json.dump({
-    "devices": len(jax.devices()),
-    "sharding": str(parallel.trainable_variables[0].value.sharding),
-    "one_device": as_json(one_device_records),
-    "data_parallel": as_json(parallel_records),
-    "weight_difference": max(float(np.abs(a - b).max())
-                             for a, b in zip(parallel.get_weights(), plain_parallel.get_weights())),
-}, sys.stdout)
+def main():
+    one_device, one_device_records = fit(probed=True)
+    data_parallel = keras.distribution.DataParallel(devices=jax.devices())
+    parallel, parallel_records = fit(probed=True, distribution=data_parallel)
+    plain_parallel, _ = fit(probed=False, distribution=data_parallel)
+    json.dump({
+        "devices": len(jax.devices()),
+        "sharding": str(parallel.trainable_variables[0].value.sharding),
+        "one_device": as_json(one_device_records),
+        "data_parallel": as_json(parallel_records),
+        "weight_difference": max(float(np.abs(a - b).max())
+                                 for a, b in zip(parallel.get_weights(), plain_parallel.get_weights())),
+    }, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
