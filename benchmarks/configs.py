@@ -116,7 +116,7 @@ _GUARD_TARGET = 1.05
 _INSTRUMENTS_TARGET = 1.05
 #: The options of the cheapest probe with the instruments.
 INSTRUMENTS_ONLY = "capture=['weight_gradients'], histograms=False, instruments=['per_example']"
-#: Issue 42: the stability instruments at every_n_steps=16, the logits one at every step.
+#: Issue 42: the stability instruments at every_n_steps=16, the logits and attention ones at every step.
 _STABILITY_TARGET = 1.05
 _LOGITS_EVERY_STEP_TARGET = 1.5
 MEMORY_TARGET = 1.10
@@ -243,11 +243,17 @@ def all_configs():
         # N=16 is measured here (N changes how often the probed step runs,
         # not what it allocates). No time target.
         _instruments_only(1, time_target=None),
-        # Issue 42's targets: the stability instruments at every 16 steps
-        # (<= 1.05; the attention instrument is not built yet), and the logits
-        # instrument at every step (<= 1.5), in their cheapest probe.
-        _stability_only("probe_stability_n16", 16, ["optimizer", "logits"], _STABILITY_TARGET),
+        # Issue 42's targets: the three stability instruments at every 16
+        # steps (<= 1.05), and the logits and attention instruments at every
+        # step (<= 1.5), in their cheapest probe; the logits one alone at every
+        # step (<= 1.5 too), to see what attention adds to it.
+        _stability_only(
+            "probe_stability_n16", 16, ["optimizer", "logits", "attention"], _STABILITY_TARGET
+        ),
         _stability_only("probe_logits_n1", 1, ["logits"], _LOGITS_EVERY_STEP_TARGET),
+        _stability_only(
+            "probe_logits_attention_n1", 1, ["logits", "attention"], _LOGITS_EVERY_STEP_TARGET
+        ),
         # No target: the same probe without instruments, what they are added to.
         _stability_only("probe_weight_norms_n16", 16, [], None),
         # The default guard: the every-step sentinel (the loss and the weight

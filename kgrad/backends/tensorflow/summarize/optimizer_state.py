@@ -27,40 +27,53 @@ second moment kgrad reads (`kgrad.backends.common.moment_rules.moment_rule`
 says why): they get ``update_rms/`` only, and a warning, never a zero. Under a
 ``LossScaleOptimizer`` the inner optimizer's state is read. With ``gradient_accumulation_steps`` the moments
 move every few steps only: nothing is computed, with a warning.
+
+The weights are summarized together, in one pass: their g, m and v flattened and
+concatenated, the elementwise formulas run once, and the per-weight means taken
+by one segment sum over static segment ids. Per weight they were ~15 small kernels,
+dispatched one by one: on a small model that dispatch, not the arithmetic, was the
+cost (issue 42). A pass holds at most `CHUNK_ENTRIES` entries (a bigger weight is a
+pass of its own), so that its temporaries stay as small as one weight's would be.
 """
 
+import math
+
+import numpy as np
 import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow.handover import replicas
 
-def _rms(tensor):
-    return tf.sqrt(tf.reduce_mean(tf.square(tensor)))
+#: The most entries one pass concatenates: beyond it the kernels are big enough
+#: that dispatching them per chunk costs nothing, and the copies would cost memory.
+CHUNK_ENTRIES = 1 << 22
 
 
-def moment_statistics(rule, optimizer, index, gradient, sigmas):
-    """``(adam_rms, outlier fraction or None)`` of one weight, from the moments after the step.
+def _flat(tensors):
+    """The float32 entries of ``tensors``, flattened and concatenated (one tensor: no copy)."""
+    flat = [tf.reshape(tf.cast(tensor, tf.float32), [-1]) for tensor in tensors]
+    return flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
 
-    Args:
-        rule: What `moment_rule` returned.
-        optimizer: The optimizer whose state is read (`inner_optimizer`).
-        index: The weight's index in its state (``_get_variable_index``).
-        gradient: The float32 gradient the optimizer will apply.
-        sigmas: k of the outlier test.
-    """
+
+def _hyperparameters(optimizer):
+    """``(β1, β2, ε, t)`` as float32 scalars, t = ``iterations`` + 1 (the step being taken)."""
+    return tuple(
+        tf.cast(value, tf.float32)
+        for value in (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon, optimizer.iterations + 1)
+    )
+
+
+def _scaled_and_outliers(rule, optimizer, indices, gradient, hyperparameters, sigmas):
+    """Elementwise over the concatenated entries: g in Adam's units, and the outlier flags (or ``None``)."""
+    beta_1, beta_2, epsilon, step = hyperparameters
     one = tf.constant(1.0)
-    beta_1 = tf.cast(optimizer.beta_1, tf.float32)
-    beta_2 = tf.cast(optimizer.beta_2, tf.float32)
-    epsilon = tf.cast(optimizer.epsilon, tf.float32)
-    step = tf.cast(optimizer.iterations + 1, tf.float32)
     if rule == "adamax":
-        first, peak = optimizer._m[index], optimizer._u[index]
-        peak = tf.maximum(beta_2 * tf.cast(peak, tf.float32), tf.abs(gradient))
-        return _rms(gradient / (peak + epsilon)), None
-    first, second = optimizer._momentums[index], optimizer._velocities[index]
-    first = tf.cast(first, tf.float32)
+        peak = _flat([optimizer._u[index] for index in indices])
+        peak = tf.maximum(beta_2 * peak, tf.abs(gradient))
+        return gradient / (peak + epsilon), None
+    first = _flat([optimizer._momentums[index] for index in indices])
     first = first + (gradient - first) * (one - beta_1)
-    second = tf.cast(second, tf.float32)
+    second = _flat([optimizer._velocities[index] for index in indices])
     second = second + (tf.square(gradient) - second) * (one - beta_2)
     second_correction = one - tf.pow(beta_2, step)
     if rule == "nadam":
@@ -68,7 +81,7 @@ def moment_statistics(rule, optimizer, index, gradient, sigmas):
     else:
         denominator = second
         if optimizer.amsgrad:
-            denominator = tf.maximum(tf.cast(optimizer._velocity_hats[index], tf.float32), second)
+            denominator = tf.maximum(_flat([optimizer._velocity_hats[index] for index in indices]), second)
         scaled = gradient * tf.sqrt(second_correction) / (tf.sqrt(denominator) + epsilon)
     first_hat = first / (one - tf.pow(beta_1, step))
     second_hat = second / second_correction
@@ -76,8 +89,78 @@ def moment_statistics(rule, optimizer, index, gradient, sigmas):
     # Where v̂ ≤ m̂² (one step of history: equal up to rounding) there is no
     # spread to measure against: not an outlier.
     outlier = (variance > 0) & (tf.abs(gradient - first_hat) > sigmas * tf.sqrt(tf.maximum(variance, 0.0)))
-    outliers = tf.reduce_mean(tf.cast(outlier, tf.float32))
-    return _rms(scaled), outliers
+    return scaled, outlier
+
+
+def _chunk_statistics(rule, optimizer, indices, gradients, sizes, hyperparameters, sigmas):
+    """``(rms [n], outlier fraction [n] or None)`` of the weights of one pass."""
+    scaled, outlier = _scaled_and_outliers(
+        rule, optimizer, indices, _flat(gradients), hyperparameters, sigmas
+    )
+    columns = [tf.square(scaled)]
+    if outlier is not None:
+        columns.append(tf.cast(outlier, tf.float32))
+    # Static segment ids: weight k's entries are the k-th run of sizes[k] entries.
+    segment_ids = tf.constant(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes))
+    sums = tf.math.unsorted_segment_sum(tf.stack(columns, axis=1), segment_ids, len(sizes))
+    # An empty weight's mean is 0/0: NaN, as reduce_mean's.
+    means = sums / tf.constant(np.asarray(sizes, np.float32)[:, np.newaxis])
+    return tf.sqrt(means[:, 0]), (means[:, 1] if outlier is not None else None)
+
+
+def _chunks(sizes, limit):
+    """Consecutive ``range``s of positions whose sizes add up to at most ``limit`` (or one bigger size)."""
+    start, entries = 0, 0
+    for position, size in enumerate(sizes):
+        if position > start and entries + size > limit:
+            yield range(start, position)
+            start, entries = position, 0
+        entries += size
+    if start < len(sizes):
+        yield range(start, len(sizes))
+
+
+def moment_statistics(rule, optimizer, indices, gradients, sigmas, chunk_entries=CHUNK_ENTRIES):
+    """``(adam_rms [n], outlier fractions [n] or None)`` of n weights, from the moments after the step.
+
+    Args:
+        rule: What `moment_rule` returned.
+        optimizer: The optimizer whose state is read (`inner_optimizer`).
+        indices: The weights' indices in its state (``_get_variable_index``).
+        gradients: The gradients the optimizer will apply, one per index.
+        sigmas: k of the outlier test.
+        chunk_entries: The most entries one pass concatenates.
+
+    Example:
+
+    >>> import keras, tensorflow as tf
+    >>> kernel, bias = keras.Variable(tf.ones([2, 2])), keras.Variable(tf.zeros([3]))
+    >>> optimizer = keras.optimizers.Adam()
+    >>> optimizer.build([kernel, bias])
+    >>> gradients = [tf.ones([2, 2]), tf.constant([2.0, -2.0, 2.0])]
+    >>> rms, outliers = moment_statistics("adam", optimizer, [0, 1], gradients, sigmas=6.0)
+    >>> rms.numpy().round(4).tolist()  # at step 1 Adam's update is sign(g): RMS 1
+    [1.0, 1.0]
+    """
+    # Static sizes, from the state's variables (shaped as their weights).
+    first = optimizer._m if rule == "adamax" else optimizer._momentums
+    sizes = [math.prod(first[index].shape) for index in indices]
+    hyperparameters = _hyperparameters(optimizer)
+    rms, outliers = [], []
+    for chunk in _chunks(sizes, chunk_entries):
+        chunk_rms, chunk_outliers = _chunk_statistics(
+            rule, optimizer, [indices[k] for k in chunk], [gradients[k] for k in chunk],
+            [sizes[k] for k in chunk], hyperparameters, sigmas,
+        )
+        rms.append(chunk_rms)
+        outliers.append(chunk_outliers)
+    if outliers[0] is None:
+        return _joined(rms), None
+    return _joined(rms), _joined(outliers)
+
+
+def _joined(parts):
+    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
 
 def add_optimizer_summaries(builder, optimizer, gradients, weights, paths, unscale, sigmas):
@@ -103,6 +186,7 @@ def add_optimizer_summaries(builder, optimizer, gradients, weights, paths, unsca
     applied = [replicas.sum_over_replicas(unscale(tf.convert_to_tensor(g))) for _, g in present]
     # What the optimizer applies: clipnorm, clipvalue, global_clipnorm.
     applied = optimizer._clip_gradients(applied)
+    names, indices, summarized = [], [], []
     for (weight, _), gradient in zip(present, applied):
         if id(weight) not in paths:
             continue
@@ -110,8 +194,13 @@ def add_optimizer_summaries(builder, optimizer, gradients, weights, paths, unsca
             index = optimizer._get_variable_index(weight)
         except KeyError:
             continue  # not among the optimizer's variables: it does not update it
-        rms, outliers = moment_statistics(rule, optimizer, index, tf.cast(gradient, tf.float32), sigmas)
-        builder.add_scalar(f"adam_rms/{paths[id(weight)]}", rms)
-        if outliers is not None:
-            builder.add_scalar(f"grad_outlier_fraction/{paths[id(weight)]}", outliers)
+        names.append(paths[id(weight)])
+        indices.append(index)
+        summarized.append(gradient)
+    if not names:
+        return None
+    rms, outliers = moment_statistics(rule, optimizer, indices, summarized, sigmas)
+    builder.add_scalars([f"adam_rms/{name}" for name in names], rms)
+    if outliers is not None:
+        builder.add_scalars([f"grad_outlier_fraction/{name}" for name in names], outliers)
     return None
