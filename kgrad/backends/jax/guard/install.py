@@ -13,7 +13,8 @@ with the same options does not compile its step again.
 import keras
 
 from kgrad.backends import UnsupportedBackendError
-from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.common.own_step import candidate_optimizers, has_own_train_step
+from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
 from kgrad.backends.jax.guard.run import GuardRun
 from kgrad.plan.options import SENTINEL_KINDS
 
@@ -38,7 +39,9 @@ def attach_guard(model, config, probing_function=None):
     keras_function = keras_train_function(model)
     kept = model.__dict__.setdefault(_KEPT, [])
     same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
-    run = same[0] if same else GuardRun(model, config, keras_function)
+    # A model with its own train_step is guarded through its kgrad.value_and_grad calls.
+    kind = OwnStepGuardRun if has_own_train_step(model) else GuardRun
+    run = same[0] if same else kind(model, config, keras_function)
     if not same:
         kept[:] = [r for r in kept if r.keras_train_function is keras_function][-3:] + [run]
     run.reset(everything=True)
@@ -70,11 +73,14 @@ def check_guard(model, config):
             "after a trip the steps Keras' loop runs before it stops apply nothing and their records "
             "would replace it. Guard a plain keras.Model and pass kgrad.GradientProbe(...) to fit instead"
         )
-    elif has_own_train_step(model):
+    elif has_own_train_step(model) and any(
+        isinstance(o, keras.optimizers.LossScaleOptimizer) for o in candidate_optimizers(model)
+    ):
         unsupported = (
-            f"model '{model.name}' (class {type(model).__name__}) defines its own train_step; on JAX "
-            "the guard runs Keras' own train_step only yet (call "
-            "kgrad.backends.jax.guard.sentinel.guard_update in your train_step to guard it)"
+            f"model '{model.name}' (class {type(model).__name__}) has its own train_step and a "
+            "LossScaleOptimizer: the loss its kgrad.value_and_grad calls differentiate is scaled, and its "
+            "overflowing gradients are how the scale is found, which kgrad does not tell apart from a "
+            "NaN in an own train_step on JAX yet"
         )
     elif tuple(config.watch) != SENTINEL_KINDS:
         unsupported = (

@@ -26,7 +26,7 @@ class OwnStepTrainFunction:
     def __init__(self, model, config, keras_train_function=None):
         _check(model)
         self.model, self.config = model, config
-        self.guard = None  # a NonFiniteGuard does not guard an own train_step on JAX yet
+        self.guard = None  # the attached NonFiniteGuard's OwnStepGuardRun: every step guarded
         self.every_n_steps = config.every_n_steps
         self.buffer = _Buffers()  # part name -> RecordBuffer, filled when the probed step is traced
         self._names = {}  # part name -> (scalar names, histogram names)
@@ -40,8 +40,14 @@ class OwnStepTrainFunction:
         self._next_step = 0
 
     def _probed_step(self, state, data):
-        with activated(PartCollection(self.model, self.config, state[0])) as parts, parts:
-            logs, state = self.model.train_step(state, data)
+        logs, state, records = self.guarded_probed_step(state, data, None)
+        return logs, state, records
+
+    def guarded_probed_step(self, state, data, checked):
+        """The probed step; ``checked``: the guard's `CheckedParts` (around the probe's calls) or ``None``."""
+        with PartCollection(self.model, self.config, state[0]) as parts:
+            with activated(parts if checked is None else checked.around(parts)):
+                logs, state = self.model.train_step(state, data)
         if not parts.parts and parts.calls:
             raise ValueError(
                 f"kgrad.GradientProbe: kgrad.value_and_grad ran {parts.calls} time(s) in the train_step "
@@ -77,10 +83,15 @@ class OwnStepTrainFunction:
     def _run(self, state, data):
         index, self._next_step = self._next_step, self._next_step + 1
         if index % self.every_n_steps == 0:
-            logs, state, records = self._probed(state, data)
+            if self.guard is not None:
+                logs, state, records = self.guard.run_probed(self, state, data)
+            else:
+                logs, state, records = self._probed(state, data)
             for name, record in records.items():
                 self.buffer[name].append(record)
             return logs, state
+        if self.guard is not None:
+            return self.guard.run_plain(state, data)
         if self._plain is None:
             step = self.model.train_step
             self._plain = jax.jit(step, donate_argnums=0) if self._compile else step

@@ -1,0 +1,233 @@
+"""`kgrad.NonFiniteGuard` on a model's own JAX ``train_step``: every `kgrad.value_and_grad` call checked.
+
+Every step (not only the probed ones) the user's ``train_step`` runs with a
+`CheckedParts` active (`kgrad.backends.jax.own_step.active`): each
+`kgrad.value_and_grad` call in it (a "part": the generator, the
+discriminator) is ``jax.value_and_grad`` (or, on a probed step, the probe's
+`PartCollection` call, which it wraps), and hands its loss and gradients to
+the guard: nothing is captured, a clean step costs one sum of squares per
+tensor. After the step, `kgrad.backends.jax.guard.sentinel.guard_update`
+keeps the whole state passed in (every part's weights, every optimizer's
+variables) when a loss or a gradient of any part is not finite. The step
+recorded is the ``iterations`` of the optimizer that applied the first
+part's gradients, before its update (what `kgrad.GradientProbe` logs the
+part at), read from the state by watching each candidate optimizer's
+``stateless_apply`` while the step is traced, as the probe does.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.common.own_step import candidate_optimizers
+from kgrad.backends.jax.guard.run import GuardRun, GuardTrainFunction
+from kgrad.backends.jax.guard.sentinel import guard_update
+from kgrad.backends.jax.guard.steps import select_keras_state
+from kgrad.backends.jax.own_step.active import activated
+from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
+
+#: Why a trip of an own train_step is not replayed (the report's ``replay_note``).
+NOT_REPLAYED = (
+    "Not replayed: on JAX kgrad does not replay a model's own train_step yet, so where inside {part!r} "
+    "the NaN/Inf was born is not known (the every-step check names the part and the tensor: its "
+    "loss, or the gradient of which weight). To find the layer, run kgrad.NonFiniteGuard on the "
+    "sub-model trained with Keras' own train_step, or switch to KERAS_BACKEND=tensorflow, where "
+    "kgrad.ProbeTape's steps are replayed."
+)
+
+
+class CheckedParts:
+    """The losses and gradients of the `kgrad.value_and_grad` calls of one step, for the guard.
+
+    Args:
+        model: The model whose ``train_step`` runs.
+        trainable: The trainable values of the step's ``state``.
+        inner: The probe's `PartCollection` on a probed step (it differentiates), else ``None``.
+
+    Attributes:
+        names: ``"loss/<part>"``, then ``"weight_grad/<part>/<weight path>"`` per gradient, per part.
+        tensors: The tensors of ``names``, in order.
+        step: The ``iterations`` of the optimizer that applied the first part (``None``: none did).
+    """
+
+    def __init__(self, model, trainable, inner=None):
+        self._model, self._inner = model, inner
+        self._variables = list(model.trainable_variables)
+        self._position = {id(value): index for index, value in enumerate(trainable)}
+        self._parts = {}
+        self._first = None  # ids of the first part's weight values
+        self._optimizers = candidate_optimizers(model)
+        self.names, self.tensors, self.step = [], [], None
+
+    def __enter__(self):
+        for optimizer in self._optimizers:
+            watched = self._watched(optimizer, optimizer.stateless_apply)
+            object.__setattr__(optimizer, "stateless_apply", watched)
+        return self
+
+    def __exit__(self, *exc_info):
+        for optimizer in self._optimizers:
+            optimizer.__dict__.pop("stateless_apply", None)
+
+    def around(self, parts):
+        """Itself, differentiating through the probe's `PartCollection` ``parts`` (a probed step)."""
+        self._inner = parts
+        return self
+
+    def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
+        """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)`; keeps what it returns."""
+        if self._inner is not None:
+            result, gradients = self._inner.value_and_grad(fn, argnums, has_aux, name, args, kwargs)
+        else:
+            result, gradients = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+        leaves = [leaf for n in _positions(argnums, len(args)) for leaf in jax.tree_util.tree_leaves(args[n])]
+        indices = [self._position.get(id(leaf)) for leaf in leaves]
+        weights = [self._variables[index] for index in indices if index is not None]
+        owner = _owner(self._model, weights) if weights else self._model
+        part = _unique(self._parts, name or owner.name)  # the probe's run name for the same call
+        paths = [
+            f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
+            for k, index in enumerate(indices)
+        ]
+        if self._first is None:
+            self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
+        self.names += [f"loss/{part}"] + [f"weight_grad/{part}/{path}" for path in paths]
+        self.tensors += [result[0] if has_aux else result] + jax.tree_util.tree_leaves(gradients)
+        return result, gradients
+
+    def _watched(self, optimizer, stateless_apply):
+        iterations = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
+
+        def watched_stateless_apply(optimizer_variables, grads, trainable_variables):
+            applied = {id(value) for value in trainable_variables}
+            if self.step is None and self._first is not None and self._first <= applied:
+                self.step = optimizer_variables[iterations]
+            return stateless_apply(optimizer_variables, grads, trainable_variables)
+
+        return watched_stateless_apply
+
+    def checked_step(self):
+        """The step to record; raises when no optimizer applied the first part's gradients."""
+        if not self.names:
+            raise ValueError(
+                f"kgrad.NonFiniteGuard found no kgrad.value_and_grad in the train_step of model "
+                f"'{self._model.name}' (class {type(self._model).__name__}), so it has nothing to check. "
+                "In that train_step, replace `jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` "
+                "(same arguments), or remove the guard."
+            )
+        if self.step is None:
+            raise ValueError(
+                f"kgrad.NonFiniteGuard: no optimizer of model '{self._model.name}' applied the gradients "
+                f"of the first kgrad.value_and_grad ({self.names[0][len('loss/'):]!r}) in its train_step, "
+                "so the step of a trip (that optimizer's `iterations`) is unknown. Received optimizers: "
+                f"{[type(o).__name__ for o in self._optimizers] or 'none'}. Apply them with "
+                "`optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model."
+            )
+        return self.step
+
+
+def _as_lists(state):
+    """``(trainable, non-trainable, optimizer, metrics)`` as lists: the old and new state's trees match."""
+    return tuple(list(values) for values in state)
+
+
+class OwnStepGuardRun(GuardRun):
+    """The guard of a ``fit`` of a model with its own ``train_step``: a `GuardRun` of the user's steps.
+
+    Its rows (``names``) are known once the step has been traced: the record
+    is made on the first step (a shape-only pass of the step finds them).
+    """
+
+    def __init__(self, model, config, keras_train_function):
+        self.model, self.config = model, config
+        self.names = None
+        self._compile = model.jit_compile and not model.run_eagerly
+        self._plain = self._jit(self._guarded(self._own_step))
+        self._probed = {}  # id(OwnStepTrainFunction) -> (function, its guarded probed step)
+        self.train_function = GuardTrainFunction(self, keras_train_function)
+        self.keras_train_function = keras_train_function
+        self.latest_record = None
+        self.reset(everything=True)
+
+    def _own_step(self, state, data, checked):
+        with activated(checked):
+            logs, state = self.model.train_step(state, data)
+        return logs, state, None
+
+    def _guarded(self, own_step):
+        """``(state, record, data) -> (logs, state, probe records, record)`` of ``own_step``, guarded."""
+
+        def step(state, record, data):
+            tripped_before = record.tripped
+            with CheckedParts(self.model, state[0]) as checked:
+                logs, new_state, probe_records = own_step(state, data, checked)
+            state, record = guard_update(
+                _as_lists(state), _as_lists(new_state), checked.tensors[0], checked.tensors[1:], record,
+                checked.checked_step(), self.config.halt_updates, select_keras_state,
+            )
+            if probe_records is not None and self.config.halt_updates:
+                # After a trip every step keeps the state of before: its records are dropped
+                # (step -1; Keras' loop may run a few more steps before it sees the trip).
+                probe_records = {
+                    part: (jnp.where(tripped_before, -1, number), scalars, histograms)
+                    for part, (number, scalars, histograms) in probe_records.items()
+                }
+            return logs, state, probe_records, record
+
+        return step
+
+    def _discover(self, state, data):
+        """The record's rows, from a shape-only pass of the user's step."""
+        found = {}
+
+        def shapes_only(state, data):
+            with CheckedParts(self.model, state[0]) as checked:
+                self._own_step(state, data, checked)
+            checked.checked_step()  # raises, naming what is missing, before any step runs
+            found["names"] = tuple(checked.names)
+
+        jax.eval_shape(shapes_only, state, data)
+        self.names = found["names"]
+        self.reset(everything=True)
+
+    def run_plain(self, state, data):
+        if self.names is None:
+            self._discover(state, data)
+        logs, state, _, self.record = self._plain(state, self.record, data)
+        self._keep(data)
+        return logs, state
+
+    def run_probed(self, function, state, data):
+        """One guarded probed step of `OwnStepTrainFunction` ``function``: ``(logs, state, records)``."""
+        if self.names is None:
+            self._discover(state, data)
+        kept = self._probed.get(id(function))
+        if kept is None or kept[0] is not function:
+            guarded = self._jit(self._guarded(function.guarded_probed_step))
+            kept = self._probed[id(function)] = (function, guarded)
+        logs, state, records, self.record = kept[1](state, self.record, data)
+        self._keep(data)
+        return logs, state, records
+
+    # -- what the guard callback asks ---------------------------------------------------
+
+    def start_epoch(self):
+        if self.record is not None:
+            super().start_epoch()
+        else:
+            self._batch, self._batches = 0, {}
+
+    @property
+    def replay_unavailable(self):
+        """Why the trip is not replayed (its part named), for the report's ``replay_note``."""
+        names = self.names or ("loss/?",)
+        record = jax.device_get(self.record)
+        bad = [name for name, counts in zip(names, record.counts) if counts.any()] or list(names)
+        part = bad[0].split("/")[1]
+        return NOT_REPLAYED.format(part=part)
+
+    def reset(self, everything=False):
+        if self.names is None:
+            self.record, self._batch, self._batches, self.guard_tripped = None, 0, {}, None
+            return
+        super().reset(everything)
