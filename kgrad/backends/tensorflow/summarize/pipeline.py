@@ -234,8 +234,9 @@ class ProbePipeline:
         if tracked:
             paths = [path for _, path in tracked]
             before = tf.gather(scalars, [scalar_names.index(f"weight_norm/{path}") for path in paths])
-            changes = tf.sqrt(tf.stack([
-                norms.sum_of_squares(tf.cast(weight.value, tf.float32) - snapshot.value())
+            # ‖Δw‖² = 2·l2_loss(Δw) (`norms.sum_of_squares`), the 2· once for all weights.
+            changes = tf.sqrt(2.0 * tf.stack([
+                tf.nn.l2_loss(tf.cast(weight.value, tf.float32) - snapshot.value())
                 for (weight, _), snapshot in zip(tracked, self._snapshots)
             ]))
             # A weight that was all zeros (a bias at step 0) is compared with
