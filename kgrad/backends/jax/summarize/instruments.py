@@ -8,8 +8,8 @@ computed gets no tag and one warning per trace naming what and why:
 - ``"optimizer"``: `kgrad.backends.jax.summarize.optimizer_state` (the state after the
   update), and ``update_rms/`` from the update itself;
 - ``"logits"``: `kgrad.backends.jax.summarize.logits` (recorded in the forward pass);
-- ``"attention"``: `kgrad.backends.jax.summarize.attention` (q and k recorded by
-  `kgrad.backends.jax.capture.attention_calls`, scored in the forward pass).
+- ``"attention"``: `kgrad.backends.common.attention_scores` (q and k recorded by
+  `kgrad.backends.common.attention_calls`, scored in the forward pass; as on TensorFlow).
 
 `ProbedStep` asks for the carriers before tracing (`carriers`), enters
 `recording` around Keras' loss computation after its own taps, hands each
@@ -25,8 +25,8 @@ import warnings
 
 import jax.numpy as jnp
 
-from kgrad.backends.jax.capture import attention_calls
-from kgrad.backends.jax.summarize.attention import call_statistics
+from kgrad.backends.common import attention_calls
+from kgrad.backends.common.attention_scores import call_statistics
 from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.per_example import PerExampleLayers

@@ -37,7 +37,7 @@ class ProbeResult:
             the logits inside the tape's block: the gradient of the tensor
             the softmax or sigmoid was applied to.
         attention: The attention layers' projected q and k
-            (`kgrad.backends.tensorflow.capture.attention_calls.AttentionCapture`),
+            (`kgrad.backends.common.attention_calls.AttentionCapture`),
             for ``instruments=["attention"]``, or ``None``.
 
     Example:

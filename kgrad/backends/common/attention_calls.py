@@ -1,12 +1,28 @@
-"""The query and key projections of attention layers in a traced JAX step (``instruments=["attention"]``).
+"""The query and key projections of attention layers, for ``instruments=["attention"]``, on every backend.
 
-The JAX side of `kgrad.backends.tensorflow.capture.attention_calls` (read it
-for the layers and the reasons): ``_compute_attention`` is replaced on each
-supported layer *instance* while the probed step is traced, and records the
-projected q ``[B, T, N, H]``, k ``[B, S, K, H]``, the scale, the soft cap and a
-function that builds the layer's own masks for a sub-batch, in ``jax.numpy``.
-Which layers are scored, and the reasons for the others, are TensorFlow's
-(`adapter_of` is shared in its words; only the masks' ops differ).
+An attention layer hands its projected query and key to an inner method,
+``_compute_attention``, which may score them with a fused kernel
+(``ops.dot_product_attention``) that never shows the scores. Replacing that
+method on the layer *instance* while a probe records (as `kgrad.backends.common.calls`
+replaces ``call``) sees its arguments: the projected q ``[B, T, N, H]``, k
+``[B, S, K, H]`` and the layer's mask. Nothing is computed here: the scores are
+computed from them in the probed step only (`kgrad.backends.common.attention_scores`),
+on a sub-batch. Tracing is Python on every backend, so this is written once in
+``keras.ops``; a backend says only which calls belong to its probed step (``recording``
+of `intercept`: TensorFlow's graph being traced).
+
+Layers kgrad scores as the layer itself does:
+
+- ``keras.layers.MultiHeadAttention`` (also KerasHub's ``CachedMultiHeadAttention``
+  of ``TransformerDecoder``/``TransformerEncoder``, GPT-2, BERT) and
+  ``keras.layers.GroupedQueryAttention``, as long as their class keeps Keras'
+  ``_compute_attention``: scale 1/√(head size), the mask ``call`` passes and the
+  causal mask when ``call`` leaves it to the kernel;
+- KerasHub's ``CachedGemmaAttention`` (Gemma): grouped key/value heads, its query
+  scaling, logit soft-cap and sliding window.
+
+Any other layer whose class name says ``Attention`` (and holds none of these)
+is listed with the reason, for one warning: never a zero.
 """
 
 import contextlib
@@ -14,8 +30,8 @@ import dataclasses
 import inspect
 import sys
 
-import jax.numpy as jnp
 import keras
+from keras import ops
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
@@ -32,14 +48,30 @@ _SUPPORTED = (
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCall:
-    """One call of an attention layer: ``name``, ``query``, ``key``, ``scale``, ``soft_cap``, ``mask_of``."""
+    """One call of an attention layer, as its ``_compute_attention`` received it.
+
+    Attributes:
+        name: The layer's path in the model, as its weights' paths begin
+            (``transformer_layer_0/self_attention``; ``name#2`` for its second call).
+        query: The projected query, ``[B, T, N, H]``.
+        key: The projected key, ``[B, S, K, H]`` (K divides N).
+        scale: What q·k is multiplied by.
+        soft_cap: c of c·tanh(s/c), or ``None``.
+        mask_of: ``fn(query, key, examples) -> bool mask broadcastable to
+            [examples, N, T, S], or None``: the layer's own masks of the first
+            ``examples`` examples, built only when called (in the probed step).
+    """
 
     name: str
     query: object
     key: object
     scale: float
     soft_cap: object
-    mask_of: object  # fn(query, key, examples) -> bool mask broadcastable to [examples, N, T, S], or None
+    mask_of: object
+
+    def allowed(self, query, key, examples):
+        """Which keys each query may attend to, for the first ``examples`` examples (or ``None``: all)."""
+        return self.mask_of(query, key, examples)
 
 
 @dataclasses.dataclass
@@ -50,26 +82,37 @@ class AttentionCapture:
     reasons: dict = dataclasses.field(default_factory=dict)
 
 
+def _gemma_class():
+    # KerasHub is optional: a model can only hold its layers once it is imported.
+    module = sys.modules.get(_GEMMA_MODULE)
+    return None if module is None else module.CachedGemmaAttention
+
+
 def _rank_4(mask):
     """``mask`` as a bool ``[B, 1, T, S]`` (heads axis added as Keras' ``_masked_softmax`` adds it)."""
-    mask = jnp.asarray(mask).astype(bool)
-    while mask.ndim < 4:
-        mask = jnp.expand_dims(mask, axis=-3)
+    mask = ops.cast(mask, "bool")
+    while ops.ndim(mask) < 4:
+        mask = ops.expand_dims(mask, axis=-3)
     return mask
 
 
 def _both(first, second):
     if first is None or second is None:
         return second if first is None else first
-    return jnp.logical_and(first, second)
+    return ops.logical_and(first, second)
 
 
 def _keras_arguments(layer, arguments):
+    """``(query, key, scale, soft_cap, mask_of)`` of a MultiHeadAttention or GroupedQueryAttention call.
+
+    Or why not, as a string.
+    """
     query, key = arguments["query"], arguments["key"]
     axes = getattr(layer, "_attention_axes", (1,))
-    if query.ndim != 4 or tuple(axes) != (1,):
+    rank = ops.ndim(query)
+    if rank != 4 or tuple(axes) != (1,):
         return (
-            f"attention over axes {tuple(axes)} of a rank-{query.ndim} query: kgrad scores "
+            f"attention over axes {tuple(axes)} of a rank-{rank} query: kgrad scores "
             "attention over one sequence axis only"
         )
     mask, causal = arguments.get("attention_mask"), arguments.get("use_causal_mask", False)
@@ -84,6 +127,7 @@ def _keras_arguments(layer, arguments):
 
 
 def _gemma_arguments(layer, arguments):
+    """The same for KerasHub's CachedGemmaAttention."""
     query, key, mask = arguments["q"], arguments["k"], arguments["attention_mask"]
     # Gemma 2 scales the query by the model width per head, not the head size.
     head_size = layer.head_dim
@@ -94,7 +138,7 @@ def _gemma_arguments(layer, arguments):
     def mask_of(query, key, examples):
         if mask is None:
             return None
-        sub_mask = jnp.asarray(mask[:examples]).astype(bool)
+        sub_mask = ops.cast(mask[:examples], "bool")
         if layer.use_sliding_window_attention:
             sub_mask = layer._mask_sliding_window(sub_mask, cache_update_index=update_index)
         return _rank_4(sub_mask)
@@ -103,14 +147,25 @@ def _gemma_arguments(layer, arguments):
 
 
 def adapter_of(layer):
-    """``(adapter, None)`` for a layer kgrad scores, ``(None, reason)`` for another attention layer."""
-    for base in (keras.layers.MultiHeadAttention, keras.layers.GroupQueryAttention):
+    """``(adapter, None)`` for a layer kgrad scores, ``(None, reason)`` for another attention layer.
+
+    ``(None, None)`` for a layer that is not an attention layer.
+
+    Example:
+
+    >>> import keras
+    >>> adapter_of(keras.layers.MultiHeadAttention(2, 2))[0].__name__
+    '_keras_arguments'
+    >>> adapter_of(keras.layers.Dense(2))
+    (None, None)
+    """
+    keras_classes = (keras.layers.MultiHeadAttention, keras.layers.GroupQueryAttention)
+    for base in keras_classes:
         if isinstance(layer, base):
             if type(layer)._compute_attention is not base._compute_attention:
                 return None, f"{type(layer).__name__} computes its attention its own way ({_SUPPORTED})"
             return _keras_arguments, None
-    module = sys.modules.get(_GEMMA_MODULE)  # KerasHub is optional
-    gemma = None if module is None else module.CachedGemmaAttention
+    gemma = _gemma_class()
     if gemma is not None and isinstance(layer, gemma):
         if type(layer)._compute_attention is not gemma._compute_attention:
             return None, f"{type(layer).__name__} computes its attention its own way ({_SUPPORTED})"
@@ -120,14 +175,21 @@ def adapter_of(layer):
     return None, None
 
 
+def _layer_path(model, layer, name):
+    """The layer's path as its weights' paths start (``transformer_layer_0/self_attention``).
+
+    Stable across runs, as weight tags are: without the model's own name, and
+    without the names Keras numbers (``gpt2_backbone_1``) of the models around it.
+    """
+    path = getattr(layer, "path", None)
+    return model_relative_path(model, layer) if isinstance(path, str) and path else name
+
+
 def attention_layers(model):
-    """``({name: (layer, adapter)}, {name: reason})`` over the layers of ``model``, named as on TensorFlow."""
+    """``({name: (layer, adapter)}, {name: reason})`` over every layer of ``model``."""
     supported, reasons, layers = {}, {}, {}
     named = selection.report_names(model)
-    paths = {}
-    for name, layer in named.items():
-        path = getattr(layer, "path", None)
-        paths[name] = model_relative_path(model, layer) if isinstance(path, str) and path else name
+    paths = {name: _layer_path(model, layer, name) for name, layer in named.items()}
     unique = {path for path in paths.values() if list(paths.values()).count(path) == 1}
     for name, layer in named.items():
         name = paths[name] if paths[name] in unique else name
@@ -144,13 +206,13 @@ def attention_layers(model):
     }
 
 
-def _recording(capture, name, adapter, layer):
+def _recording(capture, name, adapter, layer, recording):
     def wrap(original):
         signature = inspect.signature(original)
         count = [0]
 
         def compute_attention(*args, **kwargs):
-            if not in_symbolic_scope():
+            if not in_symbolic_scope() and recording():
                 arguments = signature.bind(*args, **kwargs)
                 arguments.apply_defaults()
                 count[0] += 1
@@ -168,23 +230,31 @@ def _recording(capture, name, adapter, layer):
 
 
 @contextlib.contextmanager
-def intercept(model):
+def intercept(model, recording=None):
     """Records the attention calls of ``model`` while the block runs; yields an `AttentionCapture`.
+
+    Args:
+        model: The probed model.
+        recording: ``fn() -> bool``: whether a call made now belongs to the probed
+            step (TensorFlow: the graph being traced is the step's own), or
+            ``None``: every call outside Keras' symbolic (shape-only) scope.
 
     Example:
 
-    >>> import keras, jax.numpy as jnp
+    >>> import keras
     >>> x = keras.Input((3, 4))
     >>> model = keras.Model(x, keras.layers.MultiHeadAttention(2, 2, name="mha")(x, x))
     >>> with intercept(model) as capture:
-    ...     _ = model(jnp.ones((1, 3, 4)))
-    >>> [(call.name, call.query.shape) for call in capture.calls]
+    ...     _ = model(keras.ops.ones((1, 3, 4)))
+    >>> [(call.name, tuple(call.query.shape)) for call in capture.calls]
     [('mha', (1, 3, 2, 2))]
     """
     supported, reasons = attention_layers(model)
     capture = AttentionCapture(reasons=dict(reasons))
+    recording = recording or (lambda: True)
     replacements = [
-        (layer, _recording(capture, name, adapter, layer)) for name, (layer, adapter) in supported.items()
+        (layer, _recording(capture, name, adapter, layer, recording))
+        for name, (layer, adapter) in supported.items()
     ]
     with replaced_calls(replacements, method="_compute_attention"):
         yield capture
