@@ -225,8 +225,6 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 f"batch in variables, and here {reason}; fit with steps_per_execution=1 to locate "
                 "the NaN."
             )
-        elif getattr(self._step, "replay_unavailable", None):  # JAX: a model's own train_step
-            fields.update(replayed=False, replay_note=self._step.replay_unavailable)
         elif self.replay:
             fields.update(self._replay_fields(report, data, seeds_after))
         if self.dump_dir is not None and data is not None:

@@ -129,8 +129,9 @@ def test_the_guide_model_skips_the_bad_update_and_names_its_loss(jit):
     # The counts of every non-finite tensor: those of a float64 jax.grad of the split model.
     assert report.non_finite == _guide_non_finite(expected, x[bad_batch * BATCH : (bad_batch + 1) * BATCH],
                                                   y[bad_batch * BATCH : (bad_batch + 1) * BATCH])
-    assert report.replayed is False and report.replay_note.startswith("Not replayed: on JAX kgrad does not")
-    assert "inside 'guide'" in report.replay_note
+    # The replay of the step from the kept state: the NaN arrived with the data (NumPy's count).
+    replayed = (report.replayed, report.born_in, report.born_at, report.born_nan_count)
+    assert replayed == (True, "data", "input", 1)
     _assert_same_state(model, expected)  # Adam's iterations and moments too
     assert int(model.optimizer.iterations.numpy()) == bad_batch
 
@@ -218,7 +219,8 @@ def test_a_nan_in_the_gans_data_keeps_both_parts_and_both_optimizers(jit):
     parts = [name.split("/")[1] for name in report.non_finite]
     assert parts == sorted(parts, key=["discriminator", "generator"].index)
     assert "loss/generator" in report.non_finite
-    assert "inside 'discriminator'" in report.replay_note
+    replayed = (report.replayed, report.born_in, report.born_at, report.born_nan_count)
+    assert replayed == (True, "data", "input", 1)
     # Both sub-models' weights, both optimizers' variables and the seed generator: those of before.
     _assert_same_state(gan, expected)
     assert int(gan.d_optimizer.iterations.numpy()) == int(gan.g_optimizer.iterations.numpy()) == bad_batch
@@ -236,7 +238,12 @@ def test_a_nan_born_in_the_generators_backward_pass_names_the_generator(jit):
     assert report.tensor == "weight_grad/generator/g_hidden/kernel" and report.kind == "weight_grad"
     assert report.layer == "generator/g_hidden/kernel"
     assert all(name.startswith("weight_grad/generator/") for name in report.non_finite)
-    assert report.replayed is False and "inside 'generator'" in report.replay_note
+    # The replay names the Lambda inside the generator: dJ/d(its input) is NaN in every element
+    # (1 + inf * 0) of the batch's 32 hidden units, while dJ/d(its output) is finite.
+    assert report.replayed is True
+    assert (report.born_in, report.born_at, report.born_type) == ("backward", "generator/root", "Lambda")
+    assert (report.born_nan_count, report.born_inf_count) == (BATCH * 32, 0)
+    assert "kgrad.value_and_grad 'generator'" in report.replay_note
     # The discriminator's update of the same step is not applied either.
     _assert_same_state(gan, expected)
 
@@ -286,10 +293,15 @@ def test_without_a_trip_the_guard_and_a_probe_train_as_plain_fit(tmp_path):
     assert steps.tolist() == [0, 2, 4]
 
 
-def test_replay_step_refuses_an_own_train_step_with_the_reason():
-    model = _guide()
-    with pytest.raises(kgrad.backends.UnsupportedBackendError, match=r"own train_step.*KERAS_BACKEND"):
-        kgrad.replay_step(model, _data(1))
+def test_replay_step_replays_an_own_train_step_part_by_part():
+    gan = _gan(generator_root=True)
+    before = _state(gan)
+    report = kgrad.replay_step(gan, _ring(1), step=0)
+    assert (report.born_in, report.born_at, report.born_type, report.step) == (
+        "backward", "generator/root", "Lambda", 0)
+    _assert_same_state(gan, before)  # the replay only reads the model's variables
+    # A finite step replays to nothing.
+    assert kgrad.replay_step(_gan(), _ring(1)) is None
 
 
 def test_a_loss_scale_optimizer_in_an_own_train_step_is_refused_with_the_reason(tmp_path):

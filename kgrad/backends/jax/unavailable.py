@@ -41,11 +41,14 @@ def first_non_finite(*args, **kwargs):
     """Not on JAX: kgrad.first_non_finite reads a ProbeTape's result. Raises `UnsupportedBackendError`.
 
     Where a NaN/Inf was born, on JAX: `kgrad.NonFiniteGuard` passed to ``fit``
-    (its report), or `kgrad.replay_step` on a step's batch.
+    (its report), or `kgrad.replay_step` on a step's batch; in a model's own
+    ``train_step``, with `kgrad.value_and_grad` in place of ``jax.value_and_grad``.
     """
     raise UnsupportedBackendError(
         "kgrad.first_non_finite reads a ProbeTape's result, so it does not run on Keras' JAX backend. "
         "On JAX, pass kgrad.NonFiniteGuard() to model.fit (guard.report says where the first NaN/Inf "
-        "was born), or call kgrad.replay_step(model, (x, y)) on the step's batch. Or set "
-        "KERAS_BACKEND=tensorflow to use kgrad.first_non_finite."
+        "was born), or call kgrad.replay_step(model, (x, y)) on the step's batch; in a train_step of "
+        "your own, replace `jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` (the JAX "
+        "counterpart) and the guard checks each of its calls. Or set KERAS_BACKEND=tensorflow to use "
+        "kgrad.first_non_finite."
     )

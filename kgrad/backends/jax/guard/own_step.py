@@ -26,16 +26,6 @@ from kgrad.backends.jax.guard.steps import select_keras_state
 from kgrad.backends.jax.own_step.active import activated
 from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
 
-#: Why a trip of an own train_step is not replayed (the report's ``replay_note``).
-NOT_REPLAYED = (
-    "Not replayed: on JAX kgrad does not replay a model's own train_step yet, so where inside {part!r} "
-    "the NaN/Inf was born is not known (the every-step check names the part and the tensor: its "
-    "loss, or the gradient of which weight). To find the layer, run kgrad.NonFiniteGuard on the "
-    "sub-model trained with Keras' own train_step, or switch to KERAS_BACKEND=tensorflow, where "
-    "kgrad.ProbeTape's steps are replayed."
-)
-
-
 class CheckedParts:
     """The losses and gradients of the `kgrad.value_and_grad` calls of one step, for the guard.
 
@@ -216,15 +206,6 @@ class OwnStepGuardRun(GuardRun):
             super().start_epoch()
         else:
             self._batch, self._batches = 0, {}
-
-    @property
-    def replay_unavailable(self):
-        """Why the trip is not replayed (its part named), for the report's ``replay_note``."""
-        names = self.names or ("loss/?",)
-        record = jax.device_get(self.record)
-        bad = [name for name, counts in zip(names, record.counts) if counts.any()] or list(names)
-        part = bad[0].split("/")[1]
-        return NOT_REPLAYED.format(part=part)
 
     def reset(self, everything=False):
         if self.names is None:

@@ -10,7 +10,9 @@ backward (`kgrad.backends.jax.guard.trace`), and `kgrad.backends.jax.guard.locat
 names where it was born. ``jax.experimental.checkify`` with its float checks
 runs the same pass once more and names the JAX primitive and the line of
 the model's code that made the first NaN/Inf; its words go in the report's
-``replay_note``. Nothing is applied: the model's variables are only read.
+``replay_note``. A model with its own ``train_step`` is replayed part by part
+(`kgrad.backends.jax.guard.own_step_replay`). Nothing is applied: the model's
+variables are only read.
 """
 
 import os
@@ -20,11 +22,11 @@ import keras
 import numpy as np
 from jax.experimental import checkify
 
-from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.batch_dump import join_notes, unpack_batch
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard import locate, trace
+from kgrad.backends.jax.guard.own_step_replay import replay_own_step
 from kgrad.plan import selection
 from kgrad.report.non_finite import NonFiniteReport
 
@@ -48,13 +50,8 @@ def replay_fields(model, batch, seeds_after=None):
         finite), and the primitive and source line ``checkify`` names.
     """
     del seeds_after
-    if has_own_train_step(model):
-        raise UnsupportedBackendError(
-            f"kgrad.replay_step cannot replay model '{model.name}' (class {type(model).__name__}) on Keras' "
-            "JAX backend: it has its own train_step, whose kgrad.value_and_grad calls kgrad does not "
-            "replay on JAX yet. Replay a sub-model trained with Keras' own train_step, or set "
-            "KERAS_BACKEND=tensorflow, where a model's own train_step is replayed."
-        )
+    if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
+        return replay_own_step(model, batch)
     x, y, sample_weight = (_as_fed(part) for part in unpack_batch(batch))
     born = locate.in_weights(model) or locate.in_data(x, y, sample_weight)
     if born is not None:

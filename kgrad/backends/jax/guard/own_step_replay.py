@@ -1,0 +1,129 @@
+"""Replaying a tripped own JAX ``train_step``: where, inside which part, its first NaN/Inf was born.
+
+The user's ``train_step`` runs once more, eagerly, from the state the guard
+kept, on the step's own batch, with a `_ReplayedParts` active: each
+`kgrad.value_and_grad` call (a part) differentiates its function with the
+layers and ``keras.ops`` nodes of its sub-model checked forward and backward
+(the `kgrad.backends.jax.guard.trace` recorder: a zero perturbation per
+output, whose gradient is dJ/d(output)), and `kgrad.backends.jax.guard.locate`
+names where the NaN was born. The first part whose pass is not finite is the
+one named (later parts would only see what it made); the replay stops there.
+The step's updates are computed and dropped: the model's variables are only read.
+"""
+
+import jax
+import jax.numpy as jnp
+import keras
+
+from kgrad.backends.common.calls import replaced_calls
+from kgrad.backends.common.batch_dump import is_dump, unpack_batch
+from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.jax.guard import locate
+from kgrad.backends.jax.guard.trace import _counts, _finite_range, _Recorder
+from kgrad.backends.jax.own_step.active import activated
+from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
+from kgrad.plan import selection
+
+
+class _Found(Exception):
+    """Stops the replayed step at the part where the NaN was born."""
+
+
+def replay_own_step(model, batch):
+    """``(born fields or None, note)`` of one replayed own ``train_step`` (see the module)."""
+    x, y, sample_weight = unpack_batch(batch)
+    born = locate.in_weights(model) or locate.in_data(x, y, sample_weight)
+    if born is not None:
+        return born, None
+    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
+    state = model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
+        metrics_variables=True,
+    )
+    parts = _ReplayedParts(model, state[0])
+    with activated(parts):
+        try:
+            model.train_step(state, data)
+        except _Found:
+            pass
+    return parts.born, None
+
+
+class _ReplayedParts:
+    """The `kgrad.value_and_grad` calls of the replayed step, each checked layer by layer."""
+
+    def __init__(self, model, trainable):
+        self._model = model
+        self._variables = list(model.trainable_variables)
+        self._position = {id(value): index for index, value in enumerate(trainable)}
+        self._parts = {}
+        self.born = None
+
+    def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
+        numbers = _positions(argnums, len(args))
+        leaves = [leaf for n in numbers for leaf in jax.tree_util.tree_leaves(args[n])]
+        indices = [self._position.get(id(leaf)) for leaf in leaves]
+        weights = [self._variables[index] for index in indices if index is not None]
+        owner = _owner(self._model, weights) if weights else self._model
+        part = _unique(self._parts, name or owner.name)
+        paths = [
+            f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
+            for k, index in enumerate(indices)
+        ]
+        born = _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths)
+        if born is not None:
+            self.born = {
+                **born, "born_at": f"{part}/{born['born_at']}", "born_path": f"{part}/{born['born_path']}",
+                "replay_note": " ".join(filter(None, [
+                    born.get("replay_note"),
+                    f"Replayed kgrad.value_and_grad {part!r} of the model's own train_step (eagerly, from "
+                    "the state the guard kept): the names are paths inside that part.",
+                ])),
+            }
+            raise _Found
+        return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+
+
+def _with(args, numbers, differentiated):
+    replaced = list(args)
+    for number, value in zip(numbers, differentiated):
+        replaced[number] = value
+    return replaced
+
+
+def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
+    """The ``born_*`` fields of one part's pass with its layers checked, or ``None`` if it was finite."""
+    operations = selection.resolve_layers(owner, "all")
+    traced = {}
+
+    def loss(differentiated, perturbations):
+        recorder = traced["recorder"] = _Recorder(operations, perturbations)
+        with _replaced(recorder, owner):
+            out = fn(*_with(args, numbers, differentiated), **kwargs)
+        value = out[0] if has_aux else out
+        calls = recorder.calls
+        return value, {
+            "outputs": jnp.stack([_counts(call.outputs) for call in calls] or [_counts([])]),
+            "inputs": jnp.stack([_counts(call.inputs) for call in calls] or [_counts([])]),
+            "ranges": jnp.stack([_finite_range(call.inputs) for call in calls] or [_finite_range([])]),
+            "loss": _counts([value]),
+            "prediction_range": _finite_range(calls[-1].outputs if calls else []),
+        }
+
+    differentiated = [args[n] for n in numbers]
+    jax.eval_shape(lambda d: loss(d, None), differentiated)
+    perturbations = {key: jnp.zeros(s.shape, s.dtype) for key, s in traced["recorder"].shapes().items()}
+    (_, arrays), (gradients, perturbation_gradients) = jax.value_and_grad(
+        loss, argnums=(0, 1), has_aux=True
+    )(differentiated, perturbations)
+    arrays["gradients"] = {key: _counts([g]) for key, g in perturbation_gradients.items()}
+    arrays["weight_gradients"] = jnp.stack(
+        [_counts([g]) for g in jax.tree_util.tree_leaves(gradients)] or [_counts([])]
+    )
+    arrays = jax.device_get(arrays)
+    calls, describe = traced["recorder"].calls, locate.describer(owner)
+    return locate.in_forward(calls, arrays, describe) or locate.in_backward(calls, arrays, describe, paths)
+
+
+def _replaced(recorder, owner):
+    return replaced_calls(recorder.replacements(owner))
