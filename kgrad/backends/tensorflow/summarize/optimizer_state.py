@@ -49,7 +49,7 @@ from kgrad.backends.tensorflow.handover import replicas
 CHUNK_ENTRIES = 1 << 22
 
 
-def _flat(tensors):
+def flat_entries(tensors):
     """The float32 entries of ``tensors``, flattened and concatenated (one tensor: no copy)."""
     flat = [tf.reshape(tf.cast(tensor, tf.float32), [-1]) for tensor in tensors]
     return flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
@@ -68,12 +68,12 @@ def _scaled_and_outliers(rule, optimizer, indices, gradient, hyperparameters, si
     beta_1, beta_2, epsilon, step = hyperparameters
     one = tf.constant(1.0)
     if rule == "adamax":
-        peak = _flat([optimizer._u[index] for index in indices])
+        peak = flat_entries([optimizer._u[index] for index in indices])
         peak = tf.maximum(beta_2 * peak, tf.abs(gradient))
         return gradient / (peak + epsilon), None
-    first = _flat([optimizer._momentums[index] for index in indices])
+    first = flat_entries([optimizer._momentums[index] for index in indices])
     first = first + (gradient - first) * (one - beta_1)
-    second = _flat([optimizer._velocities[index] for index in indices])
+    second = flat_entries([optimizer._velocities[index] for index in indices])
     second = second + (tf.square(gradient) - second) * (one - beta_2)
     second_correction = one - tf.pow(beta_2, step)
     if rule == "nadam":
@@ -81,7 +81,8 @@ def _scaled_and_outliers(rule, optimizer, indices, gradient, hyperparameters, si
     else:
         denominator = second
         if optimizer.amsgrad:
-            denominator = tf.maximum(_flat([optimizer._velocity_hats[index] for index in indices]), second)
+            peaks = flat_entries([optimizer._velocity_hats[index] for index in indices])
+            denominator = tf.maximum(peaks, second)
         scaled = gradient * tf.sqrt(second_correction) / (tf.sqrt(denominator) + epsilon)
     first_hat = first / (one - tf.pow(beta_1, step))
     second_hat = second / second_correction
@@ -95,7 +96,7 @@ def _scaled_and_outliers(rule, optimizer, indices, gradient, hyperparameters, si
 def _chunk_statistics(rule, optimizer, indices, gradients, sizes, hyperparameters, sigmas):
     """``(rms [n], outlier fraction [n] or None)`` of the weights of one pass."""
     scaled, outlier = _scaled_and_outliers(
-        rule, optimizer, indices, _flat(gradients), hyperparameters, sigmas
+        rule, optimizer, indices, flat_entries(gradients), hyperparameters, sigmas
     )
     columns = [tf.square(scaled)]
     if outlier is not None:
@@ -108,7 +109,7 @@ def _chunk_statistics(rule, optimizer, indices, gradients, sizes, hyperparameter
     return tf.sqrt(means[:, 0]), (means[:, 1] if outlier is not None else None)
 
 
-def _chunks(sizes, limit):
+def chunks(sizes, limit):
     """Consecutive ``range``s of positions whose sizes add up to at most ``limit`` (or one bigger size)."""
     start, entries = 0, 0
     for position, size in enumerate(sizes):
@@ -147,7 +148,7 @@ def moment_statistics(rule, optimizer, indices, gradients, sigmas, chunk_entries
     sizes = [math.prod(first[index].shape) for index in indices]
     hyperparameters = _hyperparameters(optimizer)
     rms, outliers = [], []
-    for chunk in _chunks(sizes, chunk_entries):
+    for chunk in chunks(sizes, chunk_entries):
         chunk_rms, chunk_outliers = _chunk_statistics(
             rule, optimizer, [indices[k] for k in chunk], [gradients[k] for k in chunk],
             [sizes[k] for k in chunk], hyperparameters, sigmas,

@@ -39,6 +39,7 @@ from kgrad.backends.tensorflow.handover.state import ProbeState
 from kgrad.backends.tensorflow.summarize.loss_scale import unscaler
 from kgrad.backends.tensorflow.summarize import model_io
 from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
+from kgrad.backends.tensorflow.summarize.weight_snapshots import WeightSnapshots
 from kgrad.backends.tensorflow.summarize.instrument_summaries import add_instruments
 from kgrad.plan.tag_names import LOSS_TAG, io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
@@ -68,7 +69,7 @@ class ProbePipeline:
         self.state = None
         self.names = None  # (scalar tags, histogram tags), known once traced
         self.weight_shapes = {}  # weight path -> shape, known once traced (for the logs)
-        self._snapshots = None
+        self._snapshots = WeightSnapshots(model)  # ‖w‖ before, ‖Δw‖ after the update
         self._deferred_builder = None
         self._after_step_function = None
 
@@ -143,15 +144,12 @@ class ProbePipeline:
             for weight, path, gradient, has_matrix in zip(weights, paths, gradients, matrix)
             if weight_tags_written(self.config.statistics, gradient, has_matrix)
         ]
-        snapshots = self._ensure_snapshots([weight for weight, _ in tracked])
-        values = [tf.cast(weight.value, tf.float32) for weight, _ in tracked]
         if tracked:
+            # Kept for `record`, which compares them with the updated weights.
             builder.add_scalars(
                 [f"weight_norm/{path}" for _, path in tracked],
-                tf.sqrt(2.0 * tf.stack([tf.nn.l2_loss(value) for value in values])),
+                self._snapshots.norms_before([weight for weight, _ in tracked]),
             )
-        for value, snapshot in zip(values, snapshots):
-            snapshot.assign(value)
         indices = []
         for path, gradient, has_matrix in zip(paths, gradients, matrix):
             if gradient is not None:
@@ -163,17 +161,6 @@ class ProbePipeline:
             "global/grad_norm",
             lambda moments, tensors: norms.combined_norm(tf.gather(moments[:, 0], indices)),
         )
-
-    def _ensure_snapshots(self, weights):
-        if self._snapshots is None or len(self._snapshots) != len(weights):
-            self._snapshots = replicas.create_variables(
-                self.model,
-                lambda: [
-                    replicas.state_variable(tf.zeros(w.shape, tf.float32), "kgrad_snapshot")
-                    for w in weights
-                ],
-            )
-        return self._snapshots
 
     # -- summarize after an XLA step -------------------------------------------------
 
@@ -234,11 +221,7 @@ class ProbePipeline:
         if tracked:
             paths = [path for _, path in tracked]
             before = tf.gather(scalars, [scalar_names.index(f"weight_norm/{path}") for path in paths])
-            # ‖Δw‖² = 2·l2_loss(Δw) (`norms.sum_of_squares`), the 2· once for all weights.
-            changes = tf.sqrt(2.0 * tf.stack([
-                tf.nn.l2_loss(tf.cast(weight.value, tf.float32) - snapshot.value())
-                for (weight, _), snapshot in zip(tracked, self._snapshots)
-            ]))
+            changes = self._snapshots.changes([weight for weight, _ in tracked])
             # A weight that was all zeros (a bias at step 0) is compared with
             # its new value, which is all of its change: ratio 1.
             ratios = tf.where(
