@@ -311,14 +311,17 @@ def test_the_gan_logs_each_sub_model_as_a_float64_jax_grad_does(jit_compile, tmp
 
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_the_gan_trains_as_without_the_probe(jit_compile, tmp_path):
-    real = jax_gan.ring(BATCH * 6)
+    # Without jit every op runs on its own (~4 s a GAN step here): fewer steps, the same checks.
+    steps, epochs = (6, 2) if jit_compile else (3, 1)
+    real = jax_gan.ring(BATCH * steps)
     probed, plain = _gan(jit_compile, keras.optimizers.Adam), _gan(jit_compile, keras.optimizers.Adam)
     probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=2)
-    probed.fit(real, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[probe])
-    plain.fit(real, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    probed.fit(real, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=[probe])
+    plain.fit(real, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
     for probed_weight, plain_weight in zip(probed.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_allclose(probed_weight, plain_weight, rtol=1e-6, atol=1e-7)
-    assert probe.latest_by_tape["generator"].step == 10
+    last_step = steps * epochs - 1
+    assert probe.latest_by_tape["generator"].step == last_step - last_step % 2
 
 
 def test_the_gan_writes_the_tags_tensorflow_writes_for_its_tapes(tmp_path):
@@ -376,7 +379,7 @@ def test_bad_arguments_are_named(arguments, match):
         kgrad.value_and_grad(**arguments)
 
 
-@pytest.mark.parametrize("name", ["ProbeTape", "ProbeResult", "first_non_finite"])
+@pytest.mark.parametrize("name", ["ProbeTape", "ProbeResult"])
 def test_tensorflow_only_names_name_kgrad_value_and_grad(name):
     counterpart = r"kgrad.value_and_grad\(...\)` \(the JAX counterpart\)"
     with pytest.raises(kgrad.UnsupportedBackendError, match=counterpart):
