@@ -25,9 +25,6 @@ def sum_of_squares(x):
 
     >>> import tensorflow as tf
 
-# Written once for every backend with keras.ops, at the cost of TensorFlow's
-# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
-from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
     >>> from kgrad.backends.tensorflow.summarize import norms
     >>> float(norms.sum_of_squares(tf.constant([3.0, 4.0])))
     25.0
@@ -42,9 +39,6 @@ def l2_norm(x):
 
     >>> import tensorflow as tf
 
-# Written once for every backend with keras.ops, at the cost of TensorFlow's
-# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
-from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
     >>> from kgrad.backends.tensorflow.summarize import norms
     >>> float(norms.l2_norm(tf.constant([[3.0], [4.0]])))
     5.0
@@ -75,9 +69,6 @@ def norms_many(tensors):
 
     >>> import tensorflow as tf
 
-# Written once for every backend with keras.ops, at the cost of TensorFlow's
-# kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
-from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
     >>> from kgrad.backends.tensorflow.summarize import norms
     >>> result = norms.norms_many([tf.constant([3.0, 4.0]), tf.constant([3e30, 4e30])])
     >>> [f"{value:.4g}" for value in result.numpy()]  # 3e30² is beyond float32
