@@ -1,0 +1,27 @@
+"""examples/instability.py on JAX: the same planted blow-up, flagged before the loss spikes, checked as on
+TensorFlow (tests/test_instability_example.py: the spike rule recomputed in NumPy from the event files)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kgrad
+import test_instability_example as on_tensorflow  # tests/ is on the path (tests/jax/conftest.py)
+
+pytest.importorskip("keras_hub")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("instability_jax") / "logs"
+    environment = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, str(on_tensorflow.SCRIPT), str(log_dir)], capture_output=True,
+                            text=True, timeout=600, env=environment, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, kgrad.read_logs(log_dir)
+
+
+def test_a_layer_is_flagged_before_the_loss_spikes_on_jax(run):
+    on_tensorflow.test_a_layer_is_flagged_before_the_loss_spikes(run)
