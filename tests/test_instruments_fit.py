@@ -76,7 +76,8 @@ def test_batch_normalization_gets_no_per_example_norms_and_a_warning():
 
 @pytest.mark.parametrize("instruments", ["per_example", ["noise"], 3])
 def test_instruments_must_be_a_list_of_known_names(instruments):
-    with pytest.raises(ValueError, match=r"`instruments` must be a list of \['per_example', 'optimizer', 'logits'\].*Received"):
+    expected = r"must be a list of \['per_example', 'optimizer', 'logits', 'attention'\].*Received"
+    with pytest.raises(ValueError, match=expected):
         kgrad.GradientProbe(instruments=instruments)
 
 
