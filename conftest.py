@@ -14,6 +14,20 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 _BACKEND_FOLDERS = {"tensorflow": "kgrad/backends/tensorflow", "jax": "kgrad/backends/jax"}
+# The backend the run was started with: tests that start subprocesses pass the
+# environment on, so a module that sets KERAS_BACKEND while it is collected
+# (an example imported by a test) would run them on another backend.
+_STARTED_WITH = os.environ.get("KERAS_BACKEND")
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("KERAS_BACKEND") != _STARTED_WITH:
+        changed_to = os.environ.get("KERAS_BACKEND")
+        raise pytest.UsageError(
+            f"a module imported while collecting the tests set KERAS_BACKEND={changed_to!r} (the run "
+            f"started with {_STARTED_WITH!r}); subprocesses of this run would use it. Set it only "
+            "under `if __name__ == '__main__':`."
+        )
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -17,7 +17,8 @@ import os
 import sys
 import tempfile
 
-os.environ["KERAS_BACKEND"] = "jax"  # this example's train_step is JAX's
+if __name__ == "__main__":  # this example's train_step is JAX's (imported by a test, it leaves the
+    os.environ["KERAS_BACKEND"] = "jax"  # environment alone: subprocesses of a TensorFlow run inherit it)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
