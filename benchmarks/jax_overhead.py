@@ -16,6 +16,19 @@ per-pair CPU-time ratios (wall time beside it), with an A/A control
   statistics through its carriers (in the backward pass, no buffer the size of the
   activation), without writing logs.
 - ``guard``: a `kgrad.NonFiniteGuard` (its sentinel every step).
+- ``guard_floor``: the least any guard that keeps a bad step's update out
+  costs: Keras' step with one sum of squares of the loss and of each weight
+  gradient, and the update in a ``lax.cond`` on their finiteness (no record,
+  nothing on the host).
+- ``floor_one_pass_n1`` / ``floor_one_pass_n10``: the one-pass floor of the
+  probe, as `benchmarks.probe_floor` measures it on TensorFlow: kgrad's
+  `GradientProbe` at ``every_n_steps`` 1 / 10, everything as it is (capture,
+  weight norms and update ratios, the record read back and written to the event
+  file every probed step) except its statistics, replaced while the step is
+  traced by one reduction (the max) over every captured element: the least
+  that any implementation of them reads. Their numbers are wrong by design:
+  they are for timing only. The target "every step ≤ 1.2 × the one-pass floor"
+  compares ``probe_n1`` with ``floor_one_pass_n1``.
 
 With ``--memory``, each of baseline, probe_n1, probe_n10 and guard also trains in a
 process of its own (``--memory-child``) and reports its peak resident memory (``VmHWM``,
@@ -23,6 +36,7 @@ as benchmarks/memory.py does); the ratios are to the baseline process's.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -49,6 +63,9 @@ CONFIGS = (
     "probe_n10",
     "probe_n1",
     "guard",
+    "guard_floor",
+    "floor_one_pass_n10",
+    "floor_one_pass_n1",
     "floor_perturb_n1",
     "perturb_n1",
     "carrier_n1",
@@ -115,6 +132,54 @@ def _perturbed_step(model, with_statistics):
     return step
 
 
+def _guard_floor_step(model):
+    """Keras' train_step whose update waits, in a ``lax.cond``, for the sums of squares to be finite."""
+
+    def step(state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        (_, aux), gradients = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)(
+            trainable, non_trainable, metrics_variables, x, y, sample_weight,
+            training=True, optimizer_variables=optimizer_variables,
+        )
+        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
+        squares = jnp.stack([jnp.sum(jnp.square(t)) for t in [unscaled_loss, *gradients]])
+
+        def update(operands):
+            return model.optimizer.stateless_apply(*operands)
+
+        trainable, optimizer_variables = jax.lax.cond(
+            jnp.all(jnp.isfinite(squares)), update, lambda operands: (operands[2], operands[0]),
+            (optimizer_variables, gradients, trainable),
+        )
+        logs, metrics_variables = model._update_metrics_variables(
+            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        )
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+    return step
+
+
+def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
+    """The one-pass floor's stand-in for `stats.summarize`: one max over ``x``, a histogram of zeros."""
+    del columns
+    values = jnp.ravel(x).astype(jnp.float32)
+    peak = jnp.max(values) if values.size else jnp.float32(0.0)
+    histogram = None if bucket_count is None else jnp.zeros([bucket_count, 3], jnp.float32)
+    return jnp.full([stats.ROW], peak), histogram
+
+
+@contextlib.contextmanager
+def _statistics_replaced_by_one_pass():
+    """While a floor's probed step is traced: `stats.summarize` is `_one_pass_summary`."""
+    real = stats.summarize
+    stats.summarize = _one_pass_summary
+    try:
+        yield
+    finally:
+        stats.summarize = real
+
+
 class _SwapTrainFunction(keras.callbacks.Callback):
     """Runs a model's fit with ``step`` (jitted) as its train function, one step per execution."""
 
@@ -132,8 +197,8 @@ def _callbacks(config, log_dir):
         return [kgrad.NonFiniteGuard()]
     if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
-    if config.startswith("probe_n"):
-        return [kgrad.GradientProbe(log_dir, every_n_steps=int(config[len("probe_n") :]))]
+    if config.startswith(("probe_n", "floor_one_pass_n")):
+        return [kgrad.GradientProbe(log_dir, every_n_steps=int(config.rpartition("_n")[2]))]
     return []
 
 
@@ -150,18 +215,23 @@ def _fit(model, callbacks, x, y, spec):
     return time.process_time() - start_cpu, time.perf_counter() - start_wall
 
 
-def run_model(spec, pairs, steps, seed=0):
+def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
     x, y = make_data(spec, steps, seed)
     log_root = tempfile.mkdtemp(prefix="kgrad-jax-bench-")
     models, callbacks = {}, {}
-    for config in ("baseline",) + CONFIGS:
+    for config in ("baseline",) + tuple(configs):
         models[config] = _model(spec, config, seed)
         callbacks[config] = _callbacks(config, os.path.join(log_root, config))
         if config in ("floor_perturb_n1", "perturb_n1"):
             callbacks[config] = [_SwapTrainFunction(_perturbed_step(models[config], config == "perturb_n1"))]
-        _fit(models[config], callbacks[config], x[: spec.batch_size * 2], y[: spec.batch_size * 2], spec)
+        if config == "guard_floor":
+            callbacks[config] = [_SwapTrainFunction(_guard_floor_step(models[config]))]
+        # The warm-up fit traces and compiles the probed step: a floor's with its stand-in statistics.
+        floor = config.startswith("floor_one_pass")
+        with _statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
+            _fit(models[config], callbacks[config], x[: spec.batch_size * 2], y[: spec.batch_size * 2], spec)
     results = {}
-    for config in CONFIGS:
+    for config in configs:
         cpu_ratios, wall_ratios, baseline_wall = [], [], []
         for pair in range(pairs):
             order = (config, "baseline") if pair % 2 else ("baseline", config)
@@ -229,6 +299,9 @@ def main(argv=None):
     parser.add_argument("--models", default="mlp,cnn", help="Comma-separated, among mlp, cnn, mobilenet.")
     parser.add_argument("--pairs", type=int, default=11, help="Timed pairs per configuration.")
     parser.add_argument("--steps", type=int, default=100, help="Steps per timed fit (one sample).")
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"Comma-separated, among {', '.join(CONFIGS)}."
+    )
     parser.add_argument("--out", default=None, help="Write the results as JSON to this file.")
     parser.add_argument("--memory", action="store_true", help="Also measure peak memory per configuration.")
     parser.add_argument("--memory-child", default=None, choices=MEMORY_CONFIGS, help=argparse.SUPPRESS)
@@ -238,6 +311,10 @@ def main(argv=None):
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
         parser.error(f"--models: unknown {unknown}; expected some of {sorted(MODELS)}.")
+    configs = args.configs.split(",")
+    unknown_configs = sorted(set(configs) - set(CONFIGS))
+    if unknown_configs:
+        parser.error(f"--configs: unknown {unknown_configs}; expected some of {list(CONFIGS)}.")
     if args.memory_child:
         return memory_child(MODELS[args.models.split(",")[0]], args.memory_child, args.steps)
     machine = (
@@ -248,7 +325,10 @@ def main(argv=None):
         f"{args.steps} steps",
         flush=True,
     )
-    results = {name: run_model(MODELS[name], args.pairs, args.steps) for name in args.models.split(",")}
+    results = {
+        name: run_model(MODELS[name], args.pairs, args.steps, configs=configs)
+        for name in args.models.split(",")
+    }
     if args.memory:
         for name in args.models.split(","):
             results[name]["memory"] = measure_memory(MODELS[name], args.steps)

@@ -48,12 +48,12 @@ class GuardRun:
 
     def __init__(self, model, config, keras_train_function):
         self.model, self.config = model, config
-        self.steps = GuardedSteps(model, config.halt_updates)
+        self._compile = model.jit_compile and not model.run_eagerly
+        self.steps = GuardedSteps(model, config.halt_updates, self._compile)
         self.names = ("loss/loss",) + tuple(
             f"weight_grad/{model_relative_path(model, weight)}"
             for weight in (model.trainable_variables if self.steps.checks_gradients else ())
         )
-        self._compile = model.jit_compile and not model.run_eagerly
         self._plain = self._jit(self.steps.plain)
         self._probed = {}  # id(ProbedStep) -> (ProbedStep, its guarded step)
         self.train_function = GuardTrainFunction(self, keras_train_function)

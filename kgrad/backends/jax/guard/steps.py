@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import keras
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from kgrad.backends.jax.guard.sentinel import guard_update, select_leaves, select_whole
+from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, select_leaves, select_whole
 
 
 def select_keras_state(apply, new_state, old_state):
@@ -43,14 +43,18 @@ class GuardedSteps:
     Args:
         model: A compiled Keras model that uses Keras' own ``train_step``.
         halt_updates: See `guard_update`.
+        compiled: Whether the steps run jitted. Eagerly, the update is
+            selected after it ran (`guard_update`): a ``lax.cond`` would
+            compile it, rounding unlike Keras' eager update.
 
     Attributes:
         checks_gradients: Whether the weight gradients are checked (not under loss scaling).
     """
 
-    def __init__(self, model, halt_updates):
+    def __init__(self, model, halt_updates, compiled=True):
         self.model = model
         self.halt_updates = halt_updates
+        self.compiled = compiled
         # Under a LossScaleOptimizer overflowing gradients are how the scale is found (the
         # optimizer skips those steps itself): the loss alone is checked (ignore_loss_scale_skips).
         self.checks_gradients = not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
@@ -80,16 +84,36 @@ class GuardedSteps:
             training=True, optimizer_variables=optimizer_variables,
         )
         unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-        trainable, optimizer_variables = model.optimizer.stateless_apply(
-            optimizer_variables, gradients, trainable
-        )
-        logs, metrics_variables = model._update_metrics_variables(
+        logs, new_metrics_variables = model._update_metrics_variables(
             metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
         )
-        out = {}
-        new_state = (trainable, non_trainable, optimizer_variables, metrics_variables)
-        state = self.sentinel(record, out)(state, new_state, unscaled_loss, gradients)
-        return logs, state, out["record"]
+        if not self.compiled:
+            trainable, optimizer_variables = model.optimizer.stateless_apply(
+                optimizer_variables, gradients, trainable
+            )
+            out = {}
+            new_state = (trainable, non_trainable, optimizer_variables, new_metrics_variables)
+            state = self.sentinel(record, out)(state, new_state, unscaled_loss, gradients)
+            return logs, state, out["record"]
+
+        def update(operands):
+            # Runs only on a clean step: the optimizer writes in place, no select over its state.
+            gradients, trainable, optimizer_variables, non_trainable = operands
+            trainable, optimizer_variables = model.optimizer.stateless_apply(
+                optimizer_variables, gradients, trainable
+            )
+            return trainable, non_trainable, optimizer_variables
+
+        step = optimizer_variables[self._iterations]
+        checked = gradients if self.checks_gradients else []
+        (trainable, non_trainable, optimizer_variables), record, applied = guard_apply(
+            unscaled_loss, checked, record, step, update,
+            (gradients, trainable, optimizer_variables, non_trainable),
+            (state[0], state[1], state[2]), self.halt_updates,
+        )
+        # The metrics are scalars: a select costs nothing, and the logs stay the step's own.
+        metrics_variables = select_leaves(applied, new_metrics_variables, metrics_variables)
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables), record
 
     def probed(self, probed_step):
         """``(state, record, data) -> (logs, state, probe record, record)`` of a `ProbedStep`, guarded."""

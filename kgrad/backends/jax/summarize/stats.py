@@ -36,11 +36,14 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32.
 
     Only ``columns`` of the row are computed where every element is finite
-    (the others are NaN, for rows whose tags are not written): a tensor's
-    sum of squares decides, in one pass, whether the exact masked path runs
-    instead (``lax.cond``: one of the two runs). A probed step's weight
-    gradients need a norm and a histogram, not seven moments: 0.07 ms against
-    1.3 ms for a 200k-element gradient on CPU.
+    (the others are NaN, for rows whose tags are not written). They are
+    computed unmasked, outside any branch, where XLA fuses them with what
+    made the tensor; a tensor's sum of squares then decides whether they
+    stand or the exact masked path replaces them (a ``lax.cond`` whose first
+    branch only passes them on: 0.1 of a probed MLP step less on a CPU than
+    both paths inside it). A probed step's weight gradients need a norm and
+    a histogram, not seven moments: 0.07 ms against 1.3 ms for a
+    200k-element gradient on CPU.
     """
     values = jnp.ravel(x).astype(jnp.float32)
     if values.size == 0:
@@ -49,13 +52,11 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     needed = set(columns) | ({_MIN, _MAX} if bucket_count is not None else set())
     squares = jnp.sum(jnp.square(values))
 
-    def plain(values):
-        return _plain_summary(values, squares, needed, bucket_count)
-
-    def careful(values):
-        return _careful_summary(values, bucket_count)
-
-    row, histogram = jax.lax.cond(jnp.isfinite(squares), plain, careful, values)
+    # Garbage where an element is not finite (the histogram's index is clipped, never out of range).
+    fast = _plain_summary(values, squares, needed, bucket_count)
+    row, histogram = jax.lax.cond(
+        jnp.isfinite(squares), lambda: fast, lambda: _careful_summary(values, bucket_count)
+    )
     return row, (None if bucket_count is None else histogram)
 
 
@@ -136,10 +137,12 @@ def _histogram_of(values, low, high, bucket_count, finite=None):
     edges = edges.at[-1].set(high)  # float rounding never cuts off the max
     if values.size:
         inside = values if finite is None else jnp.where(finite, values, low)
-        index = jnp.clip(jnp.floor((inside - low) / width), 0, bucket_count - 1).astype(jnp.int32)
+        # Clipped as integers: even a NaN (converted to any integer) lands in range.
+        index = jnp.clip(jnp.floor((inside - low) / width).astype(jnp.int32), 0, bucket_count - 1)
         # Integer counts: a float32 count stops growing at 2**24 elements.
         ones = jnp.ones(values.shape, jnp.int32) if finite is None else finite.astype(jnp.int32)
-        counts = jax.ops.segment_sum(ones, index, bucket_count)
+        # In range by the clip: promised, the scatter skips its bounds checks (~20% less on CPU).
+        counts = jnp.zeros([bucket_count], jnp.int32).at[index].add(ones, mode="promise_in_bounds")
     else:
         counts = jnp.zeros([bucket_count], jnp.int32)
     return jnp.stack([edges[:-1], edges[1:], counts.astype(jnp.float32)], axis=1)
