@@ -151,6 +151,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self._step.start_epoch()
 
     def on_epoch_end(self, epoch, logs=None):
+        tripped = self._step.guard_tripped
+        if getattr(self._step, "reports_at_epoch_end", False) and tripped is not None and bool(tripped):
+            self._trip_pending = True  # a trip whose flag no batch end read
         if self._trip_pending:
             self._trip_pending = False
             self._report_trip(None)
@@ -160,15 +163,23 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         tripped = self._step.guard_tripped
-        # TensorFlow: the flag came back with the step's logs, which Keras has
-        # already read from the device. JAX: a scalar, read in Keras' worker thread.
-        if tripped is None or not bool(tripped):
+        if tripped is None:
             return
         if getattr(self._step, "reports_at_epoch_end", False):
+            # JAX: a scalar, read in Keras' worker thread once the device has computed
+            # it, never waited for: a wait per batch end kept Keras' worker behind its
+            # dispatch, and Keras polls every pending batch end at each step (~0.1 of
+            # an MLP step). A flag not read here is read at the epoch's end.
+            if not tripped.is_ready() or not bool(tripped):
+                return
             # Every later step keeps the state of before the trip; `Callback.model`
             # would sync the trainer's state from this thread: the object only.
             self._model.stop_training = True
             self._trip_pending = True
+            return
+        # TensorFlow: the flag came back with the step's logs, which Keras has
+        # already read from the device.
+        if not bool(tripped):
             return
         self._report_trip(batch)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kgrad
-from kgrad.backends.jax.guard.sentinel import guard_update, initial_record
+from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, initial_record
 from kgrad.dashboard import events
 from kgrad.dashboard.events import guard_reports
 
@@ -301,6 +301,33 @@ def test_guard_update_keeps_the_state_of_before_and_records_the_trip():
     # halt_updates: a finite step after the trip is not applied either.
     state, record = guard_update(old, new, jnp.float32(1.0), [jnp.ones(4)], record, step=8)
     assert int(state[1][0]) == 5 and int(record.last_finite_step) == 6
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no_jit"])
+def test_guard_apply_runs_the_update_only_on_a_clean_step_and_records_as_guard_update(jit):
+    old = {"w": jnp.ones(3)}
+    update = lambda scale: {"w": old["w"] * scale}  # noqa: E731
+    apply = jax.jit(guard_apply, static_argnames=("update", "halt_updates")) if jit else guard_apply
+    records = {}
+    for name, step_of in (("apply", apply), ("update", guard_update)):
+        record = initial_record(2)
+        kept = []
+        # Clean; squares beyond float32 with every element finite (clean); NaN/Inf (a trip); clean after it.
+        for step, gradient in enumerate([jnp.ones(4), jnp.full((4,), 3e38, jnp.float32),
+                                         jnp.array([np.nan, np.inf, -np.inf, 1.0]), jnp.ones(4)]):
+            if name == "apply":
+                state, record, applied = step_of(jnp.float32(1.0), [gradient], record, step, update,
+                                                 jnp.float32(step + 2), old)
+                assert bool(applied) == (step < 2)
+            else:
+                state, record = step_of(old, update(jnp.float32(step + 2)), jnp.float32(1.0), [gradient],
+                                        record, step)
+            kept.append(state["w"].tolist())
+        assert kept == [[2.0] * 3, [3.0] * 3, [1.0] * 3, [1.0] * 3]
+        records[name] = jax.tree.map(np.asarray, record)
+    assert bool(records["apply"].tripped) and records["apply"].counts.tolist() == [[0, 0], [1, 2]]
+    for got, want in zip(records["apply"], records["update"]):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_what_the_guard_does_not_do_on_jax_is_refused_with_the_reason(tmp_path):
