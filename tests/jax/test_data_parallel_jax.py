@@ -1,4 +1,5 @@
-"""`keras.distribution.DataParallel` over 2 CPU devices logs what one device logs on the same global batch."""
+"""`keras.distribution.DataParallel` over 2 CPU devices logs what one device logs on the same global batch,
+and the guard reports what it reports on one device."""
 
 import json
 import os
@@ -45,3 +46,20 @@ def test_data_parallel_logs_the_values_of_one_device(runs):
 
 def test_probing_does_not_change_data_parallel_training(runs):
     assert runs["weight_difference"] == 0.0
+
+
+def test_guarding_does_not_change_data_parallel_training(runs):
+    assert runs["guarded_weight_difference"] == 0.0
+
+
+@pytest.mark.parametrize("run", ["guard_data_parallel", "guard_and_probe_data_parallel"])
+def test_the_guard_under_data_parallel_reports_what_it_reports_on_one_device(runs, run):
+    one, parallel = runs["guard_one_device"], runs[run]
+    # The NaN is in the third batch's inputs: the loss of step 2, born in the data.
+    assert (one["step"], one["batch_index"], one["born_in"], one["tensor"]) == (2, 2, "data", "loss/loss")
+    for key in ("step", "tensor", "born_in", "born_at", "born_type", "last_finite_step", "batch_index"):
+        assert parallel[key] == one[key], key
+    assert parallel["last_finite_norm"] == pytest.approx(one["last_finite_norm"], rel=1e-5)
+    # The weights of the last finite step, as on one device.
+    for got, want in zip(parallel["weights"], one["weights"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -185,3 +185,49 @@ def test_steps_the_loss_scaler_skips_are_marked_and_training_is_unchanged(float1
     for tag in ("global/grad_norm", "grad_norm/hidden", "weight_grad_nonfinite/hidden/kernel"):
         assert logs[tag].steps.tolist() == applied_steps, tag
         assert np.all(np.isfinite(logs[tag].values)), tag
+
+
+def test_the_guard_under_loss_scaling_checks_the_loss_and_when_strict_the_gradients(float16_policy):
+    x, y = _float16_data(16 * BATCH)
+
+    def fit(guard):
+        keras.utils.set_random_seed(0)
+        # 2**20 overflows float16 gradients: the scaler skips steps and halves its scale, as designed.
+        scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**20)
+        model = _tanh_model(scaler)
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+        return model
+
+    guard = kgrad.NonFiniteGuard()
+    model = fit(guard)
+    assert guard.report is None
+    assert 0 < int(model.optimizer.iterations.numpy()) < 16  # some steps skipped by the scaler
+    strict = kgrad.NonFiniteGuard(ignore_loss_scale_skips=False)
+    fit(strict)
+    assert strict.report is not None and strict.report.pass_ == "backward"
+    assert strict.report.tensor.startswith("weight_grad/") and strict.report.step == 0
+
+
+def test_the_guards_last_finite_norm_is_of_the_unscaled_gradient():
+    """A fixed ``loss_scale_factor`` scales the gradients Keras computes: the report gives the true ones."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.0, size=(4 * BATCH, FEATURES)).astype("float32")
+    y = rng.normal(size=(4 * BATCH, 1)).astype("float32")
+    x[2 * BATCH : 3 * BATCH] = 0.0  # sqrt(0) = 0 is finite; its gradient is not: the kernel's is NaN/Inf
+
+    def report(optimizer):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((FEATURES,))
+        hidden = keras.layers.Dense(3, use_bias=False, kernel_initializer="ones", name="hidden")(inputs)
+        outputs = keras.layers.Dense(1, name="out")(keras.layers.Lambda(keras.ops.sqrt, name="root")(hidden))
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer, "mse")
+        guard = kgrad.NonFiniteGuard(replay=False)
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+        return guard.report
+
+    scaled = report(keras.optimizers.SGD(0.01, loss_scale_factor=1024.0))
+    unscaled = report(keras.optimizers.SGD(0.01))
+    assert (scaled.step, scaled.last_finite_step, scaled.tensor) == (2, 1, "weight_grad/hidden/kernel")
+    assert unscaled.last_finite_norm > 0
+    assert scaled.last_finite_norm == pytest.approx(unscaled.last_finite_norm, rel=1e-5)

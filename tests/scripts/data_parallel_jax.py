@@ -1,9 +1,10 @@
-"""Probes one model on one device and under `keras.distribution.DataParallel` over 2 CPU devices.
+"""Probes and guards one model on one device and under `keras.distribution.DataParallel` over 2 CPU devices.
 
 Run by tests/jax/test_data_parallel_jax.py in its own process: the number of
 host devices is fixed when JAX starts (``XLA_FLAGS``). Prints one JSON object:
-the records of each run, and the largest weight difference between the
-probed and the plain DataParallel fit.
+the records of each run, the largest weight difference between the probed
+(or guarded) and the plain DataParallel fit, and the guard's reports of a
+NaN born at the same step on one device and under DataParallel.
 """
 
 import json
@@ -38,14 +39,34 @@ def build(distribution):
     return model
 
 
-def fit(probed, distribution=None):
+def fit(probed, distribution=None, guard=None, inputs=x):
     model = build(distribution)
     records = []
     callbacks = [kgrad.GradientProbe(every_n_steps=2, on_probe=records.append, statistics="all",
                                      layers="all")] if probed else []
+    callbacks += [guard] if guard is not None else []
     # 8 examples a step: the global batch, split over the devices under DataParallel.
-    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    model.fit(inputs, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
     return model, records
+
+
+def guard_report(distribution=None, probed=False):
+    """The guard's report of a NaN in the third batch's inputs (step 2), with the weights after it."""
+    bad = x.copy()
+    bad[2 * 8 + 5, 0] = np.nan  # an example of the second device's half of the batch
+    guard = kgrad.NonFiniteGuard()
+    model, _ = fit(probed, distribution, guard=guard, inputs=bad)
+    report = guard.report
+    return {
+        "step": report.step, "tensor": report.tensor, "born_in": report.born_in, "born_at": report.born_at,
+        "born_type": report.born_type, "last_finite_step": report.last_finite_step,
+        "last_finite_norm": report.last_finite_norm, "batch_index": report.batch_index,
+        "weights": [np.asarray(w).tolist() for w in model.get_weights()],
+    }
+
+
+def max_difference(a, b):
+    return max(float(np.abs(u - v).max()) for u, v in zip(a.get_weights(), b.get_weights()))
 
 
 def as_json(records):
@@ -61,13 +82,17 @@ def main():
     data_parallel = keras.distribution.DataParallel(devices=jax.devices())
     parallel, parallel_records = fit(probed=True, distribution=data_parallel)
     plain_parallel, _ = fit(probed=False, distribution=data_parallel)
+    guarded_parallel, _ = fit(probed=False, distribution=data_parallel, guard=kgrad.NonFiniteGuard())
     json.dump({
         "devices": len(jax.devices()),
         "sharding": str(parallel.trainable_variables[0].value.sharding),
         "one_device": as_json(one_device_records),
         "data_parallel": as_json(parallel_records),
-        "weight_difference": max(float(np.abs(a - b).max())
-                                 for a, b in zip(parallel.get_weights(), plain_parallel.get_weights())),
+        "weight_difference": max_difference(parallel, plain_parallel),
+        "guarded_weight_difference": max_difference(guarded_parallel, plain_parallel),
+        "guard_one_device": guard_report(),
+        "guard_data_parallel": guard_report(data_parallel),
+        "guard_and_probe_data_parallel": guard_report(data_parallel, probed=True),
     }, sys.stdout)
 
 

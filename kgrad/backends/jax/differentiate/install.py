@@ -11,10 +11,10 @@ Keras' own function untouched.
 """
 
 import jax
-import keras
 
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.guard.install import attach_guard, attached_guard, detach_guard, keras_train_function
 from kgrad.backends.jax.handover.records import RecordBuffer
@@ -36,7 +36,7 @@ class ProbingTrainFunction:
         self.probed_step = ProbedStep(model, config)
         self.buffer = RecordBuffer(lambda: self.probed_step.names, self.probed_step.weight_shapes)
         compile_steps = model.jit_compile and not model.run_eagerly
-        self._state_shardings = _state_shardings(model)
+        self._state_shardings = state_shardings(model)
         self._probed = (
             jax.jit(self.probed_step, donate_argnums=0, out_shardings=(None, self._state_shardings, None))
             if compile_steps
@@ -101,18 +101,6 @@ class ProbingTrainFunction:
 
     def batch_not_kept(self):
         return None
-
-
-def _state_shardings(model):
-    """Where the state lives under a `keras.distribution` (as Keras' train function keeps it), or ``None``.
-
-    Under `keras.distribution.DataParallel` the batch is split over the devices
-    and the step is one program over the global batch (GSPMD): the statistics
-    kgrad reduces are those of the global batch, as on one device.
-    """
-    if keras.distribution.distribution() is None:
-        return None
-    return model._get_state_sharding_spec()
 
 
 def attach(model, role, config):

@@ -88,15 +88,12 @@ def check_guard(model, config):
             f"TensorFlow only yet; on JAX use the default watch={list(SENTINEL_KINDS)!r} (the loss and the "
             "weight gradients): the replay of a trip still names the layer or op where the NaN/Inf was born"
         )
-    elif not config.ignore_loss_scale_skips and isinstance(
-        model.optimizer, keras.optimizers.LossScaleOptimizer
-    ):
+    elif keras.distribution.distribution() is not None and has_own_train_step(model):
         unsupported = (
-            "ignore_loss_scale_skips=False checks the scaled gradients, which kgrad does on TensorFlow only "
-            "yet; on JAX use ignore_loss_scale_skips=True (the loss is checked every step)"
+            f"model '{model.name}' (class {type(model).__name__}) has its own train_step and a "
+            "keras.distribution is set; on JAX the guard of an own train_step runs on one device only yet "
+            "(Keras' own train_step is guarded under a keras.distribution)"
         )
-    elif keras.distribution.distribution() is not None:
-        unsupported = "a keras.distribution is set; on JAX the guard runs on one device only yet"
     if unsupported is not None:
         raise UnsupportedBackendError(
             f"kgrad.NonFiniteGuard cannot guard this fit on Keras' JAX backend: {unsupported}. "

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.guard.sentinel import initial_record
 from kgrad.backends.jax.guard.steps import GuardedSteps
 from kgrad.report.non_finite import NonFiniteReport, split_name
@@ -49,21 +50,26 @@ class GuardRun:
     def __init__(self, model, config, keras_train_function):
         self.model, self.config = model, config
         self._compile = model.jit_compile and not model.run_eagerly
-        self.steps = GuardedSteps(model, config.halt_updates, self._compile)
+        self.steps = GuardedSteps(model, config.halt_updates, self._compile, config.ignore_loss_scale_skips)
         self.names = ("loss/loss",) + tuple(
             f"weight_grad/{model_relative_path(model, weight)}"
             for weight in (model.trainable_variables if self.steps.checks_gradients else ())
         )
-        self._plain = self._jit(self.steps.plain)
+        # Under a keras.distribution the state stays where Keras' own train function keeps it.
+        self._state_shardings = state_shardings(model)
+        self._plain = self._jit(self.steps.plain, outputs=3)
         self._probed = {}  # id(ProbedStep) -> (ProbedStep, its guarded step)
         self.train_function = GuardTrainFunction(self, keras_train_function)
         self.keras_train_function = keras_train_function
         self.latest_record = None
         self.reset(everything=True)
 
-    def _jit(self, step):
-        # The state is donated, as Keras donates it; the record is small.
-        return jax.jit(step, donate_argnums=0) if self._compile else step
+    def _jit(self, step, outputs):
+        # The state (the second of ``outputs`` results) is donated, as Keras donates it; the record is small.
+        if not self._compile:
+            return step
+        shardings = (None, self._state_shardings) + (None,) * (outputs - 2)
+        return jax.jit(step, donate_argnums=0, out_shardings=shardings)
 
     # -- running steps ------------------------------------------------------------------
 
@@ -77,7 +83,8 @@ class GuardRun:
         """One guarded probed step: ``(logs, state, probe record)``."""
         kept = self._probed.get(id(probed_step))
         if kept is None or kept[0] is not probed_step:
-            kept = self._probed[id(probed_step)] = (probed_step, self._jit(self.steps.probed(probed_step)))
+            guarded = self._jit(self.steps.probed(probed_step), outputs=4)
+            kept = self._probed[id(probed_step)] = (probed_step, guarded)
         logs, state, probe_record, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, probe_record

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import keras
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from kgrad.backends.jax.differentiate.loss_scale import inverse_loss_scale
 from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, select_leaves, select_whole
 
 
@@ -46,26 +47,45 @@ class GuardedSteps:
         compiled: Whether the steps run jitted. Eagerly, the update is
             selected after it ran (`guard_update`): a ``lax.cond`` would
             compile it, rounding unlike Keras' eager update.
+        ignore_loss_scale_skips: Under a ``LossScaleOptimizer``, check the
+            loss only (`kgrad.NonFiniteGuard`'s argument).
 
     Attributes:
-        checks_gradients: Whether the weight gradients are checked (not under loss scaling).
+        checks_gradients: Whether the weight gradients are checked.
     """
 
-    def __init__(self, model, halt_updates, compiled=True):
+    def __init__(self, model, halt_updates, compiled=True, ignore_loss_scale_skips=True):
         self.model = model
         self.halt_updates = halt_updates
         self.compiled = compiled
         # Under a LossScaleOptimizer overflowing gradients are how the scale is found (the
-        # optimizer skips those steps itself): the loss alone is checked (ignore_loss_scale_skips).
-        self.checks_gradients = not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        # optimizer skips those steps itself): by default the loss alone is checked.
+        self.checks_gradients = not (
+            ignore_loss_scale_skips and isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        )
         self._iterations = iterations_index(model)
+
+    def checked_gradients(self, gradients, optimizer_variables):
+        """The gradients the sentinel checks: those of the true loss (none when it checks the loss only).
+
+        Keras differentiates the scaled loss under a loss scale: the record's
+        last finite norms would be the scale times too large. Multiplied
+        before squaring (fused into the sums), a NaN stays a NaN and an
+        overflow an Inf.
+        """
+        if not self.checks_gradients:
+            return []
+        inverse = inverse_loss_scale(self.model.optimizer, optimizer_variables)
+        if inverse is None:
+            return gradients
+        return [gradient.astype(jnp.float32) * inverse for gradient in gradients]
 
     def sentinel(self, record, out):
         """``fn(old_state, new_state, loss, gradients) -> state`` that leaves the new record in ``out``."""
 
         def check(old_state, new_state, loss, gradients):
             step = old_state[2][self._iterations]
-            checked = gradients if self.checks_gradients else []
+            checked = self.checked_gradients(gradients, old_state[2])
             state, out["record"] = guard_update(
                 old_state, new_state, loss, checked, record, step, self.halt_updates, select_keras_state
             )
@@ -105,7 +125,7 @@ class GuardedSteps:
             return trainable, non_trainable, optimizer_variables
 
         step = optimizer_variables[self._iterations]
-        checked = gradients if self.checks_gradients else []
+        checked = self.checked_gradients(gradients, optimizer_variables)
         (trainable, non_trainable, optimizer_variables), record, applied = guard_apply(
             unscaled_loss, checked, record, step, update,
             (gradients, trainable, optimizer_variables, non_trainable),
