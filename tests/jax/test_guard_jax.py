@@ -330,15 +330,6 @@ def test_guard_apply_runs_the_update_only_on_a_clean_step_and_records_as_guard_u
         np.testing.assert_array_equal(got, want)
 
 
-def test_what_the_guard_does_not_do_on_jax_is_refused_with_the_reason(tmp_path):
-    model = _compiled(_mlp(8))
-    with pytest.raises(kgrad.backends.UnsupportedBackendError,
-                       match=r"watch=\['inputs'\] checks tensors inside the step.*default watch"):
-        model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
-                  callbacks=[kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g"))])
-    assert not (tmp_path / "g").exists()
-
-
 def test_keras_dispatches_the_guard_asynchronously_unless_it_warns():
     model = _compiled(_mlp(9))
     assert keras.callbacks.CallbackList([kgrad.NonFiniteGuard()], model=model)._async_train

@@ -312,6 +312,18 @@ def test_a_loss_scale_optimizer_in_an_own_train_step_is_refused_with_the_reason(
         model.fit(*_data(1), verbose=0, callbacks=[kgrad.NonFiniteGuard()])
 
 
+def test_watch_beyond_the_default_in_an_own_train_step_is_refused_before_training(tmp_path):
+    model = _guide()
+    model.compile(keras.optimizers.SGD(), "mse")
+    before = _state(model)
+    with pytest.raises(kgrad.backends.UnsupportedBackendError,
+                       match=r"watch=\['inputs'\] with the own train_step of model .* default watch"):
+        model.fit(*_data(1), verbose=0,
+                  callbacks=[kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g"))])
+    assert not (tmp_path / "g").exists()
+    _assert_same_state(model, before)
+
+
 def test_a_train_step_without_kgrad_value_and_grad_is_named():
     class PlainStep(GuideModel):
         def train_step(self, state, data):

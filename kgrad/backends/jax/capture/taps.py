@@ -100,3 +100,19 @@ def intercept(model, operations_by_name, taps):
     replacements += [(op, layer_wrapper(name, op)) for name, op in operations_by_name.items()]
     with replaced_calls(replacements), user_taps.active(taps):  # kgrad.tap calls reach taps too
         yield taps
+
+
+class KeyedTaps(Taps):
+    """`Taps` whose inputs and predictions get keys of their own (``input:0``, ``prediction:0``)."""
+
+    def __init__(self, tap, keep):
+        self._counts = {}
+
+        def keyed(name, kind, tensor):
+            if name is None:
+                index = self._counts.get(kind, 0)
+                self._counts[kind] = index + 1
+                name = f"{kind}:{index}"
+            return tap(name, kind, tensor)
+
+        super().__init__(keyed, keep)

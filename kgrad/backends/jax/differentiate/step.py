@@ -17,7 +17,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 from kgrad.backends.common import norms
 from kgrad.backends.common.model_io import float_input_names, model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
-from kgrad.backends.jax.capture.taps import Taps, intercept
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
 from kgrad.backends.jax.differentiate import loss_scale
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.instruments import Instruments, optimizer_paths
@@ -83,7 +83,7 @@ class ProbedStep:
                     return tap_gradient(tensor, carriers[key], taps[key][2], inverse_scale)
                 return tensor
 
-            with intercept(self.model, self._operations, _KeyedTaps(tap, self._keep)), instruments.recording(
+            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep)), instruments.recording(
                 carriers, inverse_scale
             ):
                 loss, aux = self.model.compute_loss_and_updates(
@@ -157,7 +157,7 @@ class ProbedStep:
 
         def forward(trainable, non_trainable, x):
             kwargs = {"training": True} if self.model._call_has_training_arg else {}
-            with intercept(self.model, self._operations, _KeyedTaps(record, self._keep)):
+            with intercept(self.model, self._operations, KeyedTaps(record, self._keep)):
                 return self.model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
 
         jax.eval_shape(forward, trainable, non_trainable, x)
@@ -210,19 +210,3 @@ class ProbedStep:
                     jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0),
                 )
         rows.add_scalar("global/grad_norm", norms.combined_norm(gradient_norms))
-
-
-class _KeyedTaps(Taps):
-    """`Taps` whose inputs and predictions get keys of their own (``input:0``, ``prediction:0``)."""
-
-    def __init__(self, tap, keep):
-        self._counts = {}
-
-        def keyed(name, kind, tensor):
-            if name is None:
-                index = self._counts.get(kind, 0)
-                self._counts[kind] = index + 1
-                name = f"{kind}:{index}"
-            return tap(name, kind, tensor)
-
-        super().__init__(keyed, keep)

@@ -132,7 +132,8 @@ class OwnStepGuardRun(GuardRun):
         self.model, self.config = model, config
         self.names = None
         self._compile = model.jit_compile and not model.run_eagerly
-        self._plain = self._jit(self._guarded(self._own_step))
+        self._state_shardings = None  # an own train_step is guarded on one device (install.check_guard)
+        self._plain = self._jit(self._guarded(self._own_step), outputs=4)
         self._probed = {}  # id(OwnStepTrainFunction) -> (function, its guarded probed step)
         self.train_function = GuardTrainFunction(self, keras_train_function)
         self.keras_train_function = keras_train_function
@@ -193,7 +194,7 @@ class OwnStepGuardRun(GuardRun):
             self._discover(state, data)
         kept = self._probed.get(id(function))
         if kept is None or kept[0] is not function:
-            guarded = self._jit(self._guarded(function.guarded_probed_step))
+            guarded = self._jit(self._guarded(function.guarded_probed_step), outputs=4)
             kept = self._probed[id(function)] = (function, guarded)
         logs, state, records, self.record = kept[1](state, self.record, data)
         self._keep(data)

@@ -12,12 +12,14 @@ what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
 import jax
 import jax.numpy as jnp
 import numpy as np
+from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.guard.sentinel import initial_record
 from kgrad.backends.jax.guard.steps import GuardedSteps
-from kgrad.report.non_finite import NonFiniteReport, split_name
+from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.report.non_finite import FORWARD_KINDS, NonFiniteReport, split_name
 
 
 class GuardTrainFunction:
@@ -50,11 +52,17 @@ class GuardRun:
     def __init__(self, model, config, keras_train_function):
         self.model, self.config = model, config
         self._compile = model.jit_compile and not model.run_eagerly
-        self.steps = GuardedSteps(model, config.halt_updates, self._compile, config.ignore_loss_scale_skips)
-        self.names = ("loss/loss",) + tuple(
+        watches_more = tuple(config.watch) != SENTINEL_KINDS
+        self.steps = GuardedSteps(
+            model, config.halt_updates, self._compile, config.ignore_loss_scale_skips,
+            watch=config if watches_more else None,
+        )
+        self._weight_names = tuple(
             f"weight_grad/{model_relative_path(model, weight)}"
             for weight in (model.trainable_variables if self.steps.checks_gradients else ())
         )
+        # With watch= beyond the default the rows' names are known once the step is traced.
+        self.names = None if watches_more else ("loss/loss",) + self._weight_names
         # Under a keras.distribution the state stays where Keras' own train function keeps it.
         self._state_shardings = state_shardings(model)
         self._plain = self._jit(self.steps.plain, outputs=3)
@@ -75,6 +83,8 @@ class GuardRun:
 
     def run_plain(self, state, data):
         """One guarded step of Keras' own ``train_step``: ``(logs, state)``."""
+        if self.record is None:
+            self._start_record(state, data)
         logs, state, self.record = self._plain(state, self.record, data)
         self._keep(data)
         return logs, state
@@ -114,7 +124,18 @@ class GuardRun:
 
     # -- what the guard callback asks ---------------------------------------------------
 
+    def _start_record(self, state, data):
+        """The record of a guard whose rows are known once traced: the watched pass traced for shapes."""
+        watch = self.steps.watch
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        jax.eval_shape(lambda state: watch.loss_and_gradients(state, x, y, sample_weight, None), state)
+        self.names = watch.before + ("loss/loss",) + watch.after + self._weight_names
+        self.record = initial_record(len(self.names))
+
     def start_epoch(self):
+        if self.names is None:  # not traced yet: the record starts with the first step
+            self._batch, self._batches = 0, {}
+            return
         # Written, not read: the device's batch count restarts without a sync.
         self.record = self.record._replace(batch=jnp.asarray(0, jnp.int32))
         self._batch = 0
@@ -175,7 +196,7 @@ class GuardRun:
             tensor=first,
             layer=layer,
             kind=kind,
-            pass_="forward" if kind == "loss" else "backward",
+            pass_="forward" if kind in FORWARD_KINDS else "backward",
             nan_count=bad[first][0],
             inf_count=bad[first][1],
             last_finite_step=last_step if last_step >= 0 else None,
@@ -187,7 +208,7 @@ class GuardRun:
     def reset(self, everything=False):
         """Re-arms the guard (``action="warn"``); with ``everything``, forgets earlier steps too."""
         if everything:
-            self.record = initial_record(len(self.names))
+            self.record = None if self.names is None else initial_record(len(self.names))
             self._batch = 0
             self._batches = {}
         else:

@@ -84,7 +84,7 @@ def select_whole(apply, new_state, old_state):
 
 
 def guard_update(old_state, new_state, loss, gradients, record, step, halt_updates=True,
-                 select=select_leaves):
+                 select=select_leaves, watched=None):
     """The state to keep after one step, and the guard's record of it.
 
     For a step whose update is already computed (a probed step, a model's
@@ -107,18 +107,19 @@ def guard_update(old_state, new_state, loss, gradients, record, step, halt_updat
             (a ``jnp.where`` per leaf, which XLA fuses into the update that
             made the leaf), or `select_whole` (a ``lax.cond``; for state that
             XLA would round differently once fused with the select).
+        watched: See `check`.
 
     Returns:
         ``(state, record)``: ``new_state`` if the update may be applied, else
         ``old_state``; and the updated `GuardRecord`.
     """
-    squares, counts = check(loss, gradients)
+    squares, counts = check(loss, gradients, watched)
     apply = may_apply(counts, record, halt_updates)
     state = select(apply, new_state, old_state)
     return state, next_record(record, squares, counts, apply, step)
 
 
-def guard_apply(loss, gradients, record, step, update, operands, old_state, halt_updates=True):
+def guard_apply(loss, gradients, record, step, update, operands, old_state, halt_updates=True, watched=None):
     """``(state, record, applied)``: ``update(operands)`` if the step is clean, else ``old_state``.
 
     The choice is one ``lax.cond``; ``applied`` is its predicate.
@@ -138,18 +139,21 @@ def guard_apply(loss, gradients, record, step, update, operands, old_state, halt
     >>> state["w"].tolist(), bool(record.tripped), int(record.trip_step), bool(applied)
     ([1.0, 1.0], True, 3, False)
     """
-    squares, counts = check(loss, gradients)
+    squares, counts = check(loss, gradients, watched)
     apply = may_apply(counts, record, halt_updates)
     state = jax.lax.cond(apply, update, lambda _: old_state, operands)
     return state, next_record(record, squares, counts, apply, step), apply
 
 
-def check(loss, gradients):
+def check(loss, gradients, watched=None):
     """``(squares [n], counts [n, 2])``: each tensor's sum of squares, and its NaN/Inf counts.
 
     The exact counts are computed only when a sum is not finite (a
     ``lax.cond``): a sum that overflowed while every element is finite is a
-    clean step, whose update is applied.
+    clean step, whose update is applied. ``watched``: the ``(squares,
+    counts)`` of tensors checked where they were made
+    (`kgrad.backends.jax.guard.watched`), those before the loss and those
+    after it, placed in that order before the weight gradients.
     """
     tensors = [jnp.asarray(loss, jnp.float32)] + [jnp.asarray(g).astype(jnp.float32) for g in gradients]
     squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
@@ -157,6 +161,10 @@ def check(loss, gradients):
     counts = jax.lax.cond(
         clean, lambda: jnp.zeros((len(tensors), 2), jnp.int32), lambda: _non_finite_counts(tensors)
     )
+    if watched is not None:
+        (squares_before, counts_before), (squares_after, counts_after) = watched
+        squares = jnp.concatenate([squares_before, squares[:1], squares_after, squares[1:]])
+        counts = jnp.concatenate([counts_before, counts[:1], counts_after, counts[1:]])
     return squares, counts
 
 

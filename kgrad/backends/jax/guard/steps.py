@@ -12,6 +12,7 @@ import keras
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kgrad.backends.jax.differentiate.loss_scale import inverse_loss_scale
+from kgrad.backends.jax.guard.watched import WatchedPass, decode
 from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, select_leaves, select_whole
 
 
@@ -54,7 +55,7 @@ class GuardedSteps:
         checks_gradients: Whether the weight gradients are checked.
     """
 
-    def __init__(self, model, halt_updates, compiled=True, ignore_loss_scale_skips=True):
+    def __init__(self, model, halt_updates, compiled=True, ignore_loss_scale_skips=True, watch=None):
         self.model = model
         self.halt_updates = halt_updates
         self.compiled = compiled
@@ -64,6 +65,8 @@ class GuardedSteps:
             ignore_loss_scale_skips and isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
         )
         self._iterations = iterations_index(model)
+        # watch= beyond the default (a GuardConfig): inputs, activations and their gradients too.
+        self.watch = None if watch is None else WatchedPass(model, watch, self.checks_gradients)
 
     def checked_gradients(self, gradients, optimizer_variables):
         """The gradients the sentinel checks: those of the true loss (none when it checks the loss only).
@@ -80,14 +83,15 @@ class GuardedSteps:
             return gradients
         return [gradient.astype(jnp.float32) * inverse for gradient in gradients]
 
-    def sentinel(self, record, out):
+    def sentinel(self, record, out, watched=None):
         """``fn(old_state, new_state, loss, gradients) -> state`` that leaves the new record in ``out``."""
 
         def check(old_state, new_state, loss, gradients):
             step = old_state[2][self._iterations]
             checked = self.checked_gradients(gradients, old_state[2])
             state, out["record"] = guard_update(
-                old_state, new_state, loss, checked, record, step, self.halt_updates, select_keras_state
+                old_state, new_state, loss, checked, record, step, self.halt_updates, select_keras_state,
+                watched,
             )
             return state
 
@@ -98,11 +102,19 @@ class GuardedSteps:
         model = self.model
         trainable, non_trainable, optimizer_variables, metrics_variables = state
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
-        (_, aux), gradients = grad_fn(
-            trainable, non_trainable, metrics_variables, x, y, sample_weight,
-            training=True, optimizer_variables=optimizer_variables,
-        )
+        watched = None
+        if self.watch is None:
+            grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+            (_, aux), gradients = grad_fn(
+                trainable, non_trainable, metrics_variables, x, y, sample_weight,
+                training=True, optimizer_variables=optimizer_variables,
+            )
+        else:
+            inverse_scale = inverse_loss_scale(model.optimizer, optimizer_variables)
+            aux, gradients, (before, after) = self.watch.loss_and_gradients(
+                state, x, y, sample_weight, inverse_scale
+            )
+            watched = (decode(before), decode(after))
         unscaled_loss, y_pred, non_trainable, metrics_variables = aux
         logs, new_metrics_variables = model._update_metrics_variables(
             metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
@@ -113,7 +125,7 @@ class GuardedSteps:
             )
             out = {}
             new_state = (trainable, non_trainable, optimizer_variables, new_metrics_variables)
-            state = self.sentinel(record, out)(state, new_state, unscaled_loss, gradients)
+            state = self.sentinel(record, out, watched)(state, new_state, unscaled_loss, gradients)
             return logs, state, out["record"]
 
         def update(operands):
@@ -129,7 +141,7 @@ class GuardedSteps:
         (trainable, non_trainable, optimizer_variables), record, applied = guard_apply(
             unscaled_loss, checked, record, step, update,
             (gradients, trainable, optimizer_variables, non_trainable),
-            (state[0], state[1], state[2]), self.halt_updates,
+            (state[0], state[1], state[2]), self.halt_updates, watched,
         )
         # The metrics are scalars: a select costs nothing, and the logs stay the step's own.
         metrics_variables = select_leaves(applied, new_metrics_variables, metrics_variables)

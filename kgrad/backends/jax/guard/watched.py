@@ -1,0 +1,173 @@
+"""The guard's ``watch=`` beyond the default on JAX: inputs, activations and their gradients, every step.
+
+`WatchedPass` runs Keras' loss and its one backward pass (what
+``JAXTrainer.train_step`` differentiates) with the chosen layers' outputs
+tapped, as the probe taps them (`kgrad.backends.jax.capture`): each watched
+forward tensor (a float input, a layer's output) gives its check row where it
+is made, and each watched gradient (dJ/dŷ, dJ/d(activation)) through a
+carrier whose cotangent is that row, so nothing the size of an activation is
+kept. A check row is the sum of squares (non-finite whenever an element is
+NaN or Inf) and, only when that sum is not finite (a ``lax.cond``), the NaN
+and Inf counts. The rows come in TensorFlow's order
+(`kgrad.backends.tensorflow.guard.watched`): inputs and activations, then (after
+the loss) dJ/dŷ and dJ/d(activation) from the loss down; the sentinel puts the
+loss and the weight gradients in their places.
+
+Example:
+
+>>> import jax.numpy as jnp
+>>> squares, counts = decode(check_row(jnp.array([3.0, jnp.nan, jnp.inf, 4.0]))[None])
+>>> bool(jnp.isnan(squares[0])), counts.tolist()
+(True, [[1, 1]])
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from kgrad.backends.common.model_io import float_input_names
+from kgrad.backends.jax.capture.carriers import tap_gradient
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
+from kgrad.plan import selection
+from kgrad.plan.tag_names import io_names
+
+# A count is carried as float32 (a cotangent) in two parts, each below 2**24: exact up to 2**36.
+_SPLIT = 4096.0
+
+
+def check_row(tensor):
+    """``[squares, NaN count high, low, Inf count high, low]`` of ``tensor``, in float32 (see `decode`)."""
+    values = jnp.ravel(tensor).astype(jnp.float32)
+    squares = jnp.sum(jnp.square(values))
+
+    def counted():
+        counts = jnp.stack([jnp.sum(jnp.isnan(values)), jnp.sum(jnp.isinf(values))]).astype(jnp.int32)
+        high, low = counts // int(_SPLIT), counts % int(_SPLIT)
+        return jnp.stack([high[0], low[0], high[1], low[1]])
+
+    counts = jax.lax.cond(jnp.isfinite(squares), lambda: jnp.zeros([4], jnp.int32), counted)
+    return jnp.concatenate([squares[None], counts.astype(jnp.float32)])
+
+
+def decode(rows):
+    """``(squares [n], counts [n, 2] int32)`` of ``[n, 5]`` check rows."""
+    rows = jnp.reshape(rows, (-1, 5))
+    nan = rows[:, 1].astype(jnp.int32) * int(_SPLIT) + rows[:, 2].astype(jnp.int32)
+    inf = rows[:, 3].astype(jnp.int32) * int(_SPLIT) + rows[:, 4].astype(jnp.int32)
+    return rows[:, 0], jnp.stack([nan, inf], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckLayout:
+    """A carrier (`kgrad.backends.jax.capture.carriers.tap_gradient`) whose cotangent is a `check_row`."""
+
+    size: int = 5
+
+    def zeros(self):
+        return jnp.zeros([self.size], jnp.float32)
+
+    def statistics_of(self, gradient):
+        return check_row(gradient)
+
+
+class WatchedPass:
+    """Keras' loss and gradients of one step, with the tensors ``config.watch`` names checked inside.
+
+    Args:
+        model: The compiled model (Keras' own ``train_step``).
+        config: The guard's `kgrad.plan.options.GuardConfig`.
+        checks_gradients: Whether gradients are checked at all (not under a
+            loss scaler whose overflows are its own, ``ignore_loss_scale_skips``).
+
+    Attributes:
+        before, after: The names of the rows before and after the loss
+            (``input/…``, ``activation/…``; ``pred_grad/…``, ``grad/…``), once traced.
+    """
+
+    def __init__(self, model, config, checks_gradients):
+        self.model, self.config = model, config
+        self._operations, self._keep = selection.resolve_selection(model, config.layers)
+        self._gradients = checks_gradients
+        self.before = self.after = None
+
+    def _watches_gradient(self, kind):
+        option = {"activation": "activation_gradients", "prediction": "prediction_gradient"}.get(kind)
+        return self._gradients and option is not None and self.config.captures(option)
+
+    def _watches_value(self, kind):
+        option = {"activation": "activations", "input": "inputs"}.get(kind)
+        return option is not None and self.config.captures(option)
+
+    def loss_and_gradients(self, state, x, y, sample_weight, inverse_scale):
+        """``(aux, gradients, (before rows, after rows))``: what Keras' step differentiates, and the checks.
+
+        ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
+        """
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        kinds = self._discover(trainable, non_trainable, x)
+        carriers = {key: CheckLayout().zeros() for key, kind in kinds.items() if self._watches_gradient(kind)}
+
+        def loss_fn(trainable, carriers):
+            forward = {}
+
+            def tap(key, kind, tensor):
+                if self._watches_value(kind):
+                    forward[key] = check_row(tensor)
+                if key in carriers:
+                    return tap_gradient(tensor, carriers[key], CheckLayout(), inverse_scale)
+                return tensor
+
+            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep)):
+                loss, aux = self.model.compute_loss_and_updates(
+                    trainable, non_trainable, metrics_variables, x, y, sample_weight,
+                    training=True, optimizer_variables=optimizer_variables,
+                )
+            return loss, (aux, forward)
+
+        grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+        (_, (aux, forward)), (gradients, carried) = grad_fn(trainable, carriers)
+        names = self._names(kinds, x, aux[1])
+        before = [key for key in kinds if key in forward]
+        # From the loss down: dJ/dŷ, then dJ/d(activation) of the last layer first.
+        after = [key for key in kinds if kinds[key] == "prediction" and key in carried]
+        after += [key for key in reversed(list(kinds)) if kinds[key] == "activation" and key in carried]
+        self.before = tuple(names[key][0] for key in before)
+        self.after = tuple(names[key][1] for key in after)
+        rows = (_stack([forward[key] for key in before]), _stack([carried[key] for key in after]))
+        return aux, gradients, rows
+
+    def _discover(self, trainable, non_trainable, x):
+        """``{key: kind}`` of the taps of one forward pass, in order (shapes only: `jax.eval_shape`)."""
+        kinds = {}
+
+        def record(key, kind, tensor):
+            kinds[key] = kind
+            return tensor
+
+        def forward(trainable, non_trainable, x):
+            kwargs = {"training": True} if self.model._call_has_training_arg else {}
+            with intercept(self.model, self._operations, KeyedTaps(record, self._keep)):
+                return self.model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
+
+        jax.eval_shape(forward, trainable, non_trainable, x)
+        return kinds
+
+    def _names(self, kinds, x, y_pred):
+        """``{key: (its forward row's name, its gradient row's name)}``, as TensorFlow's guard names them."""
+        input_keys = [key for key in kinds if kinds[key] == "input"]
+        inputs = io_names(input_keys, "input", float_input_names(self.model, x))
+        outputs = io_names(y_pred, "output", getattr(self.model, "output_names", None))
+        order = {"input": iter(inputs), "prediction": iter(outputs)}
+        names = {}
+        for key, kind in kinds.items():
+            if kind == "activation":
+                names[key] = (f"activation/{key}", f"grad/{key}")
+            else:
+                name = next(order[kind])
+                names[key] = (f"input/{name}", None) if kind == "input" else (None, f"pred_grad/{name}")
+        return names
+
+
+def _stack(rows):
+    return jnp.stack(rows) if rows else jnp.zeros([0, 5], jnp.float32)

@@ -1,0 +1,214 @@
+"""`kgrad.NonFiniteGuard(watch=...)` on JAX: the cases of tests/test_non_finite_guard.py, the same reports.
+
+Inputs, activations, dJ/dŷ and dJ/d(activation) are checked every step inside
+the jitted step (and run eagerly); the first non-finite tensor in forward,
+then backward order is reported, and the bad update is kept out.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+
+BATCH = 4
+
+
+def _data(samples=32, features=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.5, 1.5, size=(samples, features)).astype("float32")
+    y = rng.normal(size=(samples, 1)).astype("float32")
+    return x, y
+
+
+def _model(middle, name="middle"):
+    """Dense -> `middle` (a Lambda named `name`) -> Dense."""
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(4, name="first"),
+        keras.layers.Lambda(middle, name=name),
+        keras.layers.Dense(1, name="out"),
+    ])
+
+
+def _tanh_model():
+    return _model(lambda t: keras.ops.tanh(t))
+
+
+def _fit(model, x, y, callbacks, jit_compile=True, steps_per_execution=1, loss="mse"):
+    model.compile(keras.optimizers.SGD(0.01), loss, jit_compile=jit_compile,
+                  steps_per_execution=steps_per_execution)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, callbacks=callbacks, verbose=0)
+    return model
+
+
+def _assert_weights_of_plain_fit(model, make_model, initial, x, y, jit_compile=True):
+    plain = make_model()
+    plain.set_weights(initial)
+    _fit(plain, x, y, [], jit_compile=jit_compile)
+    for got, want in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def _sqrt_at_zero_loss(y_true, y_pred):
+    """MSE, plus sqrt(ŷ·0) on targets above 100: finite forward, NaN in dJ/dŷ there."""
+    marked = keras.ops.cast(y_true > 100.0, "float32")
+    return keras.ops.mean(keras.ops.square(y_true - y_pred) * (1.0 - marked)) + keras.ops.mean(
+        keras.ops.sqrt(y_pred * 0.0 + (1.0 - marked))
+    )
+
+
+JIT = pytest.mark.parametrize("jit_compile", [True, False], ids=["jit", "no_jit"])
+
+
+@JIT
+def test_nan_from_log_of_negative_names_the_middle_layer(jit_compile):
+    x, y = _data()
+    model = _model(lambda t: keras.ops.log(t))
+    model.build((None, 3))
+    # `first` outputs x - 2 after this kernel and bias: negative from the start.
+    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), -2 * np.ones(4, "float32")])
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    _fit(model, x, y, [guard], jit_compile)
+    report = guard.report
+    assert (report.step, report.layer, report.kind, report.pass_) == (0, "middle", "activation", "forward")
+    assert report.nan_count == BATCH * 4 and report.inf_count == 0
+    assert report.last_finite_step is None
+    assert report.born_at == "middle"  # the replay agrees
+
+
+@JIT
+def test_inf_from_an_overflowing_exp_with_the_last_finite_norm_of_that_activation(jit_compile):
+    x, y = _data()
+    x[8:12] *= 200.0  # batch 2 overflows exp in float32
+    make = lambda: _model(lambda t: keras.ops.exp(t), name="exp")  # noqa: E731
+    model = make()
+    model.build((None, 3))
+    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    _fit(model, x, y, [guard], jit_compile)
+    report = guard.report
+    assert (report.step, report.layer, report.kind, report.pass_) == (2, "exp", "activation", "forward")
+    assert report.inf_count > 0 and report.last_finite_step == 1
+    # The reference: exp's output on batch 1 after one plain step on batch 0.
+    reference = make()
+    reference.set_weights(initial)
+    _fit(reference, x[:4], y[:4], [], jit_compile)
+    activation = keras.Model(reference.inputs[0], reference.get_layer("exp").output)(x[4:8])
+    assert report.last_finite_norm == pytest.approx(float(np.linalg.norm(activation)), rel=1e-5)
+
+
+@JIT
+def test_nan_born_in_the_backward_pass_of_sqrt_at_zero_is_the_gradient_of_the_layer_before(jit_compile):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(4, name="first"),
+        keras.layers.Lambda(lambda t: keras.ops.relu(t) * 0.0, name="zeros"),
+        keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root"),
+        keras.layers.Dense(1, name="out"),
+    ])
+    x, y = _data()
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    _fit(model, x, y, [guard], jit_compile)
+    report = guard.report
+    # Forward is finite (sqrt(0) = 0); d sqrt/dt at 0 is infinite, so the first
+    # non-finite tensor from the loss down is dJ/d(output of `zeros`).
+    assert (report.step, report.pass_, report.kind, report.layer) == (0, "backward", "grad", "zeros")
+    assert "grad/root" not in report.non_finite
+
+
+@JIT
+def test_nan_born_in_the_loss_gradient_is_reported_as_the_prediction_gradient(jit_compile):
+    x, y = _data()
+    y[8:12] = 1000.0  # batch 2 turns on the sqrt-at-zero term of the loss
+    guard = kgrad.NonFiniteGuard(watch="all")
+    _fit(_tanh_model(), x, y, [guard], jit_compile, loss=_sqrt_at_zero_loss)
+    report = guard.report
+    assert (report.step, report.pass_, report.kind, report.layer) == (2, "backward", "pred_grad", "output")
+    assert report.nan_count == BATCH and report.last_finite_step == 1
+    # On JAX dJ/dŷ is checked every step (a carrier in the one backward pass): its last norm is known.
+    assert report.last_finite_norm > 0
+    assert "grad/out" in report.non_finite and "weight_grad/out/kernel" in report.non_finite
+
+
+@JIT
+def test_a_bad_batch_is_reported_as_the_input_and_its_update_skipped(jit_compile):
+    x, y = _data()
+    x[13, 1] = np.nan  # batch 3
+    model = _tanh_model()
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(watch="all")
+    _fit(model, x, y, [guard], jit_compile)
+    report = guard.report
+    assert (report.step, report.kind, report.layer, report.nan_count) == (3, "input", "input", 1)
+    assert report.last_finite_step == 2
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x[:12], y[:12], jit_compile)
+
+
+def _masked_log_model():
+    """`log` makes NaN for negative inputs; `mask` zeroes them before they reach anything."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(4, name="first"),
+        keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"),
+        keras.layers.Lambda(lambda t: keras.ops.where(keras.ops.isnan(t), keras.ops.zeros_like(t), t),
+                            name="mask"),
+        keras.layers.Dense(1, name="out"),
+    ])
+    model.build((None, 3))
+    kernel = np.concatenate([np.eye(3, 2), np.eye(3, 2)], axis=1).astype("float32")
+    model.get_layer("first").set_weights([kernel, np.array([-1, -1, 1, 1], "float32")])
+    return model
+
+
+def test_watching_every_activation_trips_on_a_masked_nan_that_the_default_lets_through():
+    x, y = _data()
+    every_kind = kgrad.NonFiniteGuard(layers="all", watch="all")
+    _fit(_masked_log_model(), x, y, [every_kind])
+    report = every_kind.report
+    assert (report.step, report.kind, report.layer) == (0, "activation", "log")
+    model = _masked_log_model()
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(watch=["weight_gradients"], layers="all")
+    _fit(model, x, y, [guard])
+    assert guard.report is None
+    _assert_weights_of_plain_fit(model, _masked_log_model, initial, x, y)
+
+
+def test_steps_after_the_trip_in_an_execution_update_nothing():
+    x, y = _data()
+    x[21, 0] = np.inf  # batch 5, inside the second execution of 4 steps
+    model = _tanh_model()
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(watch="all")
+    _fit(model, x, y, [guard], steps_per_execution=4)
+    assert (guard.report.step, guard.report.kind) == (5, "input")
+    assert guard.report.last_finite_step == 4
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x[:20], y[:20])
+
+
+def test_a_clean_fit_watching_everything_trains_like_plain_fit():
+    x, y = _data()
+    model = _tanh_model()
+    initial = model.get_weights()
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    _fit(model, x, y, [guard])
+    assert guard.report is None
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x, y)
+
+
+@pytest.mark.parametrize("guard_first", [True, False], ids=["guard_first", "probe_first"])
+def test_watch_with_a_gradient_probe_is_refused_before_training(tmp_path, guard_first):
+    x, y = _data()
+    model = _tanh_model()
+    initial = model.get_weights()
+    callbacks = [kgrad.NonFiniteGuard(watch="all"), kgrad.GradientProbe(str(tmp_path / "logs"))]
+    with pytest.raises(kgrad.backends.UnsupportedBackendError,
+                       match=r"watch=\[.*\]\) cannot guard .* together with a kgrad.GradientProbe"):
+        _fit(model, x, y, callbacks if guard_first else callbacks[::-1])
+    for got, want in zip(model.get_weights(), initial):
+        np.testing.assert_array_equal(got, want)
