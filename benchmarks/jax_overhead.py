@@ -30,7 +30,7 @@ per-pair CPU-time ratios (wall time beside it), with an A/A control
   they are for timing only. The target "every step ≤ 1.2 × the one-pass floor"
   compares ``probe_n1`` with ``floor_one_pass_n1``.
 
-With ``--memory``, each of baseline, probe_n1, probe_n10 and guard also trains in a
+With ``--memory``, each of baseline, probe_n1, probe_n10, guard and floor_one_pass_n1 also trains in a
 process of its own (``--memory-child``) and reports its peak resident memory (``VmHWM``,
 as benchmarks/memory.py does); the ratios are to the baseline process's.
 """
@@ -257,7 +257,7 @@ def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
     return results
 
 
-MEMORY_CONFIGS = ("baseline", "probe_n1", "probe_n10", "guard")
+MEMORY_CONFIGS = ("baseline", "probe_n1", "probe_n10", "guard", "floor_one_pass_n1")
 
 
 def _peak_resident_bytes():
@@ -271,8 +271,10 @@ def memory_child(spec, config, steps, seed=0):
     x, y = make_data(spec, steps, seed)
     model = _model(spec, config, seed)
     log_dir = tempfile.mkdtemp(prefix="kgrad-jax-memory-")
-    model.fit(x, y, batch_size=spec.batch_size, epochs=2, shuffle=False, verbose=0,
-              callbacks=_callbacks(config, log_dir))
+    floor = config.startswith("floor_one_pass")
+    with _statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
+        model.fit(x, y, batch_size=spec.batch_size, epochs=2, shuffle=False, verbose=0,
+                  callbacks=_callbacks(config, log_dir))
     print(json.dumps({"config": config, "peak_bytes": _peak_resident_bytes()}))
 
 

@@ -291,7 +291,9 @@ def _gan_reference(d_params, g_params, seed, real, steps):
     return references
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
+# Jitted only: run eagerly it took 29 s of CI's 25 minutes; kgrad.value_and_grad run
+# eagerly is checked against float64 jax.grad on the guide's model (jit_compile False).
+@pytest.mark.parametrize("jit_compile", [True])
 def test_the_gan_logs_each_sub_model_as_a_float64_jax_grad_does(jit_compile, tmp_path):
     real = jax_gan.ring(BATCH * 3)
     gan = _gan(jit_compile)

@@ -62,9 +62,15 @@ def test_only_the_asked_columns_of_finite_values_are_computed():
     norm_only, _ = stats.summarize(values, None, columns=(0,))
     assert float(norm_only[0]) == pytest.approx(float(full[0]))
     assert np.isnan(np.asarray(norm_only[1:6])).all() and float(norm_only[6]) == 0.0
-    # With NaN, the exact path gives every column whatever was asked.
-    with_nan, _ = stats.summarize(jnp.asarray(CASES["with_nan_and_inf"], jnp.float32), None, columns=(0,))
-    np.testing.assert_allclose(np.asarray(with_nan), _numpy_row(CASES["with_nan_and_inf"]), rtol=1e-6)
+    # With NaN, Inf or squares beyond float32 the exact path computes the asked columns, exactly.
+    for case in ("with_nan_and_inf", "inf_no_nan", "exploding", "only_non_finite"):
+        expected = np.asarray(_numpy_row(CASES[case]))
+        for columns in [(0,), (0, 6), (5,), (3, 4), (1, 2), (6,)]:
+            row, _ = stats.summarize(jnp.asarray(CASES[case], jnp.float32), None, columns=columns)
+            np.testing.assert_allclose(np.asarray(row)[list(columns)], expected[list(columns)], rtol=2e-5,
+                                       err_msg=f"{case} {columns}")
+            others = [column for column in range(7) if column not in columns and column not in (3, 4, 6)]
+            assert np.isnan(np.asarray(row)[others]).all(), (case, columns)
 
 
 def test_an_empty_tensor_has_zero_moments_and_an_empty_histogram():
@@ -76,3 +82,26 @@ def test_an_empty_tensor_has_zero_moments_and_an_empty_histogram():
 def test_a_constant_tensor_gets_one_bucket_of_width_one():
     _, histogram = stats.summarize(jnp.full((6,), 2.0), 2)
     np.testing.assert_allclose(np.asarray(histogram), [[1.5, 2.0, 0.0], [2.0, 2.5, 6.0]])
+
+
+@pytest.mark.parametrize("with_non_finite", [False, True])
+def test_a_group_behind_one_branch_gives_what_each_tensor_gives_alone(with_non_finite):
+    names = [name for name in sorted(CASES) if with_non_finite or np.isfinite(CASES[name]).all()]
+    items = [(jnp.asarray(CASES[name], jnp.float32), 5 if index % 2 else None, (0, 3, 4, 6))
+             for index, name in enumerate(names)]
+    items.append((jnp.zeros((0, 2)), 3, (0,)))  # an empty tensor keeps its own answer
+    grouped = jax.jit(lambda tensors: stats.summarize_group(
+        [(tensor, buckets, columns) for tensor, (_, buckets, columns) in zip(tensors, items)]))(
+        [tensor for tensor, _, _ in items])
+    for (tensor, buckets, columns), (row, histogram) in zip(items, grouped):
+        alone_row, alone_histogram = stats.summarize(tensor, buckets, columns)
+        np.testing.assert_allclose(np.asarray(row)[list(columns)], np.asarray(alone_row)[list(columns)],
+                                   rtol=1e-6)
+        if buckets is None:
+            assert histogram is None
+        else:
+            np.testing.assert_allclose(np.asarray(histogram), np.asarray(alone_histogram), rtol=1e-6)
+    if with_non_finite:  # one tensor's NaN sends the whole group down the exact path: still exact
+        row = np.asarray(grouped[names.index("normal")][0])
+        np.testing.assert_allclose(row[[0, 3, 4, 6]], np.asarray(_numpy_row(CASES["normal"]))[[0, 3, 4, 6]],
+                                   rtol=2e-5)

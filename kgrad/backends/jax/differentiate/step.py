@@ -78,7 +78,7 @@ class ProbedStep:
                 if kind == "activation" and self.config.captures("activations"):
                     wants = rows.wants_histogram("activation", tensor.shape)
                     columns = rows.columns("activation", tensor.shape)
-                    forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
+                    forward[key] = (tensor, self._buckets if wants else None, columns)
                 if key in carriers:
                     return tap_gradient(tensor, carriers[key], taps[key][2], inverse_scale)
                 return tensor
@@ -96,6 +96,8 @@ class ProbedStep:
                     training=True,
                     optimizer_variables=optimizer_variables,
                 )
+            # The activations' statistics, behind one branch for all of them.
+            forward = dict(zip(forward, stats.summarize_group(list(forward.values()))))
             return loss, (aux, forward, seen)
 
         grad_fn = jax.value_and_grad(loss_and_forward, argnums=(0, 1), has_aux=True)
@@ -189,15 +191,21 @@ class ProbedStep:
     def _add_weights(self, rows, before, gradients, after, inverse_scale):
         statistics = self.config.statistics
         with_a_matrix = layers_with_a_matrix(self._paths, list(self.weight_shapes.values()))
-        gradient_norms = []
-        for path, weight, gradient, updated in zip(self._paths, before, gradients, after):
+        gradient_norms, items, matrices = [], [], []
+        for path, gradient in zip(self._paths, gradients):
             if inverse_scale is not None:
                 gradient = gradient.astype(jnp.float32) * inverse_scale
             has_matrix = path.rpartition("/")[0] in with_a_matrix
             wants = rows.wants_histogram("weight_grad", gradient.shape, has_matrix)
             # The norm of every weight's gradient enters global/grad_norm.
             columns = rows.columns("weight_grad", gradient.shape, has_matrix, extra=(0,))
-            row, histogram = stats.summarize(gradient, self._buckets if wants else None, columns)
+            items.append((gradient, self._buckets if wants else None, columns))
+            matrices.append(has_matrix)
+        # Behind one branch for every weight gradient (`stats.summarize_group`).
+        summaries = stats.summarize_group(items)
+        for path, weight, gradient, updated, has_matrix, (row, histogram) in zip(
+            self._paths, before, gradients, after, matrices, summaries
+        ):
             gradient_norms.append(row[0])
             rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
             if weight_tags_written(statistics, gradient, has_matrix):
