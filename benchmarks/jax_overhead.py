@@ -171,13 +171,14 @@ def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
 
 @contextlib.contextmanager
 def _statistics_replaced_by_one_pass():
-    """While a floor's probed step is traced: `stats.summarize` is `_one_pass_summary`."""
-    real = stats.summarize
+    """While a floor's probed step is traced: `stats.summarize` (and `summarize_group`) give one max."""
+    real, real_group = stats.summarize, stats.summarize_group
     stats.summarize = _one_pass_summary
+    stats.summarize_group = lambda items: [_one_pass_summary(*item) for item in items]
     try:
         yield
     finally:
-        stats.summarize = real
+        stats.summarize, stats.summarize_group = real, real_group
 
 
 class _SwapTrainFunction(keras.callbacks.Callback):
