@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kgrad on JAX on the GPU machine the device tool lends: plain fit against fit with a
 # GradientProbe every 1, 10 and 100 steps, and with a NonFiniteGuard: ms/step and ratios
-# (benchmarks/jax_overhead.py).
+# (benchmarks/jax_overhead.py), beside the one-pass floors and the floor of any guard.
 #
 # That machine has JAX (CUDA) and TensorBoard but not Keras: its wheels travel in .whl/.
 #   here, once:   bash benchmarks/gpu_jax.sh fetch          (wheels for Python 3.12, x86-64)
@@ -36,7 +36,8 @@ run)
     models=mlp,cnn,mobilenet pairs=5 steps=200
     if [ "${1:-}" = "--quick" ]; then models=mlp pairs=1 steps=20; fi
     python3 -c 'import jax; print("JAX devices:", jax.devices())'
-    python3 -m benchmarks.jax_overhead --models "$models" --pairs "$pairs" --steps "$steps" \
+    configs=baseline_aa,probe_n100,probe_n10,probe_n1,guard,guard_floor,floor_one_pass_n10,floor_one_pass_n1
+    python3 -m benchmarks.jax_overhead --models "$models" --pairs "$pairs" --steps "$steps" --configs "$configs" \
         --out "$out/gpu_jax.json" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' | tee "$out/gpu_jax.log"
     ;;
 *)

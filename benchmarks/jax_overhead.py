@@ -47,15 +47,11 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import keras
-from keras.src.trainers.data_adapters import data_adapter_utils
 
 import kgrad
+from benchmarks import jax_floors
 from benchmarks.models import MODELS, build_model, make_data
-from kgrad.backends.jax.capture.taps import Taps, intercept
-from kgrad.backends.jax.summarize import stats
-from kgrad.plan import selection
 
 CONFIGS = (
     "baseline_aa",
@@ -70,115 +66,6 @@ CONFIGS = (
     "perturb_n1",
     "carrier_n1",
 )
-
-
-def _perturbed_step(model, with_statistics):
-    """Keras' train_step with zero perturbations on the default layers' outputs, in one backward pass."""
-    operations, keep = selection.resolve_selection(model, None)
-
-    def step(state, data):
-        trainable, non_trainable, optimizer_variables, metrics_variables = state
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        shapes = {}
-
-        def record(name, kind, tensor):
-            if kind == "activation":
-                shapes[name] = jax.ShapeDtypeStruct(tensor.shape, jnp.float32)
-            return tensor
-
-        def forward(trainable):
-            with intercept(model, operations, Taps(record, keep)):
-                return model.stateless_call(trainable, non_trainable, x, training=True)[0]
-
-        jax.eval_shape(forward, trainable)
-        perturbations = {name: jnp.zeros(shape.shape, shape.dtype) for name, shape in shapes.items()}
-
-        def loss_fn(trainable, perturbations):
-            def add(name, kind, tensor):
-                return tensor + perturbations[name].astype(tensor.dtype) if name in perturbations else tensor
-
-            with intercept(model, operations, Taps(add, keep)):
-                return model.compute_loss_and_updates(
-                    trainable,
-                    non_trainable,
-                    metrics_variables,
-                    x,
-                    y,
-                    sample_weight,
-                    training=True,
-                    optimizer_variables=optimizer_variables,
-                )
-
-        (_, aux), (gradients, perturbed) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-            trainable, perturbations
-        )
-        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-        trainable, optimizer_variables = model.optimizer.stateless_apply(
-            optimizer_variables, gradients, trainable
-        )
-        logs, metrics_variables = model._update_metrics_variables(
-            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
-        )
-        if with_statistics:
-            summaries = [stats.summarize(g, 30) for g in perturbed.values()]
-            logs = {
-                **logs,
-                "_kgrad_bench": jnp.sum(jnp.stack([jnp.sum(r) + jnp.sum(h) for r, h in summaries])),
-            }
-        else:
-            logs = {**logs, "_kgrad_bench": sum(jnp.sum(g) for g in perturbed.values())}
-        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
-
-    return step
-
-
-def _guard_floor_step(model):
-    """Keras' train_step whose update waits, in a ``lax.cond``, for the sums of squares to be finite."""
-
-    def step(state, data):
-        trainable, non_trainable, optimizer_variables, metrics_variables = state
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        (_, aux), gradients = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)(
-            trainable, non_trainable, metrics_variables, x, y, sample_weight,
-            training=True, optimizer_variables=optimizer_variables,
-        )
-        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-        squares = jnp.stack([jnp.sum(jnp.square(t)) for t in [unscaled_loss, *gradients]])
-
-        def update(operands):
-            return model.optimizer.stateless_apply(*operands)
-
-        trainable, optimizer_variables = jax.lax.cond(
-            jnp.all(jnp.isfinite(squares)), update, lambda operands: (operands[2], operands[0]),
-            (optimizer_variables, gradients, trainable),
-        )
-        logs, metrics_variables = model._update_metrics_variables(
-            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
-        )
-        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
-
-    return step
-
-
-def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
-    """The one-pass floor's stand-in for `stats.summarize`: one max over ``x``, a histogram of zeros."""
-    del columns
-    values = jnp.ravel(x).astype(jnp.float32)
-    peak = jnp.max(values) if values.size else jnp.float32(0.0)
-    histogram = None if bucket_count is None else jnp.zeros([bucket_count, 3], jnp.float32)
-    return jnp.full([stats.ROW], peak), histogram
-
-
-@contextlib.contextmanager
-def _statistics_replaced_by_one_pass():
-    """While a floor's probed step is traced: `stats.summarize` (and `summarize_group`) give one max."""
-    real, real_group = stats.summarize, stats.summarize_group
-    stats.summarize = _one_pass_summary
-    stats.summarize_group = lambda items: [_one_pass_summary(*item) for item in items]
-    try:
-        yield
-    finally:
-        stats.summarize, stats.summarize_group = real, real_group
 
 
 class _SwapTrainFunction(keras.callbacks.Callback):
@@ -224,12 +111,13 @@ def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
         models[config] = _model(spec, config, seed)
         callbacks[config] = _callbacks(config, os.path.join(log_root, config))
         if config in ("floor_perturb_n1", "perturb_n1"):
-            callbacks[config] = [_SwapTrainFunction(_perturbed_step(models[config], config == "perturb_n1"))]
+            step = jax_floors.perturbed_step(models[config], config == "perturb_n1")
+            callbacks[config] = [_SwapTrainFunction(step)]
         if config == "guard_floor":
-            callbacks[config] = [_SwapTrainFunction(_guard_floor_step(models[config]))]
+            callbacks[config] = [_SwapTrainFunction(jax_floors.guard_floor_step(models[config]))]
         # The warm-up fit traces and compiles the probed step: a floor's with its stand-in statistics.
         floor = config.startswith("floor_one_pass")
-        with _statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
+        with jax_floors.statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
             _fit(models[config], callbacks[config], x[: spec.batch_size * 2], y[: spec.batch_size * 2], spec)
     results = {}
     for config in configs:
@@ -273,7 +161,7 @@ def memory_child(spec, config, steps, seed=0):
     model = _model(spec, config, seed)
     log_dir = tempfile.mkdtemp(prefix="kgrad-jax-memory-")
     floor = config.startswith("floor_one_pass")
-    with _statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
+    with jax_floors.statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
         model.fit(x, y, batch_size=spec.batch_size, epochs=2, shuffle=False, verbose=0,
                   callbacks=_callbacks(config, log_dir))
     print(json.dumps({"config": config, "peak_bytes": _peak_resident_bytes()}))

@@ -12,6 +12,8 @@ with several float outputs ``name/0``, ``name/1``.
 
 import contextlib
 
+import jax
+
 from keras import tree
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
@@ -103,12 +105,18 @@ def intercept(model, operations_by_name, taps):
 
 
 class KeyedTaps(Taps):
-    """`Taps` whose inputs and predictions get keys of their own (``input:0``, ``prediction:0``)."""
+    """`Taps` whose inputs and predictions get keys of their own (``input:0``, ``prediction:0``).
 
-    def __init__(self, tap, keep):
+    With ``tap_inputs=False`` the inputs are passed on untapped (a part of a
+    model's own ``train_step``, whose inputs are another part's outputs).
+    """
+
+    def __init__(self, tap, keep, tap_inputs=True):
         self._counts = {}
 
         def keyed(name, kind, tensor):
+            if kind == "input" and not tap_inputs:
+                return tensor
             if name is None:
                 index = self._counts.get(kind, 0)
                 self._counts[kind] = index + 1
@@ -116,3 +124,23 @@ class KeyedTaps(Taps):
             return tap(name, kind, tensor)
 
         super().__init__(keyed, keep)
+
+
+def trace_taps(model, operations, keep, record, trainable, non_trainable, x):
+    """Traces ``model``'s forward pass for shapes only (`jax.eval_shape`), each tap through ``record``.
+
+    ``record(key, kind, tensor)`` sees every tap of one forward pass, in
+    order, with `KeyedTaps`' keys: what a step must know (its carriers, its
+    rows' names) before the pass it differentiates is traced.
+    """
+
+    def forward(trainable, non_trainable, x):
+        def seen(key, kind, tensor):
+            record(key, kind, tensor)
+            return tensor
+
+        kwargs = {"training": True} if model._call_has_training_arg else {}
+        with intercept(model, operations, KeyedTaps(seen, keep)):
+            return model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
+
+    jax.eval_shape(forward, trainable, non_trainable, x)

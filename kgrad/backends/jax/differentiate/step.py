@@ -17,7 +17,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 from kgrad.backends.common import norms
 from kgrad.backends.common.model_io import float_input_names, model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
-from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, trace_taps
 from kgrad.backends.jax.differentiate import loss_scale
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.instruments import Instruments, optimizer_paths
@@ -155,14 +155,8 @@ class ProbedStep:
                     columns=rows.columns(gradient_kind, tensor.shape),
                 )
             found[key] = (kind, tuple(tensor.shape), layout)
-            return tensor
 
-        def forward(trainable, non_trainable, x):
-            kwargs = {"training": True} if self.model._call_has_training_arg else {}
-            with intercept(self.model, self._operations, KeyedTaps(record, self._keep)):
-                return self.model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
-
-        jax.eval_shape(forward, trainable, non_trainable, x)
+        trace_taps(self.model, self._operations, self._keep, record, trainable, non_trainable, x)
         return found
 
     def _add_captured(self, rows, taps, forward, carried, x, y_pred):

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.model_io import float_input_names
 from kgrad.backends.jax.capture.carriers import tap_gradient
-from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, trace_taps
 from kgrad.plan import selection
 from kgrad.plan.tag_names import io_names
 
@@ -143,14 +143,8 @@ class WatchedPass:
 
         def record(key, kind, tensor):
             kinds[key] = kind
-            return tensor
 
-        def forward(trainable, non_trainable, x):
-            kwargs = {"training": True} if self.model._call_has_training_arg else {}
-            with intercept(self.model, self._operations, KeyedTaps(record, self._keep)):
-                return self.model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
-
-        jax.eval_shape(forward, trainable, non_trainable, x)
+        trace_taps(self.model, self._operations, self._keep, record, trainable, non_trainable, x)
         return kinds
 
     def _names(self, kinds, x, y_pred):

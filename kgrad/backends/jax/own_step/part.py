@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from kgrad.backends.common import norms
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
-from kgrad.backends.jax.capture.taps import Taps, intercept
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.summaries import SummaryRows
 from kgrad.plan import selection
@@ -75,7 +75,7 @@ class ProbedPart:
                     forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
                 return tap_gradient(tensor, carriers[key], taps[key][2]) if key in carriers else tensor
 
-            with intercept(self.model, self._operations, _PartTaps(tap, self._keep)):
+            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep, tap_inputs=False)):
                 out = fn(*_with(args, numbers, differentiated), **kwargs)
             value, aux = out if has_aux else (out, None)
             return value, (aux, forward)
@@ -104,7 +104,7 @@ class ProbedPart:
             return tensor
 
         def shapes_only(*differentiated):
-            with intercept(self.model, self._operations, _PartTaps(record, self._keep)):
+            with intercept(self.model, self._operations, KeyedTaps(record, self._keep, tap_inputs=False)):
                 return fn(*_with(args, numbers, differentiated), **kwargs)
 
         jax.eval_shape(shapes_only, *[args[n] for n in numbers])
@@ -174,17 +174,4 @@ def _selection(model, layers):
     return {name: op for name, op in candidates.items() if name in wanted or id(op) in wanted}, None
 
 
-class _PartTaps(Taps):
-    """`Taps` whose prediction gets a key of its own (``prediction:0``); inputs are passed on untapped."""
 
-    def __init__(self, tap, keep):
-        self._counts = {}
-
-        def keyed(name, kind, tensor):
-            if name is None:
-                index = self._counts.get(kind, 0)
-                self._counts[kind] = index + 1
-                name = f"{kind}:{index}"
-            return tap(name, kind, tensor) if kind != "input" else tensor
-
-        super().__init__(keyed, keep)

@@ -1,0 +1,129 @@
+"""The floors that benchmarks/jax_overhead.py measures kgrad on JAX against: steps doing part of kgrad's work.
+
+- `perturbed_step`: Keras' step with zero perturbations on the default layers'
+  outputs (Flax's ``perturb``): dJ/d(activation) at all, with or without its statistics.
+- `guard_floor_step`: Keras' step whose update waits, in a ``lax.cond``, for the
+  sums of squares of the loss and the gradients: any guard's least.
+- `statistics_replaced_by_one_pass`: while a probed step is traced, kgrad's
+  statistics are one max per tensor (the one-pass floor; its numbers are wrong
+  by design, for timing only).
+"""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from kgrad.backends.jax.capture.taps import Taps, intercept
+from kgrad.backends.jax.summarize import stats
+from kgrad.plan import selection
+
+
+def perturbed_step(model, with_statistics):
+    """Keras' train_step with zero perturbations on the default layers' outputs, in one backward pass."""
+    operations, keep = selection.resolve_selection(model, None)
+
+    def step(state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        shapes = {}
+
+        def record(name, kind, tensor):
+            if kind == "activation":
+                shapes[name] = jax.ShapeDtypeStruct(tensor.shape, jnp.float32)
+            return tensor
+
+        def forward(trainable):
+            with intercept(model, operations, Taps(record, keep)):
+                return model.stateless_call(trainable, non_trainable, x, training=True)[0]
+
+        jax.eval_shape(forward, trainable)
+        perturbations = {name: jnp.zeros(shape.shape, shape.dtype) for name, shape in shapes.items()}
+
+        def loss_fn(trainable, perturbations):
+            def add(name, kind, tensor):
+                return tensor + perturbations[name].astype(tensor.dtype) if name in perturbations else tensor
+
+            with intercept(model, operations, Taps(add, keep)):
+                return model.compute_loss_and_updates(
+                    trainable,
+                    non_trainable,
+                    metrics_variables,
+                    x,
+                    y,
+                    sample_weight,
+                    training=True,
+                    optimizer_variables=optimizer_variables,
+                )
+
+        (_, aux), (gradients, perturbed) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            trainable, perturbations
+        )
+        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
+        trainable, optimizer_variables = model.optimizer.stateless_apply(
+            optimizer_variables, gradients, trainable
+        )
+        logs, metrics_variables = model._update_metrics_variables(
+            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        )
+        if with_statistics:
+            summaries = [stats.summarize(g, 30) for g in perturbed.values()]
+            logs = {
+                **logs,
+                "_kgrad_bench": jnp.sum(jnp.stack([jnp.sum(r) + jnp.sum(h) for r, h in summaries])),
+            }
+        else:
+            logs = {**logs, "_kgrad_bench": sum(jnp.sum(g) for g in perturbed.values())}
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+    return step
+
+
+def guard_floor_step(model):
+    """Keras' train_step whose update waits, in a ``lax.cond``, for the sums of squares to be finite."""
+
+    def step(state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        (_, aux), gradients = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)(
+            trainable, non_trainable, metrics_variables, x, y, sample_weight,
+            training=True, optimizer_variables=optimizer_variables,
+        )
+        unscaled_loss, y_pred, non_trainable, metrics_variables = aux
+        squares = jnp.stack([jnp.sum(jnp.square(t)) for t in [unscaled_loss, *gradients]])
+
+        def update(operands):
+            return model.optimizer.stateless_apply(*operands)
+
+        trainable, optimizer_variables = jax.lax.cond(
+            jnp.all(jnp.isfinite(squares)), update, lambda operands: (operands[2], operands[0]),
+            (optimizer_variables, gradients, trainable),
+        )
+        logs, metrics_variables = model._update_metrics_variables(
+            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        )
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+    return step
+
+
+def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
+    """The one-pass floor's stand-in for `stats.summarize`: one max over ``x``, a histogram of zeros."""
+    del columns
+    values = jnp.ravel(x).astype(jnp.float32)
+    peak = jnp.max(values) if values.size else jnp.float32(0.0)
+    histogram = None if bucket_count is None else jnp.zeros([bucket_count, 3], jnp.float32)
+    return jnp.full([stats.ROW], peak), histogram
+
+
+@contextlib.contextmanager
+def statistics_replaced_by_one_pass():
+    """While a floor's probed step is traced: `stats.summarize` (and `summarize_group`) give one max."""
+    real, real_group = stats.summarize, stats.summarize_group
+    stats.summarize = _one_pass_summary
+    stats.summarize_group = lambda items: [_one_pass_summary(*item) for item in items]
+    try:
+        yield
+    finally:
+        stats.summarize, stats.summarize_group = real, real_group
