@@ -134,9 +134,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
         """Keras' JAX trainer may run this callback's batch ends in another thread.
 
         On JAX with ``action`` "stop" or "raise", a batch end only reads the
-        trip flag (and asks training to stop); the report waits for the
-        epoch's end (`reports_at_epoch_end`), so Keras keeps dispatching
-        steps without waiting for the device. TensorFlow's trainer never
+        trip flag, once the device has computed it (and asks training to
+        stop); the report waits for the epoch's end (`reports_at_epoch_end`),
+        so Keras keeps dispatching steps without waiting for the device. TensorFlow's trainer never
         dispatches batch ends asynchronously.
         """
         return self.action != "warn"
