@@ -199,17 +199,3 @@ class OwnStepGuardRun(GuardRun):
         logs, state, records, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, records
-
-    # -- what the guard callback asks ---------------------------------------------------
-
-    def start_epoch(self):
-        if self.record is not None:
-            super().start_epoch()
-        else:
-            self._batch, self._batches = 0, {}
-
-    def reset(self, everything=False):
-        if self.names is None:
-            self.record, self._batch, self._batches, self.guard_tripped = None, 0, {}, None
-            return
-        super().reset(everything)

@@ -32,7 +32,7 @@ from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, trace_taps
 from kgrad.plan import selection
 from kgrad.plan.tag_names import io_names
 
-# A count is carried as float32 (a cotangent) in two parts, each below 2**24: exact up to 2**36.
+# A count is carried as float32 (a cotangent) in two parts, each below 2**24: exact to int32's 2**31.
 _SPLIT = 4096.0
 
 
