@@ -6,9 +6,12 @@ population standard deviation, min and max of the finite elements (0 when
 there is none), the fraction of all elements that are exactly zero, and the
 number of non-finite elements. A histogram is TensorBoard's ``[k, 3]`` (left
 edge, right edge, count) over the finite elements, between their min and max
-(widened by 0.5 each side when they are equal). Values are divided by their
-largest finite magnitude before squaring, so that gradients beyond 1e19 keep a
-finite norm, as `kgrad.backends.tensorflow.summarize.stats` keeps it.
+(widened by 0.5 each side when they are equal).
+
+Each is computed with plain reductions, fused with what made the tensor; when
+its sum of squares is not finite (a NaN, an Inf, or squares beyond float32:
+gradients beyond 1e19), a ``lax.cond`` replaces them by the exact values of
+`kgrad.backends.jax.summarize.careful`, computed on the host in float64.
 
 Example:
 
@@ -20,6 +23,7 @@ Example:
 import jax
 import jax.numpy as jnp
 
+from kgrad.backends.jax.summarize.careful import careful_summaries
 from kgrad.plan.tag_names import MOMENT_NAMES
 
 ROW = len(MOMENT_NAMES)
@@ -36,12 +40,11 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32.
 
     Only ``columns`` of the row are computed (the others are NaN, for rows
-    whose tags are not written). They are
-    computed unmasked, outside any branch, where XLA fuses them with what
-    made the tensor; a tensor's sum of squares then decides whether they
-    stand or the exact masked path replaces them (a ``lax.cond`` whose first
-    branch only passes them on: 0.1 of a probed MLP step less on a CPU than
-    both paths inside it). A probed step's weight gradients need a norm and
+    whose tags are not written). They are computed unmasked, outside any
+    branch, where XLA fuses them with what made the tensor; a tensor's sum
+    of squares then decides whether they stand or the exact path
+    (`kgrad.backends.jax.summarize.careful`, one host call) replaces them,
+    in a ``lax.cond`` whose first branch only passes them on. A probed step's weight gradients need a norm and
     a histogram, not seven moments: 0.07 ms against 1.3 ms for a
     200k-element gradient on CPU.
     """
@@ -55,7 +58,7 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     # Garbage where an element is not finite (the histogram's index is clipped, never out of range).
     fast = _plain_summary(values, squares, needed, bucket_count)
     row, histogram = jax.lax.cond(
-        jnp.isfinite(squares), lambda: fast, lambda: _careful_summary(values, bucket_count, needed)
+        jnp.isfinite(squares), lambda: fast, lambda: careful_summaries([values], [bucket_count], [needed])[0]
     )
     return row, (None if bucket_count is None else histogram)
 
@@ -68,7 +71,7 @@ def summarize_group(items):
     replaces them all by the exact path when one is not finite (exact for
     the finite ones too, in the asked columns). One branch instead of one per tensor: a probed
     MLP step's weight gradients and activations, 15 branches, are 2; each
-    branch costs XLA's compile memory and a wait on a CPU.
+    branch costs a wait on a CPU.
     """
     results = [None] * len(items)
     values, fast, squares = [], [], []
@@ -85,7 +88,11 @@ def summarize_group(items):
         exact = jax.lax.cond(
             jnp.all(jnp.isfinite(jnp.stack(squares))),
             lambda: fast,
-            lambda: [_careful_summary(flat, buckets, needed) for _, flat, buckets, needed in values],
+            lambda: careful_summaries(
+                [flat for _, flat, _, _ in values],
+                [buckets for _, _, buckets, _ in values],
+                [needed for _, _, _, needed in values],
+            ),
         )
         for (index, _, bucket_count, _), (row, histogram) in zip(values, exact):
             results[index] = (row, None if bucket_count is None else histogram)
@@ -114,49 +121,6 @@ def _plain_summary(values, squares, needed, bucket_count):
     return row, histogram
 
 
-def _careful_summary(values, bucket_count, needed=frozenset(ALL_COLUMNS)):
-    """The ``needed`` moments of values holding NaN, Inf or squares beyond float32: masked, rescaled.
-
-    Only what is needed is computed (the others are NaN): the branch holding
-    this path is compiled with the step, and its size is most of what the
-    probed step's compile adds to the host's memory.
-    """
-    size = values.size
-    finite = jnp.isfinite(values)
-    row = [jnp.float32(jnp.nan)] * ROW
-    count = jnp.sum(finite.astype(jnp.int32))
-    nonfinite = (size - count).astype(jnp.float32)
-    if _NONFINITE in needed:
-        row[_NONFINITE] = nonfinite
-    if needed & {_NORM, _MEAN, _STD}:
-        safe = jnp.where(finite, values, 0.0)
-        scale = jnp.max(jnp.abs(safe))
-        scale = jnp.where(scale > 0, scale, 1.0)
-    if _NORM in needed:
-        norm = jnp.sqrt(jnp.sum(jnp.square(safe / scale))) * scale
-        # A tensor holding NaN (or Inf) has a NaN (or Inf) norm, whatever its finite elements.
-        row[_NORM] = jnp.where(jnp.any(jnp.isnan(values)), jnp.nan, jnp.where(nonfinite > 0, jnp.inf, norm))
-    if needed & {_MEAN, _STD}:
-        divisor = jnp.maximum(count, 1).astype(jnp.float32)
-        row[_MEAN] = jnp.sum(safe / scale) / divisor * scale
-        centered = jnp.where(finite, values - row[_MEAN], 0.0)
-        centered_scale = jnp.max(jnp.abs(centered))
-        centered_scale = jnp.where(centered_scale > 0, centered_scale, 1.0)
-        row[_STD] = jnp.sqrt(jnp.sum(jnp.square(centered / centered_scale)) / divisor) * centered_scale
-    has_finite = count > 0
-    if needed & {_MIN, _MAX} or bucket_count is not None:
-        row[_MIN] = jnp.where(has_finite, jnp.min(jnp.where(finite, values, jnp.inf)), 0.0)
-        row[_MAX] = jnp.where(has_finite, jnp.max(jnp.where(finite, values, -jnp.inf)), 0.0)
-    if _ZEROS in needed:
-        # Counted as integers: a float32 sum of ones stops growing at 2**24.
-        row[_ZEROS] = jnp.sum((values == 0).astype(jnp.int32)).astype(jnp.float32) / size
-    row = jnp.stack([jnp.asarray(value, jnp.float32) for value in row])
-    histogram = _empty_histogram(bucket_count)
-    if bucket_count is not None:
-        histogram = _histogram_of(values, row[_MIN], row[_MAX], bucket_count, finite)
-    return row, histogram
-
-
 def _empty_histogram(bucket_count):
     # Both branches of the cond return the same structure: a [0, 3] stand-in without buckets.
     return jnp.zeros([bucket_count or 0, 3], jnp.float32)
@@ -172,8 +136,8 @@ def summarize_many(tensors, bucket_count=None):
     return jnp.stack([pair[0] for pair in pairs]), histograms
 
 
-def _histogram_of(values, low, high, bucket_count, finite=None):
-    """TensorBoard's ``[k, 3]`` histogram of the finite ``values`` in ``k`` equal buckets of [low, high]."""
+def _histogram_of(values, low, high, bucket_count):
+    """TensorBoard's ``[k, 3]`` histogram of finite ``values`` in ``k`` equal buckets of [low, high]."""
     low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
     degenerate = high <= low
     low, high = jnp.where(degenerate, low - 0.5, low), jnp.where(degenerate, high + 0.5, high)
@@ -181,11 +145,11 @@ def _histogram_of(values, low, high, bucket_count, finite=None):
     edges = low + width * jnp.arange(bucket_count + 1, dtype=jnp.float32)
     edges = edges.at[-1].set(high)  # float rounding never cuts off the max
     if values.size:
-        inside = values if finite is None else jnp.where(finite, values, low)
-        # Clipped as integers: even a NaN (converted to any integer) lands in range.
-        index = jnp.clip(jnp.floor((inside - low) / width).astype(jnp.int32), 0, bucket_count - 1)
+        # Clipped as integers: even a NaN (converted to any integer) lands in range (the
+        # exact path replaces the counts of a tensor holding one).
+        index = jnp.clip(jnp.floor((values - low) / width).astype(jnp.int32), 0, bucket_count - 1)
         # Integer counts: a float32 count stops growing at 2**24 elements.
-        ones = jnp.ones(values.shape, jnp.int32) if finite is None else finite.astype(jnp.int32)
+        ones = jnp.ones(values.shape, jnp.int32)
         # In range by the clip: promised, the scatter skips its bounds checks (~20% less on CPU).
         counts = jnp.zeros([bucket_count], jnp.int32).at[index].add(ones, mode="promise_in_bounds")
     else:
