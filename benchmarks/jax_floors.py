@@ -5,8 +5,9 @@
 - `guard_floor_step`: Keras' step whose update waits, in a ``lax.cond``, for the
   sums of squares of the loss and the gradients: any guard's least.
 - `statistics_replaced_by_one_pass`: while a probed step is traced, kgrad's
-  statistics are one max per tensor (the one-pass floor; its numbers are wrong
-  by design, for timing only).
+  statistics are one max per tensor (the one-pass floor), or that and the
+  histograms kgrad writes, at their cheapest (the histogram floor); their
+  numbers are wrong by design, for timing only.
 """
 
 import contextlib
@@ -117,13 +118,40 @@ def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
     return jnp.full([stats.ROW], peak), histogram
 
 
+def _one_pass_and_histogram_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
+    """The histogram floor's stand-in: one max, and the histogram kgrad writes, at its cheapest.
+
+    A histogram over [min, max] cannot be counted in the pass that finds
+    them: a min, then the bucket index and one scatter per histogram (the max
+    is the one-pass floor's own), as `stats` computes it for finite values.
+    """
+    row, histogram = _one_pass_summary(x, bucket_count, columns)
+    values = jnp.ravel(x).astype(jnp.float32)
+    if bucket_count is not None and values.size:
+        histogram = stats._histogram_of(values, jnp.min(values), row[0], bucket_count)
+    return row, histogram
+
+
 @contextlib.contextmanager
-def statistics_replaced_by_one_pass():
-    """While a floor's probed step is traced: `stats.summarize` (and `summarize_group`) give one max."""
+def statistics_replaced_by_one_pass(with_histograms=False):
+    """While a floor's probed step is traced: `stats.summarize` (and `summarize_group`) give one max.
+
+    ``with_histograms``: with the histograms the probe writes as well (the histogram floor).
+    """
+    stand_in = _one_pass_and_histogram_summary if with_histograms else _one_pass_summary
     real, real_group = stats.summarize, stats.summarize_group
-    stats.summarize = _one_pass_summary
-    stats.summarize_group = lambda items: [_one_pass_summary(*item) for item in items]
+    stats.summarize = stand_in
+    stats.summarize_group = lambda items: [stand_in(*item) for item in items]
     try:
         yield
     finally:
         stats.summarize, stats.summarize_group = real, real_group
+
+
+def stand_in_statistics(config):
+    """The context in which ``config``'s probed step is traced: a floor's stand-in statistics, or kgrad's."""
+    if config.startswith("floor_one_pass"):
+        return statistics_replaced_by_one_pass()
+    if config.startswith("floor_histograms"):
+        return statistics_replaced_by_one_pass(with_histograms=True)
+    return contextlib.nullcontext()

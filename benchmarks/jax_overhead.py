@@ -29,14 +29,18 @@ per-pair CPU-time ratios (wall time beside it), with an A/A control
   that any implementation of them reads. Their numbers are wrong by design:
   they are for timing only. The target "every step ≤ 1.2 × the one-pass floor"
   compares ``probe_n1`` with ``floor_one_pass_n1``.
+- ``floor_histograms_n1``: the one-pass floor with the histograms the probe
+  writes (twelve on the MLP), each at its cheapest: a min (the max is the
+  floor's), the bucket index and one scatter. A histogram between the
+  min and the max cannot be counted in the pass that finds them, so this is the
+  floor of any probe that writes them.
 
-With ``--memory``, each of baseline, probe_n1, probe_n10, guard and floor_one_pass_n1 also trains in a
+With ``--memory``, each of baseline, probe_n1, probe_n10, guard and the two floors also trains in a
 process of its own (``--memory-child``) and reports its peak resident memory (``VmHWM``,
 as benchmarks/memory.py does); the ratios are to the baseline process's.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -62,6 +66,7 @@ CONFIGS = (
     "guard_floor",
     "floor_one_pass_n10",
     "floor_one_pass_n1",
+    "floor_histograms_n1",
     "floor_perturb_n1",
     "perturb_n1",
     "carrier_n1",
@@ -85,7 +90,7 @@ def _callbacks(config, log_dir):
         return [kgrad.NonFiniteGuard()]
     if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
-    if config.startswith(("probe_n", "floor_one_pass_n")):
+    if config.startswith(("probe_n", "floor_one_pass_n", "floor_histograms_n")):
         return [kgrad.GradientProbe(log_dir, every_n_steps=int(config.rpartition("_n")[2]))]
     return []
 
@@ -116,8 +121,7 @@ def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
         if config == "guard_floor":
             callbacks[config] = [_SwapTrainFunction(jax_floors.guard_floor_step(models[config]))]
         # The warm-up fit traces and compiles the probed step: a floor's with its stand-in statistics.
-        floor = config.startswith("floor_one_pass")
-        with jax_floors.statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
+        with jax_floors.stand_in_statistics(config):
             _fit(models[config], callbacks[config], x[: spec.batch_size * 2], y[: spec.batch_size * 2], spec)
     results = {}
     for config in configs:
@@ -146,7 +150,7 @@ def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
     return results
 
 
-MEMORY_CONFIGS = ("baseline", "probe_n1", "probe_n10", "guard", "floor_one_pass_n1")
+MEMORY_CONFIGS = ("baseline", "probe_n1", "probe_n10", "guard", "floor_one_pass_n1", "floor_histograms_n1")
 
 
 def _peak_resident_bytes():
@@ -160,8 +164,7 @@ def memory_child(spec, config, steps, seed=0):
     x, y = make_data(spec, steps, seed)
     model = _model(spec, config, seed)
     log_dir = tempfile.mkdtemp(prefix="kgrad-jax-memory-")
-    floor = config.startswith("floor_one_pass")
-    with jax_floors.statistics_replaced_by_one_pass() if floor else contextlib.nullcontext():
+    with jax_floors.stand_in_statistics(config):
         model.fit(x, y, batch_size=spec.batch_size, epochs=2, shuffle=False, verbose=0,
                   callbacks=_callbacks(config, log_dir))
     print(json.dumps({"config": config, "peak_bytes": _peak_resident_bytes()}))

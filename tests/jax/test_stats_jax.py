@@ -105,3 +105,32 @@ def test_a_group_behind_one_branch_gives_what_each_tensor_gives_alone(with_non_f
         row = np.asarray(grouped[names.index("normal")][0])
         np.testing.assert_allclose(row[[0, 3, 4, 6]], np.asarray(_numpy_row(CASES["normal"]))[[0, 3, 4, 6]],
                                    rtol=2e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_exact_path_buckets_finite_values_as_the_fast_path_does(jit):
+    # A NaN sends the tensor down the exact path (NumPy, on the host): its histogram of the
+    # finite values is, bucket for bucket, the fast path's of the same values without it.
+    finite = np.random.default_rng(2).normal(size=300).astype(np.float32)
+    summarize = jax.jit(stats.summarize, static_argnums=1) if jit else stats.summarize
+    _, fast = summarize(jnp.asarray(finite), 7)
+    _, exact = summarize(jnp.asarray(np.append(finite, [np.nan, np.inf])), 7)
+    np.testing.assert_array_equal(np.asarray(exact)[:, 2], np.asarray(fast)[:, 2])
+    # The edges within a float32 rounding: XLA may fuse low + width * i into one multiply-add.
+    np.testing.assert_allclose(np.asarray(exact)[:, :2], np.asarray(fast)[:, :2], rtol=1e-6)
+
+
+def test_the_exact_path_runs_inside_a_differentiated_function_and_under_vmap():
+    # An activation's statistics are taken in the differentiated forward pass (as aux):
+    # the host call must see no gradient there.
+    def loss_and_row(w):
+        hidden = jnp.log(w)  # log(-1): NaN
+        return jnp.sum(jnp.exp(w)), stats.summarize(hidden, 3, (0, 6))[0]
+
+    (_, row), gradient = jax.jit(jax.value_and_grad(loss_and_row, has_aux=True))(jnp.array([1.0, -1.0, 2.0]))
+    np.testing.assert_allclose(np.asarray(gradient), np.exp([1.0, -1.0, 2.0]), rtol=1e-6)
+    assert np.isnan(float(row[0])) and float(row[6]) == 1.0
+    # Under jax.vmap the host call runs once per example.
+    batch = jnp.asarray([[1.0, np.inf], [3.0, 4.0]], jnp.float32)
+    rows, _ = jax.vmap(lambda x: stats.summarize(x, 2))(batch)
+    np.testing.assert_allclose(np.asarray(rows), [_numpy_row(row) for row in np.asarray(batch)], rtol=1e-6)

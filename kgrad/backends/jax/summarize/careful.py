@@ -11,9 +11,9 @@ each sum rescaled), it was most of what compiling a probed step added to the
 host's peak memory (+160 of +210 MB on the benchmark MLP). As one callback it
 is a single call in the compiled step, and it runs only on the rare step it is
 needed. In float64 the square of any float32 is finite, so the norm needs no
-rescaling. The histogram's edges and bucket indices are computed in float32
-with the fast path's arithmetic (`stats._histogram_of`), so that both bucket
-an element alike.
+rescaling. The histogram's bucket indices are computed in float32 with the
+fast path's arithmetic (`stats._histogram_of`), so that both bucket an element
+alike (its edges agree to a float32 rounding: XLA may fuse a multiply-add).
 
 Example:
 
