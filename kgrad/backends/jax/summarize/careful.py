@@ -83,7 +83,7 @@ def _histogram(finite_values, low, high, bucket_count):
 
 
 def careful_summaries(values, bucket_counts, needed):
-    """`careful_summary` of each flat float32 tensor in ``values``, computed on the host from inside a jitted step.
+    """`careful_summary` of each flat float32 tensor in ``values``, on the host, from inside a jitted step.
 
     ``bucket_counts`` and ``needed`` hold each tensor's bucket count (or
     ``None``) and needed columns. Returns ``[(row, histogram)]`` device arrays.
