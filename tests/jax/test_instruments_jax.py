@@ -235,14 +235,59 @@ def test_what_cannot_be_computed_is_absent_with_the_reason(tmp_path):
     assert "a sigmoid output: independent probabilities" in said
 
 
-def test_a_shared_layer_is_refused_clearly(tmp_path):
+class _SharedDense(keras.Model):
+    """A Dense layer called twice in a step: an example's gradient is the sum of both calls'."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = keras.layers.Dense(3, activation="tanh", name="shared")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, x):
+        return self.head(self.shared(x[:, :4]) * self.shared(x[:, 4:]))
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_a_layer_called_twice_gets_the_norms_of_the_sum_of_its_calls(jit_compile, tmp_path):
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(BATCH, 8)).astype("float32"), rng.normal(size=(BATCH, 2)).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = _SharedDense()
+    model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=jit_compile)
+    model(x[:1])  # builds the weights
+    weights = [np.asarray(w) for w in model.trainable_variables]  # the first probed step's
+    scalars, said = _fit_warnings(model, x, y, ["per_example"], tmp_path)
+    assert "called more than once" not in said and "'shared'" not in said
+    with jax.enable_x64(True):
+        params = [jnp.asarray(w, jnp.float64) for w in weights]
+
+        def example_loss(params, x_i, y_i):  # mse's share of the batch loss: 1/B of its mean
+            k1, b1, k2, b2 = params
+            shared = lambda v: jnp.tanh(v @ k1 + b1)  # noqa: E731
+            prediction = (shared(x_i[:4]) * shared(x_i[4:])) @ k2 + b2
+            return jnp.mean(jnp.square(prediction - y_i)) / BATCH
+
+        gradient = jax.jit(jax.grad(example_loss))
+        per_example = [[np.asarray(g) for g in gradient(params, jnp.asarray(x[i], jnp.float64),
+                                                         jnp.asarray(y[i], jnp.float64))]
+                       for i in range(BATCH)]
+    paths = ["shared/kernel", "shared/bias", "head/kernel", "head/bias"]
+    expected = _example_expectations(per_example, paths, {"shared": [0, 1], "head": [2, 3]})
+    for tag, value in expected.items():
+        np.testing.assert_allclose(float(scalars[tag]), value, rtol=1e-4, err_msg=tag)
+
+
+def test_a_shared_layer_too_large_to_hold_is_refused_clearly(tmp_path, monkeypatch):
+    from kgrad.backends.jax.summarize import per_example
+
+    monkeypatch.setattr(per_example, "SHARED_FLOATS", 10)
     x, y = _batches()
     inputs = keras.Input((FEATURES,))
     shared = keras.layers.Dense(FEATURES, name="shared")
     model = keras.Model(inputs, keras.layers.Dense(1, name="out")(shared(shared(inputs))))
     model.compile(keras.optimizers.Adam(), "mse")
     scalars, said = _fit_warnings(model, x[0], y[0].astype("float32"), ["per_example"], tmp_path)
-    assert "'shared': called more than once in the step" in said
+    assert "'shared': called 2 times in the step: its per-example norms need each call's" in said
     assert "example_grad_norm_mean/out/kernel" in scalars and "global/noise_batch_sq_norm" not in scalars
 
 

@@ -154,7 +154,8 @@ def _lookup(ids, delta, rows):
     return sq_norms, jnp.sum(jnp.square(batch))
 
 
-def _explicit(layer, a, weights, delta, dtype):
+def _per_example_gradients(layer, a, weights, delta):
+    """Each example's gradients of ``layer``'s trainable weights: ``[[B, *weight shape]]``."""
     trainable, non_trainable = weights
 
     def one_example(a_i, d_i):
@@ -164,7 +165,30 @@ def _explicit(layer, a, weights, delta, dtype):
         out, pullback = jax.vjp(output, list(trainable))
         return pullback(d_i[None].astype(out.dtype))[0]
 
-    per_example = jax.vmap(one_example)(a, delta)
+    return jax.vmap(one_example)(a, delta)
+
+
+def gradients_reducer(layer, inverse_scale=None):
+    """``fn(a, (trainable, non_trainable), δ) -> [B, weights' sizes]``: each example's weight gradients.
+
+    For a layer called more than once in a step: its per-example gradient is
+    the sum of every call's, so each call's carrier takes its share whole and
+    the norms are taken once all calls are summed (`kgrad.backends.jax.summarize.per_example`).
+    """
+
+    def reduce(a, weights, delta):
+        if inverse_scale is not None:  # the true loss's gradients, not the scaled one's
+            delta = delta.astype(jnp.float32) * inverse_scale.astype(jnp.float32)
+        gradients = _per_example_gradients(layer, a, weights, delta)
+        return jnp.concatenate(
+            [g.astype(jnp.float32).reshape([g.shape[0], -1]) for g in gradients], axis=1
+        )
+
+    return reduce
+
+
+def _explicit(layer, a, weights, delta, dtype):
+    per_example = _per_example_gradients(layer, a, weights, delta)
     parts = []
     for gradient in per_example:
         gradient = gradient.astype(dtype)

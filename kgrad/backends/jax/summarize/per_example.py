@@ -9,8 +9,12 @@ layers' per-example carriers (`kgrad.backends.jax.summarize.example_norms`):
 `PerExampleLayers.wrap` puts one on the output of each captured layer with
 weights, *outside* kgrad's own tap (so the carrier sees the dJ/d(output) that
 the layer's tap sees), with the layer's input and weights as residuals.
-A layer called more than once in a step, an unsupported layer, and every layer
-of a model with a trainable BatchNormalization get no tags and one warning.
+A layer called more than once in a step (a shared layer) gets one carrier per
+call instead, each taking that call's per-example weight gradients whole
+(``[B, weights]`` floats, refused above `SHARED_FLOATS`): an example's gradient
+is the sum of its calls', so the norms are taken after the backward pass, of
+the sum. An unsupported layer, and every layer of a model with a trainable
+BatchNormalization, get no tags and one warning.
 """
 
 import contextlib
@@ -18,6 +22,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
@@ -27,6 +32,12 @@ from kgrad.plan import operations
 
 #: Keys of the per-example carriers among the step's carriers (no layer name starts with it).
 PREFIX = "\x00per_example/"
+#: The most floats a shared layer's per-call carriers may hold in all (256 MB of float32).
+SHARED_FLOATS = 2**26
+
+
+def _call_key(name, call):
+    return f"{PREFIX}{name}\x00{call}"
 
 
 def _coupling_layers(model):
@@ -57,6 +68,7 @@ class PerExampleLayers:
         self._keep = keep
         self.reasons = {}
         self._layers = {}  # name -> layer, of those with a carrier
+        self._calls = {}  # name -> calls in a step, of the shared layers among them
         self._rows = None
 
     def carriers(self, trainable, non_trainable, x):
@@ -92,16 +104,24 @@ class PerExampleLayers:
                     f"not defined: {_names(coupled)} (BatchNormalization in training mode) "
                     "couples the examples of the batch"
                 )
-            elif reason is None and len(outputs) > 1:
-                reason = "called more than once in the step: not supported on JAX yet"
-            elif reason is None and len(jax.tree.leaves(outputs[0])) != 1:
+            elif reason is None and any(len(jax.tree.leaves(output)) != 1 for output in outputs):
                 reason = "more than one output"
+            rows = {jax.tree.leaves(output)[0].shape[0] for output in outputs}
+            if reason is None and len(outputs) > 1:
+                reason = _shared_reason(layer, len(outputs), rows)
             if reason is not None:
                 self.reasons[name] = reason
                 continue
             self._layers[name] = layer
-            self._rows = jax.tree.leaves(outputs[0])[0].shape[0]
-            carriers[PREFIX + name] = jnp.zeros([len(layer.trainable_weights), self._rows + 1], jnp.float32)
+            self._rows = rows.pop()
+            if len(outputs) > 1:
+                self._calls[name] = len(outputs)
+                size = sum(int(np.prod(weight.shape)) for weight in layer.trainable_weights)
+                for call in range(len(outputs)):
+                    carriers[_call_key(name, call)] = jnp.zeros([self._rows, size], jnp.float32)
+            else:
+                weights = len(layer.trainable_weights)
+                carriers[PREFIX + name] = jnp.zeros([weights, self._rows + 1], jnp.float32)
         return carriers
 
     def _kept(self, op):
@@ -111,26 +131,40 @@ class PerExampleLayers:
     def wrap(self, carriers, inverse_scale=None):
         """Puts each layer's carrier on its output while the block runs (enter it after the taps)."""
 
-        def make(layer, carrier):
-            reduce = example_norms.reducer(layer, inverse_scale)
+        def make(name, layer):
+            calls = self._calls.get(name)
+            if calls is None:
+                reduce, keys = example_norms.reducer(layer, inverse_scale), [PREFIX + name]
+            else:
+                reduce = example_norms.gradients_reducer(layer, inverse_scale)
+                keys = [_call_key(name, call) for call in range(calls)]
+            seen = iter(keys)
 
             def wrap(call):
                 def carried(*args, **kwargs):
                     output = call(*args, **kwargs)
                     if in_symbolic_scope():
                         return output
+                    key = next(seen, None)
+                    if key is None:
+                        raise RuntimeError(
+                            f"kgrad: layer {name!r} was called more often in the probed step than the "
+                            f"{len(keys)} time(s) found when the step was traced for shapes; its "
+                            "per-example norms would miss a call. Call it the same number of times in "
+                            "every trace of the step, or leave 'per_example' out of `instruments`."
+                        )
                     weights = (
                         [w.value for w in layer.trainable_weights],
                         [w.value for w in layer.non_trainable_weights],
                     )
                     inputs = jax.lax.stop_gradient((args[0], weights))
-                    return example_norms.example_tap(output, carrier, inputs[0], inputs[1], reduce)
+                    return example_norms.example_tap(output, carriers[key], inputs[0], inputs[1], reduce)
 
                 return carried
 
             return wrap
 
-        replacements = [(layer, make(layer, carriers[PREFIX + name])) for name, layer in self._layers.items()]
+        replacements = [(layer, make(name, layer)) for name, layer in self._layers.items()]
         with replaced_calls(replacements):
             yield
 
@@ -138,8 +172,12 @@ class PerExampleLayers:
         """Adds the per-example tags from the carriers; returns ``{layer: why not}`` of the others."""
         covered, model_example, model_batch = set(), [], []
         for name, layer in self._layers.items():
-            values = carried[PREFIX + name]
-            sq_norms, batch = values[:, :-1], values[:, -1]
+            if name in self._calls:
+                shares = [carried[_call_key(name, call)] for call in range(self._calls[name])]
+                sq_norms, batch = _sums_of_calls(layer, shares)
+            else:
+                values = carried[PREFIX + name]
+                sq_norms, batch = values[:, :-1], values[:, -1]
             for weight, weight_sq_norms in zip(layer.trainable_weights, sq_norms):
                 path = model_relative_path(self.model, weight)
                 norms = jnp.sqrt(jnp.maximum(weight_sq_norms, 0.0))
@@ -161,6 +199,32 @@ class PerExampleLayers:
                 rows.add_scalar("global/noise_batch_sq_norm", sum(model_batch))
             rows.add_scalar("global/batch_size", float(self._rows))
         return dict(self.reasons)
+
+
+def _shared_reason(layer, calls, rows):
+    """Why a layer called ``calls`` times (outputs of ``rows`` examples) gets no norms, or ``None``."""
+    if len(rows) != 1:
+        return f"called {calls} times in the step on batches of different sizes ({sorted(rows)})"
+    size = rows.copy().pop() * sum(int(np.prod(weight.shape)) for weight in layer.trainable_weights)
+    if calls * size > SHARED_FLOATS:
+        return (
+            f"called {calls} times in the step: its per-example norms need each call's per-example "
+            f"gradients ({calls} x {size} floats), more than kgrad holds ({SHARED_FLOATS})"
+        )
+    return None
+
+
+def _sums_of_calls(layer, shares):
+    """``([weights, B] squared norms, [weights] ‖Σ_i ∇ℓ_i‖²)``, from each call's ``[B, W]`` gradients."""
+    gradients = sum(shares)  # an example's gradient: the sum of its calls'
+    sq_norms, batch, start = [], [], 0
+    for weight in layer.trainable_weights:
+        size = int(np.prod(weight.shape))
+        part = gradients[:, start : start + size]
+        sq_norms.append(jnp.sum(jnp.square(part), axis=1))
+        batch.append(jnp.sum(jnp.square(jnp.sum(part, axis=0))))
+        start += size
+    return jnp.stack(sq_norms), jnp.stack(batch)
 
 
 def _names(names, shown=3):
