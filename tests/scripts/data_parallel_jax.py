@@ -1,10 +1,11 @@
-"""Probes and guards one model on one device and under `keras.distribution.DataParallel` over 2 CPU devices.
+"""Probes and guards models on one device and under `keras.distribution.DataParallel` over 2 CPU devices.
 
 Run by tests/jax/test_data_parallel_jax.py in its own process: the number of
 host devices is fixed when JAX starts (``XLA_FLAGS``). Prints one JSON object:
 the records of each run, the largest weight difference between the probed
 (or guarded) and the plain DataParallel fit, and the guard's reports of a
-NaN born at the same step on one device and under DataParallel.
+NaN born at the same step on one device and under DataParallel; for a model
+with Keras' own ``train_step`` and for one with its own (``kgrad.value_and_grad``).
 """
 
 import json
@@ -26,7 +27,33 @@ x = rng.normal(size=(32, 6)).astype("float32")
 y = rng.normal(size=(32, 1)).astype("float32")
 
 
-def build(distribution):
+class OwnStep(keras.Model):
+    """A model with its own JAX train_step (Keras' guide's), differentiating with kgrad.value_and_grad."""
+
+    def compute_loss_and_updates(self, trainable, non_trainable, metrics_variables, x, y, sample_weight,
+                                 training=False):
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=training)
+        loss, (trainable, non_trainable, metrics_variables) = self.stateless_compute_loss(
+            trainable, non_trainable, metrics_variables, x=x, y=y, y_pred=y_pred,
+            sample_weight=sample_weight, training=training,
+        )
+        return loss, (y_pred, non_trainable, metrics_variables)
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        features, target, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        grad_fn = kgrad.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+        (loss, (y_pred, non_trainable, metrics_variables)), grads = grad_fn(
+            trainable, non_trainable, metrics_variables, features, target, sample_weight, training=True
+        )
+        trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
+        logs, metrics_variables = self._update_metrics_variables(
+            metrics_variables, loss, features, target, y_pred, sample_weight
+        )
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+
+def build(distribution, own_step=False):
     keras.backend.clear_session()  # the same layer and op names in each run ("sin", not "sin_1")
     keras.distribution.set_distribution(distribution)  # (clear_session unsets it)
     keras.utils.set_random_seed(0)
@@ -34,13 +61,13 @@ def build(distribution):
     hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
     waves = keras.ops.sin(hidden)  # an op node
     outputs = keras.layers.Dense(1, name="out")(waves)
-    model = keras.Model(inputs, outputs, name="m")
+    model = (OwnStep if own_step else keras.Model)(inputs, outputs, name="m")
     model.compile(keras.optimizers.Adam(0.01), "mse")
     return model
 
 
-def fit(probed, distribution=None, guard=None, inputs=x):
-    model = build(distribution)
+def fit(probed, distribution=None, guard=None, inputs=x, own_step=False):
+    model = build(distribution, own_step)
     records = []
     callbacks = [kgrad.GradientProbe(every_n_steps=2, on_probe=records.append, statistics="all",
                                      layers="all")] if probed else []
@@ -50,12 +77,12 @@ def fit(probed, distribution=None, guard=None, inputs=x):
     return model, records
 
 
-def guard_report(distribution=None, probed=False):
+def guard_report(distribution=None, probed=False, own_step=False):
     """The guard's report of a NaN in the third batch's inputs (step 2), with the weights after it."""
     bad = x.copy()
     bad[2 * 8 + 5, 0] = np.nan  # an example of the second device's half of the batch
     guard = kgrad.NonFiniteGuard()
-    model, _ = fit(probed, distribution, guard=guard, inputs=bad)
+    model, _ = fit(probed, distribution, guard=guard, inputs=bad, own_step=own_step)
     report = guard.report
     return {
         "step": report.step, "tensor": report.tensor, "born_in": report.born_in, "born_at": report.born_at,
@@ -83,6 +110,12 @@ def main():
     parallel, parallel_records = fit(probed=True, distribution=data_parallel)
     plain_parallel, _ = fit(probed=False, distribution=data_parallel)
     guarded_parallel, _ = fit(probed=False, distribution=data_parallel, guard=kgrad.NonFiniteGuard())
+    _, own_one_device_records = fit(probed=True, own_step=True)
+    own_parallel, own_parallel_records = fit(probed=True, distribution=data_parallel, own_step=True)
+    own_plain_parallel, _ = fit(probed=False, distribution=data_parallel, own_step=True)
+    own_guarded_parallel, _ = fit(
+        probed=False, distribution=data_parallel, guard=kgrad.NonFiniteGuard(), own_step=True
+    )
     json.dump({
         "devices": len(jax.devices()),
         "sharding": str(parallel.trainable_variables[0].value.sharding),
@@ -93,6 +126,16 @@ def main():
         "guard_one_device": guard_report(),
         "guard_data_parallel": guard_report(data_parallel),
         "guard_and_probe_data_parallel": guard_report(data_parallel, probed=True),
+        "own_step": {
+            "sharding": str(own_parallel.trainable_variables[0].value.sharding),
+            "one_device": as_json(own_one_device_records),
+            "data_parallel": as_json(own_parallel_records),
+            "weight_difference": max_difference(own_parallel, own_plain_parallel),
+            "guarded_weight_difference": max_difference(own_guarded_parallel, own_plain_parallel),
+            "guard_one_device": guard_report(own_step=True),
+            "guard_data_parallel": guard_report(data_parallel, own_step=True),
+            "guard_and_probe_data_parallel": guard_report(data_parallel, probed=True, own_step=True),
+        },
     }, sys.stdout)
 
 

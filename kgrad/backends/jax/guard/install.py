@@ -102,12 +102,6 @@ def check_guard(model, config):
             f"train_step is guarded with the default watch={list(SENTINEL_KINDS)!r} only yet (the loss and "
             "the weight gradients of each kgrad.value_and_grad call)"
         )
-    elif keras.distribution.distribution() is not None and has_own_train_step(model):
-        unsupported = (
-            f"model '{model.name}' (class {type(model).__name__}) has its own train_step and a "
-            "keras.distribution is set; on JAX the guard of an own train_step runs on one device only yet "
-            "(Keras' own train_step is guarded under a keras.distribution)"
-        )
     if unsupported is not None:
         raise UnsupportedBackendError(
             f"kgrad.NonFiniteGuard cannot guard this fit on Keras' JAX backend: {unsupported}. "

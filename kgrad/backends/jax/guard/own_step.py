@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import candidate_optimizers
+from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.guard.run import GuardRun, GuardTrainFunction
 from kgrad.backends.jax.guard.sentinel import guard_update
 from kgrad.backends.jax.guard.steps import select_keras_state
@@ -132,7 +133,8 @@ class OwnStepGuardRun(GuardRun):
         self.model, self.config = model, config
         self.names = None
         self._compile = model.jit_compile and not model.run_eagerly
-        self._state_shardings = None  # an own train_step is guarded on one device (install.check_guard)
+        # Under a keras.distribution the state stays where Keras' own train function keeps it.
+        self._state_shardings = state_shardings(model)
         self._plain = self._jit(self._guarded(self._own_step), outputs=4)
         self._probed = {}  # id(OwnStepTrainFunction) -> (function, its guarded probed step)
         self.train_function = GuardTrainFunction(self, keras_train_function)

@@ -15,6 +15,7 @@ import keras
 
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.own_step import candidate_optimizers
+from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.handover.records import RecordBuffer
 from kgrad.backends.jax.own_step.active import activated
 from kgrad.backends.jax.own_step.parts import PartCollection
@@ -31,7 +32,13 @@ class OwnStepTrainFunction:
         self.buffer = _Buffers()  # part name -> RecordBuffer, filled when the probed step is traced
         self._names = {}  # part name -> (scalar names, histogram names)
         compile_steps = model.jit_compile and not model.run_eagerly
-        self._probed = jax.jit(self._probed_step, donate_argnums=0) if compile_steps else self._probed_step
+        # Under a keras.distribution the state stays where Keras' own train function keeps it.
+        self._state_shardings = state_shardings(model)
+        self._probed = (
+            jax.jit(self._probed_step, donate_argnums=0, out_shardings=(None, self._state_shardings, None))
+            if compile_steps
+            else self._probed_step
+        )
         self._plain = None  # the user's step, jitted on first use (executions of several steps)
         self._compile = compile_steps
         self.keras_train_function = keras_train_function or model.train_function
@@ -94,7 +101,11 @@ class OwnStepTrainFunction:
             return self.guard.run_plain(state, data)
         if self._plain is None:
             step = self.model.train_step
-            self._plain = jax.jit(step, donate_argnums=0) if self._compile else step
+            self._plain = (
+                jax.jit(step, donate_argnums=0, out_shardings=(None, self._state_shardings))
+                if self._compile
+                else step
+            )
         return self._plain(state, data)
 
     # -- what the callbacks ask (kgrad.backends.interface.TrainingStep) ---------------
@@ -124,9 +135,7 @@ class OwnStepTrainFunction:
 def _check(model):
     """Raises, before anything is installed, for what is not probed in an own train_step on JAX yet."""
     unsupported = None
-    if keras.distribution.distribution() is not None:
-        unsupported = "a keras.distribution is set; in an own train_step kgrad probes one device only yet"
-    elif any(isinstance(o, keras.optimizers.LossScaleOptimizer) for o in candidate_optimizers(model)):
+    if any(isinstance(o, keras.optimizers.LossScaleOptimizer) for o in candidate_optimizers(model)):
         unsupported = (
             "a LossScaleOptimizer scales the loss, and in an own train_step kgrad does not unscale "
             "the statistics on JAX yet"
