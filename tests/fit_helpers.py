@@ -118,3 +118,15 @@ def sqrt_at_zero_loss(y_true, y_pred):
     return keras.ops.mean(keras.ops.square(y_true - y_pred) * (1.0 - marked)) + keras.ops.mean(
         keras.ops.sqrt(y_pred * 0.0 + (1.0 - marked))
     )
+
+
+class SharedDense(keras.Model):
+    """A Dense layer called twice: its per-example gradient is the sum of both calls'."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = keras.layers.Dense(3, activation="tanh", name="shared")
+        self.head = keras.layers.Dense(2, name="head")
+
+    def call(self, x):
+        return self.head(self.shared(x[:, :4]) * self.shared(x[:, 4:]))

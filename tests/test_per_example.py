@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from fit_helpers import SharedDense
 from kgrad.backends.tensorflow.summarize.per_example import per_example_sq_norms
 from kgrad.backends.tensorflow.summarize.instruments import (
     add_per_example_summaries,
@@ -140,18 +141,6 @@ def test_functional_conv1d_dense_on_positions_layer_norm(sample_weight, jit_comp
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(5, 9, 3)), rng.normal(size=(5, 2))
     check(functional_sequence(), x, y, "mse", sample_weight, jit_compile)
-
-
-class SharedDense(keras.Model):
-    """A Dense layer called twice: its per-example gradient is the sum of both calls'."""
-
-    def __init__(self):
-        super().__init__()
-        self.shared = keras.layers.Dense(3, activation="tanh", name="shared")
-        self.head = keras.layers.Dense(2, name="head")
-
-    def call(self, x):
-        return self.head(self.shared(x[:, :4]) * self.shared(x[:, 4:]))
 
 
 @pytest.mark.parametrize("jit_compile", [None, True])

@@ -19,42 +19,12 @@ import numpy as np
 import pytest
 
 import kgrad
+from guide_model import GuideModel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 import jax_gan  # noqa: E402
 
 BATCH, FEATURES = 8, 3
-
-
-class GuideModel(keras.Model):
-    """The guide's first example, with ``kgrad.value_and_grad`` for ``jax.value_and_grad``."""
-
-    def compute_loss_and_updates(self, trainable_variables, non_trainable_variables, x, y, training=False):
-        y_pred, non_trainable_variables = self.stateless_call(
-            trainable_variables, non_trainable_variables, x, training=training
-        )
-        return self.compute_loss(x, y, y_pred), (y_pred, non_trainable_variables)
-
-    def train_step(self, state, data):
-        trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
-        x, y = data
-        grad_fn = kgrad.value_and_grad(self.compute_loss_and_updates, has_aux=True)
-        (loss, (y_pred, non_trainable_variables)), grads = grad_fn(
-            trainable_variables, non_trainable_variables, x, y, training=True
-        )
-        trainable_variables, optimizer_variables = self.optimizer.stateless_apply(
-            optimizer_variables, grads, trainable_variables
-        )
-        new_metrics_vars, logs = [], {}
-        for metric in self.metrics:
-            this = metrics_variables[len(new_metrics_vars) : len(new_metrics_vars) + len(metric.variables)]
-            if metric.name == "loss":
-                this = metric.stateless_update_state(this, loss)
-            else:
-                this = metric.stateless_update_state(this, y, y_pred)
-            logs[metric.name] = metric.stateless_result(this)
-            new_metrics_vars += this
-        return logs, (trainable_variables, non_trainable_variables, optimizer_variables, new_metrics_vars)
 
 
 def _guide(jit=True, steps_per_execution=1):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import kgrad
+from fit_helpers import SharedDense
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 3, 4, 3, 3
 INSTRUMENTS = ["optimizer", "logits", "per_example"]
@@ -235,24 +236,12 @@ def test_what_cannot_be_computed_is_absent_with_the_reason(tmp_path):
     assert "a sigmoid output: independent probabilities" in said
 
 
-class _SharedDense(keras.Model):
-    """A Dense layer called twice in a step: an example's gradient is the sum of both calls'."""
-
-    def __init__(self):
-        super().__init__()
-        self.shared = keras.layers.Dense(3, activation="tanh", name="shared")
-        self.head = keras.layers.Dense(2, name="head")
-
-    def call(self, x):
-        return self.head(self.shared(x[:, :4]) * self.shared(x[:, 4:]))
-
-
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_a_layer_called_twice_gets_the_norms_of_the_sum_of_its_calls(jit_compile, tmp_path):
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(BATCH, 8)).astype("float32"), rng.normal(size=(BATCH, 2)).astype("float32")
     keras.utils.set_random_seed(0)
-    model = _SharedDense()
+    model = SharedDense()  # a Dense layer called twice in a step
     model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=jit_compile)
     model(x[:1])  # builds the weights
     weights = [np.asarray(w) for w in model.trainable_variables]  # the first probed step's

@@ -19,54 +19,13 @@ import numpy as np
 import pytest
 
 import kgrad
+from guide_model import GuideModel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 import jax_gan  # noqa: E402
 
 BATCH, STEPS, FEATURES, HIDDEN, RATE = 8, 4, 3, 5, 0.1
 MOMENTS = ("norm", "mean", "std", "min", "max", "zero_fraction", "nonfinite")
-
-
-class GuideModel(keras.Model):
-    """The guide's first example, with ``kgrad.value_and_grad`` for ``jax.value_and_grad``."""
-
-    part_name = None  # kgrad.value_and_grad's name=
-    differentiate = staticmethod(lambda trainable_variables: trainable_variables)
-
-    def compute_loss_and_updates(
-        self, trainable_variables, non_trainable_variables, metrics_variables, x, y, sample_weight,
-        training=False,
-    ):
-        y_pred, non_trainable_variables = self.stateless_call(
-            trainable_variables, non_trainable_variables, x, training=training
-        )
-        loss, (trainable_variables, non_trainable_variables, metrics_variables) = self.stateless_compute_loss(
-            trainable_variables, non_trainable_variables, metrics_variables, x=x, y=y, y_pred=y_pred,
-            sample_weight=sample_weight, training=training,
-        )
-        return loss, (y_pred, non_trainable_variables, metrics_variables)
-
-    def train_step(self, state, data):
-        trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        grad_fn = kgrad.value_and_grad(self.compute_loss_and_updates, has_aux=True, name=self.part_name)
-        (loss, (y_pred, non_trainable_variables, metrics_variables)), grads = grad_fn(
-            self.differentiate(trainable_variables), non_trainable_variables, metrics_variables,
-            x, y, sample_weight, training=True,
-        )
-        trainable_variables, optimizer_variables = self.optimizer.stateless_apply(
-            optimizer_variables, grads, trainable_variables
-        )
-        new_metrics_vars, logs = [], {}
-        for metric in self.metrics:
-            this = metrics_variables[len(new_metrics_vars) : len(new_metrics_vars) + len(metric.variables)]
-            if metric.name == "loss":
-                this = metric.stateless_update_state(this, loss, sample_weight=sample_weight)
-            else:
-                this = metric.stateless_update_state(this, y, y_pred, sample_weight=sample_weight)
-            logs[metric.name] = metric.stateless_result(this)
-            new_metrics_vars += this
-        return logs, (trainable_variables, non_trainable_variables, optimizer_variables, new_metrics_vars)
 
 
 def _guide_model(jit_compile=True, steps_per_execution=1):

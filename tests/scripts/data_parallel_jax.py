@@ -22,35 +22,12 @@ import numpy as np  # noqa: E402
 
 import kgrad  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jax"))
+from guide_model import GuideModel  # noqa: E402  (a model with its own train_step)
+
 rng = np.random.default_rng(0)
 x = rng.normal(size=(32, 6)).astype("float32")
 y = rng.normal(size=(32, 1)).astype("float32")
-
-
-class OwnStep(keras.Model):
-    """A model with its own JAX train_step (Keras' guide's), differentiating with kgrad.value_and_grad."""
-
-    def compute_loss_and_updates(self, trainable, non_trainable, metrics_variables, x, y, sample_weight,
-                                 training=False):
-        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=training)
-        loss, (trainable, non_trainable, metrics_variables) = self.stateless_compute_loss(
-            trainable, non_trainable, metrics_variables, x=x, y=y, y_pred=y_pred,
-            sample_weight=sample_weight, training=training,
-        )
-        return loss, (y_pred, non_trainable, metrics_variables)
-
-    def train_step(self, state, data):
-        trainable, non_trainable, optimizer_variables, metrics_variables = state
-        features, target, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        grad_fn = kgrad.value_and_grad(self.compute_loss_and_updates, has_aux=True)
-        (loss, (y_pred, non_trainable, metrics_variables)), grads = grad_fn(
-            trainable, non_trainable, metrics_variables, features, target, sample_weight, training=True
-        )
-        trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
-        logs, metrics_variables = self._update_metrics_variables(
-            metrics_variables, loss, features, target, y_pred, sample_weight
-        )
-        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
 
 
 def build(distribution, own_step=False):
@@ -61,7 +38,7 @@ def build(distribution, own_step=False):
     hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
     waves = keras.ops.sin(hidden)  # an op node
     outputs = keras.layers.Dense(1, name="out")(waves)
-    model = (OwnStep if own_step else keras.Model)(inputs, outputs, name="m")
+    model = (GuideModel if own_step else keras.Model)(inputs, outputs, name="m")
     model.compile(keras.optimizers.Adam(0.01), "mse")
     return model
 
