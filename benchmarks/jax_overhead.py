@@ -29,7 +29,7 @@ per-pair CPU-time ratios (wall time beside it), with an A/A control
   that any implementation of them reads. Their numbers are wrong by design:
   they are for timing only. The target "every step ≤ 1.2 × the one-pass floor"
   compares ``probe_n1`` with ``floor_one_pass_n1``.
-- ``floor_histograms_n1``: the one-pass floor with the histograms the probe
+- ``floor_histograms_n1`` / ``floor_histograms_n10``: the one-pass floor with the histograms the probe
   writes (twelve on the MLP), each at its cheapest: a min (the max is the
   floor's), the bucket index and one scatter. A histogram between the
   min and the max cannot be counted in the pass that finds them, so this is the
@@ -66,6 +66,7 @@ CONFIGS = (
     "guard_floor",
     "floor_one_pass_n10",
     "floor_one_pass_n1",
+    "floor_histograms_n10",
     "floor_histograms_n1",
     "floor_perturb_n1",
     "perturb_n1",
@@ -150,7 +151,10 @@ def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
     return results
 
 
-MEMORY_CONFIGS = ("baseline", "probe_n1", "probe_n10", "guard", "floor_one_pass_n1", "floor_histograms_n1")
+MEMORY_CONFIGS = (
+    "baseline", "probe_n1", "probe_n10", "guard",
+    "floor_one_pass_n1", "floor_histograms_n1", "floor_histograms_n10",
+)
 
 
 def _peak_resident_bytes():
