@@ -54,6 +54,20 @@ def test_data_parallel_logs_the_values_of_one_device(kind):
             assert np.abs(np.cumsum(got[:, 2]) - np.cumsum(expected[:, 2])).max() <= 1, tag
 
 
+def test_the_exact_statistics_of_a_step_holding_nan_are_those_of_one_device(runs):
+    # The NaN sends the probed step's statistics down the exact path (one host call): it sees
+    # the whole global batch, not one device's half.
+    one = {r["step"]: r for r in runs["nan_one_device"]}[2]["scalars"]
+    split = {r["step"]: r for r in runs["nan_data_parallel"]}[2]["scalars"]
+    assert one["grad_nonfinite/hidden"] == split["grad_nonfinite/hidden"] == 8.0
+    assert split.keys() == one.keys()
+    for tag, value in one.items():
+        if np.isnan(value):
+            assert np.isnan(split[tag]), tag
+        else:
+            assert split[tag] == pytest.approx(value, rel=1e-5, abs=1e-7), tag
+
+
 def test_probing_does_not_change_data_parallel_training(kind):
     assert kind[1]["weight_difference"] == 0.0
 

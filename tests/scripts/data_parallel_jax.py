@@ -88,6 +88,11 @@ def main():
     plain_parallel, _ = fit(probed=False, distribution=data_parallel)
     guarded_parallel, _ = fit(probed=False, distribution=data_parallel, guard=kgrad.NonFiniteGuard())
     _, own_one_device_records = fit(probed=True, own_step=True)
+    # A NaN in the inputs of step 2 (probed): its statistics take the exact path, a host call.
+    bad = x.copy()
+    bad[2 * 8 + 5, 0] = np.nan
+    _, nan_one_device_records = fit(probed=True, inputs=bad)
+    _, nan_parallel_records = fit(probed=True, distribution=data_parallel, inputs=bad)
     own_parallel, own_parallel_records = fit(probed=True, distribution=data_parallel, own_step=True)
     own_plain_parallel, _ = fit(probed=False, distribution=data_parallel, own_step=True)
     own_guarded_parallel, _ = fit(
@@ -98,6 +103,8 @@ def main():
         "sharding": str(parallel.trainable_variables[0].value.sharding),
         "one_device": as_json(one_device_records),
         "data_parallel": as_json(parallel_records),
+        "nan_one_device": as_json(nan_one_device_records),
+        "nan_data_parallel": as_json(nan_parallel_records),
         "weight_difference": max_difference(parallel, plain_parallel),
         "guarded_weight_difference": max_difference(guarded_parallel, plain_parallel),
         "guard_one_device": guard_report(),

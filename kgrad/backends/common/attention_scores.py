@@ -96,7 +96,10 @@ def head_statistics(largest, entropy_sums, rows):
     >>> ops.convert_to_numpy(largest).tolist(), [round(float(entropy[0]), 4)]  # (log 2 + 0) / 2
     ([3.0], [0.3466])
     """
-    return ops.max(largest, axis=0), ops.sum(entropy_sums, axis=0) / ops.sum(rows, axis=0)
+    # Over the examples (split over devices under a keras.distribution, whose all-reduce of
+    # maxima drops a NaN): a NaN stays a NaN.
+    largest = ops.where(ops.any(ops.isnan(largest), axis=0), float("nan"), ops.max(largest, axis=0))
+    return largest, ops.sum(entropy_sums, axis=0) / ops.sum(rows, axis=0)
 
 
 def call_statistics(call, examples, gather_batch=None):

@@ -22,6 +22,7 @@ from jax.scipy.special import logsumexp
 from keras.src.ops import nn as ops_nn
 
 from kgrad.backends.common.calls import replaced_calls
+from kgrad.backends.jax.summarize.stats import nan_max
 
 _KINDS = {keras.activations.softmax: "softmax", keras.activations.sigmoid: "sigmoid"}
 SIGMOID = "a sigmoid output: independent probabilities, not a distribution over its last axis"
@@ -130,5 +131,6 @@ def logit_statistics(logits):
         "logit_entropy": entropy,
         "logit_top1_prob": jnp.exp(largest - log_sum_exp),
     }
-    return {kind: (jnp.mean(values), jnp.max(values)) for kind, values in per_position.items()}
+    # Over examples (split over devices under a keras.distribution): a NaN stays a NaN.
+    return {kind: (jnp.mean(values), nan_max(values)) for kind, values in per_position.items()}
 

@@ -36,6 +36,22 @@ def moments(x):
     return summarize(x, None)[0]
 
 
+def nan_max(values, axis=None):
+    """``jnp.max(values, axis)``, NaN wherever a value is NaN, also when XLA splits it over devices.
+
+    ``jnp.max`` propagates a NaN on one device, but under a `keras.distribution`
+    the all-reduce that combines the devices' maxima drops it: a NaN example in
+    one device's half of the batch gave the other half's max.
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> float(nan_max(jnp.array([1.0, jnp.nan, 3.0])))
+    nan
+    """
+    return jnp.where(jnp.any(jnp.isnan(values), axis=axis), jnp.nan, jnp.max(values, axis=axis))
+
+
 def summarize(x, bucket_count, columns=ALL_COLUMNS):
     """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32.
 
