@@ -102,3 +102,15 @@ def test_global_norm_of_nothing_is_zero_and_of_mixed_dtypes_is_float32():
     assert float(norms.global_norm([])) == 0.0
     got = norms.global_norm([tf.constant([3.0], tf.float16), tf.constant([4.0], tf.float64)])
     assert got.dtype == tf.float32 and float(got) == 5.0
+
+
+def test_nan_max_keeps_a_nan_that_xla_fast_min_max_drops():
+    # TensorFlow compiles reduce_max for XLA with fast min/max: a NaN can vanish from a max.
+    values = tf.constant([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]])
+    for jit_compile in (False, True):
+        largest = tf.function(norms.nan_max, jit_compile=jit_compile)
+        assert np.isnan(largest(values).numpy()), jit_compile
+        np.testing.assert_array_equal(
+            np.isnan(largest(values, axis=1).numpy()), [True, False], err_msg=str(jit_compile)
+        )
+        assert float(largest(values, axis=1)[1]) == 6.0

@@ -21,6 +21,7 @@ entries are independent probabilities) and an output without a class axis
 import tensorflow as tf
 
 from kgrad.backends.tensorflow.handover import replicas
+from kgrad.backends.tensorflow.summarize.norms import nan_max
 from kgrad.plan.tag_names import io_names
 
 
@@ -57,7 +58,7 @@ def output_logits(output):
 def logit_statistics(logits):
     """``{kind: per-position values}`` of `kgrad.plan.tag_names.LOGIT_KINDS`, over the last axis."""
     logits = tf.cast(logits, tf.float32)
-    largest = tf.reduce_max(logits, axis=-1)
+    largest = nan_max(logits, axis=-1)  # a NaN logit: a NaN max, under XLA too
     log_sum_exp = tf.reduce_logsumexp(logits, axis=-1)
     log_probabilities = logits - log_sum_exp[..., tf.newaxis]
     # 0·log 0 = 0: a class with probability 0 adds nothing to the entropy.
@@ -105,5 +106,5 @@ def add_logit_summaries(builder, model, prediction):
             # Per position first: the batch gathered over replicas is [B, T], not [B, T, V].
             values = replicas.gather_batch(values)
             builder.add_scalar(f"{kind}_mean/{name}", tf.reduce_mean(values))
-            builder.add_scalar(f"{kind}_max/{name}", tf.reduce_max(values))
+            builder.add_scalar(f"{kind}_max/{name}", nan_max(values))
     return reasons

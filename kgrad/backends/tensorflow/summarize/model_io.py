@@ -18,4 +18,4 @@ def add_prediction_gradient(builder, model, gradient):
         builder.add_tensor("pred_grad", name, tensor)
         example = norms.example_norms(tensor)
         builder.add_scalar(f"pred_grad_example_norm_mean/{name}", tf.reduce_mean(example))
-        builder.add_scalar(f"pred_grad_example_norm_max/{name}", tf.reduce_max(example))
+        builder.add_scalar(f"pred_grad_example_norm_max/{name}", norms.nan_max(example))
