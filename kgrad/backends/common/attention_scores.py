@@ -27,6 +27,8 @@ The math is in `example_statistics` and `head_statistics`, functions of
 
 from keras import ops
 
+from kgrad.backends.common.norms import nan_max
+
 
 def attention_scores(query, key, scale, soft_cap=None):
     """``[B, N, T, S]`` float32 scores of ``query`` ``[B, T, N, H]`` and ``key`` ``[B, S, K, H]``.
@@ -96,10 +98,8 @@ def head_statistics(largest, entropy_sums, rows):
     >>> ops.convert_to_numpy(largest).tolist(), [round(float(entropy[0]), 4)]  # (log 2 + 0) / 2
     ([3.0], [0.3466])
     """
-    # Over the examples (split over devices under a keras.distribution, whose all-reduce of
-    # maxima drops a NaN): a NaN stays a NaN.
-    largest = ops.where(ops.any(ops.isnan(largest), axis=0), float("nan"), ops.max(largest, axis=0))
-    return largest, ops.sum(entropy_sums, axis=0) / ops.sum(rows, axis=0)
+    # Over the examples (split over devices under a keras.distribution): a NaN stays a NaN.
+    return nan_max(largest, axis=0), ops.sum(entropy_sums, axis=0) / ops.sum(rows, axis=0)
 
 
 def call_statistics(call, examples, gather_batch=None):

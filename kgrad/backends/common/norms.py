@@ -85,3 +85,21 @@ def combined_norm(tensor_norms):
         tensor_norms = ops.stack([ops.cast(norm, "float32") for norm in tensor_norms])
     # Rescaled by the largest norm, so that norms beyond 1e19 still combine.
     return safe_norm(ops.reshape(ops.cast(tensor_norms, "float32"), (-1,)))
+
+
+def nan_max(x, axis=None):
+    """``ops.max(x, axis)``, NaN wherever an element is NaN, on every backend and compiler.
+
+    A maximum kgrad reports must not look finite when its values are not, and
+    two compilers drop a NaN from a max: TensorFlow compiles ``reduce_max`` for
+    XLA with fast min/max (``tf.reduce_max([1, nan, 3])`` is 3.0 with
+    ``jit_compile=True``), and on JAX under a `keras.distribution` the
+    all-reduce combining the devices' maxima drops it.
+
+    Example:
+
+    >>> import numpy as np
+    >>> float(nan_max(np.array([1.0, np.nan, 3.0], "float32")))
+    nan
+    """
+    return ops.where(ops.any(ops.isnan(x), axis=axis), float("nan"), ops.max(x, axis=axis))

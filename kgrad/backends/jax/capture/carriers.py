@@ -58,7 +58,7 @@ class CarrierLayout:
         parts = [row] + ([] if histogram is None else [histogram.ravel()])
         if self.example_norms:
             example = norms.example_norms(gradient) if gradient.ndim else jnp.abs(gradient)[None]
-            parts.append(jnp.stack([jnp.mean(example), stats.nan_max(example)]).astype(jnp.float32))
+            parts.append(jnp.stack([jnp.mean(example), norms.nan_max(example)]).astype(jnp.float32))
         return jnp.concatenate(parts)
 
 

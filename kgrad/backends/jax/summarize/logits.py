@@ -22,7 +22,7 @@ from jax.scipy.special import logsumexp
 from keras.src.ops import nn as ops_nn
 
 from kgrad.backends.common.calls import replaced_calls
-from kgrad.backends.jax.summarize.stats import nan_max
+from kgrad.backends.common.norms import nan_max
 
 _KINDS = {keras.activations.softmax: "softmax", keras.activations.sigmoid: "sigmoid"}
 SIGMOID = "a sigmoid output: independent probabilities, not a distribution over its last axis"

@@ -36,22 +36,6 @@ def moments(x):
     return summarize(x, None)[0]
 
 
-def nan_max(values, axis=None):
-    """``jnp.max(values, axis)``, NaN wherever a value is NaN, also when XLA splits it over devices.
-
-    ``jnp.max`` propagates a NaN on one device, but under a `keras.distribution`
-    the all-reduce that combines the devices' maxima drops it: a NaN example in
-    one device's half of the batch gave the other half's max.
-
-    Example:
-
-    >>> import jax.numpy as jnp
-    >>> float(nan_max(jnp.array([1.0, jnp.nan, 3.0])))
-    nan
-    """
-    return jnp.where(jnp.any(jnp.isnan(values), axis=axis), jnp.nan, jnp.max(values, axis=axis))
-
-
 def summarize(x, bucket_count, columns=ALL_COLUMNS):
     """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32.
 
@@ -140,16 +124,6 @@ def _plain_summary(values, squares, needed, bucket_count):
 def _empty_histogram(bucket_count):
     # Both branches of the cond return the same structure: a [0, 3] stand-in without buckets.
     return jnp.zeros([bucket_count or 0, 3], jnp.float32)
-
-
-def summarize_many(tensors, bucket_count=None):
-    """``([n, 7] moments, [n, bucket_count, 3] histograms or None)`` of a list of tensors."""
-    if not tensors:
-        histograms = None if bucket_count is None else jnp.zeros([0, bucket_count, 3], jnp.float32)
-        return jnp.zeros([0, ROW], jnp.float32), histograms
-    pairs = [summarize(tensor, bucket_count) for tensor in tensors]
-    histograms = None if bucket_count is None else jnp.stack([pair[1] for pair in pairs])
-    return jnp.stack([pair[0] for pair in pairs]), histograms
 
 
 def _histogram_of(values, low, high, bucket_count):

@@ -11,7 +11,13 @@ import tensorflow as tf
 
 # Written once for every backend with keras.ops, at the cost of TensorFlow's
 # kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
-from kgrad.backends.common.norms import combined_norm, example_norms, global_norm, safe_norm  # noqa: F401
+from kgrad.backends.common.norms import (  # noqa: F401
+    combined_norm,
+    example_norms,
+    global_norm,
+    nan_max,
+    safe_norm,
+)
 
 
 def sum_of_squares(x):
@@ -83,21 +89,3 @@ def norms_many(tensors):
         lambda: tf.sqrt(squares),
         lambda: tf.stack([safe_norm(values) for values in flat]),
     )
-
-
-def nan_max(x, axis=None):
-    """``tf.reduce_max(x, axis)``, NaN wherever an element is NaN, under XLA too.
-
-    TensorFlow compiles ``reduce_max`` for XLA with fast min/max, which drops a
-    NaN: ``tf.reduce_max([1.0, nan, 3.0])`` is NaN eagerly and 3.0 with
-    ``jit_compile=True``. A maximum kgrad reports must not look finite when
-    its values are not.
-
-    Example:
-
-    >>> import numpy as np
-    >>> float(nan_max(tf.constant([1.0, np.nan, 3.0])))
-    nan
-    """
-    nan = tf.constant(float("nan"), x.dtype)
-    return tf.where(tf.reduce_any(tf.math.is_nan(x), axis=axis), nan, tf.reduce_max(x, axis=axis))
