@@ -8,10 +8,11 @@ is made, and each watched gradient (dJ/dŷ, dJ/d(activation)) through a
 carrier whose cotangent is that row, so nothing the size of an activation is
 kept. A check row is the sum of squares (non-finite whenever an element is
 NaN or Inf) and, only when that sum is not finite (a ``lax.cond``), the NaN
-and Inf counts. The rows come in TensorFlow's order
-(`kgrad.backends.tensorflow.guard.watched`): inputs and activations, then (after
-the loss) dJ/dŷ and dJ/d(activation) from the loss down; the sentinel puts the
-loss and the weight gradients in their places.
+and Inf counts (`kgrad.backends.jax.guard.sentinel.non_finite_counts`, on the
+host). The rows come in TensorFlow's order
+(`kgrad.backends.tensorflow.guard.watched`): inputs and activations, then
+(after the loss) dJ/dŷ and dJ/d(activation) from the loss down; the sentinel
+puts the loss and the weight gradients in their places.
 
 Example:
 
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 from kgrad.backends.common.model_io import float_input_names
 from kgrad.backends.jax.capture.carriers import tap_gradient
 from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, trace_taps
+from kgrad.backends.jax.guard.sentinel import non_finite_counts
 from kgrad.plan import selection
 from kgrad.plan.tag_names import io_names
 
@@ -42,7 +44,7 @@ def check_row(tensor):
     squares = jnp.sum(jnp.square(values))
 
     def counted():
-        counts = jnp.stack([jnp.sum(jnp.isnan(values)), jnp.sum(jnp.isinf(values))]).astype(jnp.int32)
+        counts = non_finite_counts([values])[0]
         high, low = counts // int(_SPLIT), counts % int(_SPLIT)
         return jnp.stack([high[0], low[0], high[1], low[1]])
 
