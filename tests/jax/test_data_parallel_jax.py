@@ -40,6 +40,9 @@ def test_data_parallel_logs_the_values_of_one_device(kind):
     for single, split in zip(one, parallel):
         assert split["scalars"].keys() == single["scalars"].keys()
         assert "grad_norm/sin" in split["scalars"] and "weight_grad_norm/out/kernel" in split["scalars"]
+        # The instruments too: per-example norms over the global batch, Adam's moments.
+        assert split["scalars"]["global/batch_size"] == 8.0
+        assert {"example_grad_norm_max/hidden/kernel", "adam_rms/out/kernel"} <= split["scalars"].keys()
         # An own train_step's kgrad.value_and_grad watches no input, as a ProbeTape.
         assert ("input_grad_norm/input" in split["scalars"]) == (name == "keras_step")
         for tag, value in single["scalars"].items():

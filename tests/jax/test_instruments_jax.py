@@ -363,20 +363,6 @@ def test_the_logits_behind_every_kind_of_final_softmax(ending, tmp_path):
     assert said == ""
 
 
-def test_instruments_with_a_models_own_train_step_are_refused_before_training(tmp_path):
-    class Custom(keras.Sequential):
-        def train_step(self, state, data):
-            return super().train_step(state, data)
-
-    model = Custom([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile("adam", "mse")
-    refused = r"instruments=\['optimizer'\] with the own train_step"
-    with pytest.raises(kgrad.UnsupportedBackendError, match=refused):
-        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0,
-                  callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"), instruments=["optimizer"])])
-    assert not (tmp_path / "logs").exists()
-
-
 def test_a_keras_hub_language_model_logits_and_attention(tmp_path):
     """GPT-2 (KerasHub, built from a config): the LM head's logits are the model's own output."""
     keras_hub = pytest.importorskip("keras_hub")

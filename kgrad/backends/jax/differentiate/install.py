@@ -12,7 +12,6 @@ Keras' own function untouched.
 
 import jax
 
-from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.differentiate.step import ProbedStep
@@ -113,7 +112,7 @@ def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``: ``role`` ``"probe"`` or ``"guard"``."""
     if role == "guard":
         return attach_guard(model, config, model.__dict__.get(_INSTALLATION))
-    _check(model, role, config)
+    _check(model, role)
     if attached_guard(model) is not None:  # before anything is installed
         check_guard_with_probe(model, attached_guard(model).config)
     keras_function = keras_train_function(model)
@@ -157,18 +156,7 @@ def check_supported(role):
     del role
 
 
-def _check(model, role, config):
+def _check(model, role):
     check_supported(role)
     if model.optimizer is None:
         raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
-    unsupported = None
-    if config.instruments and has_own_train_step(model):
-        unsupported = (
-            f"instruments={list(config.instruments)!r} with the own train_step of model '{model.name}': "
-            "on JAX the instruments run in Keras' own train_step only yet"
-        )
-    if unsupported is not None:
-        raise UnsupportedBackendError(
-            f"kgrad.GradientProbe cannot probe this fit on Keras' JAX backend: {unsupported}. "
-            "Set KERAS_BACKEND=tensorflow, where it is supported."
-        )

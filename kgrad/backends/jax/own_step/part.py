@@ -11,7 +11,12 @@ taps first. The weights' rows (`add_weights`) follow once the optimizer has
 applied the gradients. The tags are those a TensorFlow `kgrad.ProbeTape` of
 the same sub-model writes: layer and weight paths relative to the sub-model,
 dJ/dŷ as ``pred_grad_*/output``, no dJ/dx (a ``ProbeTape`` watches no input
-unless asked), no ``global/loss``.
+unless asked), no ``global/loss``. The instruments ``"per_example"`` (its
+carriers in the same backward pass), ``"logits"`` and ``"attention"`` are
+recorded in the same pass; ``"optimizer"`` once
+the optimizer that applies the part's gradients is known (`add_weights`):
+unlike a TensorFlow ``ProbeTape``, which cannot tell, a part gets
+``adam_rms/`` and ``grad_outlier_fraction/`` from that optimizer's state.
 """
 
 import jax
@@ -22,6 +27,8 @@ from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
 from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize.instruments import Instruments, add_optimizer_rows, optimizer_paths
+from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.summaries import SummaryRows
 from kgrad.plan import selection
 from kgrad.plan.tag_names import GRAD_NORM_TAG, io_names
@@ -54,6 +61,9 @@ class ProbedPart:
         self._operations, self._keep = _selection(model, config.layers)
         self.paths = [model_relative_path(model, weight) for weight in weights]
         self.weight_shapes = {path: tuple(w.shape) for path, w in zip(self.paths, weights)}
+        self._weights = list(weights)
+        self._instruments = Instruments(model, config, self._operations, self._keep, optimizer=False)
+        self._predictions = []  # the keys of the prediction taps, in the order of the pass
 
     @property
     def _buckets(self):
@@ -63,27 +73,44 @@ class ProbedPart:
         """``(value or (value, aux), gradients of args[numbers])``; adds the captured rows."""
         taps = self._discover(fn, numbers, args, kwargs)
         carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
-        rows = self.rows
+        rows, instruments = self.rows, self._instruments
+        if instruments.per_example is not None:
+            carriers.update(self._per_example_carriers(fn, numbers, args, kwargs))
 
         def with_carriers(carriers, *differentiated):
-            forward = {}
+            forward, seen = {}, []
 
             def tap(key, kind, tensor):
+                if kind == "prediction":
+                    instruments.see_prediction(seen, tensor)
                 if kind == "activation" and self.config.captures("activations"):
                     wants = rows.wants_histogram("activation", tensor.shape)
                     columns = rows.columns("activation", tensor.shape)
                     forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
                 return tap_gradient(tensor, carriers[key], taps[key][2]) if key in carriers else tensor
 
-            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep, tap_inputs=False)):
+            # The instruments' recording inside kgrad's taps: it sees the tapped outputs.
+            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep, tap_inputs=False)), \
+                    instruments.recording(carriers):
                 out = fn(*_with(args, numbers, differentiated), **kwargs)
             value, aux = out if has_aux else (out, None)
-            return value, (aux, forward)
+            return value, (aux, forward, seen)
 
         grad_fn = jax.value_and_grad(with_carriers, argnums=tuple(range(len(numbers) + 1)), has_aux=True)
-        (value, (aux, forward)), (carried, *gradients) = grad_fn(carriers, *[args[n] for n in numbers])
+        (value, (aux, forward, seen)), (carried, *gradients) = grad_fn(carriers, *[args[n] for n in numbers])
         self._add_captured(taps, forward, carried)
+        # The optimizer's rows follow in `add_weights`, once it is known which optimizer applies them.
+        instruments.add_rows(self.rows, carried, seen, self._predictions, update=None)
         return ((value, aux) if has_aux else value), gradients
+
+    def _per_example_carriers(self, fn, numbers, args, kwargs):
+        """The per-example carriers of the layers one pass of ``fn`` calls (traced for shapes)."""
+
+        def forward(*differentiated):
+            return fn(*_with(args, numbers, differentiated), **kwargs)
+
+        differentiated = [args[n] for n in numbers]
+        return self._instruments.per_example.carriers_of(lambda: jax.eval_shape(forward, *differentiated))
 
     def _discover(self, fn, numbers, args, kwargs):
         """``{key: (kind, shape, carrier layout or None)}`` of the taps of one pass of ``fn``, in order."""
@@ -114,7 +141,7 @@ class ProbedPart:
         if self.config.captures("activations"):
             for key, (row, histogram) in forward.items():
                 self.rows.add("activation", key, row, histogram, taps[key][1])
-        predictions = [key for key, (kind, _, _) in taps.items() if kind == "prediction"]
+        predictions = self._predictions = [key for key, (kind, _, _) in taps.items() if kind == "prediction"]
         output_names = dict(zip(predictions, io_names(predictions, "output", _output_names(self.model))))
         for key, (kind, shape, layout) in taps.items():
             if layout is None:
@@ -126,8 +153,23 @@ class ProbedPart:
                 self.rows.add_scalar(f"pred_grad_example_norm_mean/{name}", example[0])
                 self.rows.add_scalar(f"pred_grad_example_norm_max/{name}", example[1])
 
-    def add_weights(self, before, gradients, after):
-        """The rows of the weights: gradient moments, norms and update ratios (``after`` the update)."""
+    def add_weights(self, before, gradients, after, optimizer, optimizer_state_after, as_applied=None):
+        """The rows of the weights (gradient moments, norms, update ratios) and the optimizer's.
+
+        Args:
+            before, after: The part's weights before and after the update.
+            gradients: Their gradients.
+            optimizer: The optimizer whose ``stateless_apply`` updated them.
+            optimizer_state_after: Its variables after the update.
+            as_applied: With ``instruments=["optimizer"]``, the gradients as
+                ``optimizer`` applied them (clipped over all it applied).
+        """
+        if as_applied is not None:
+            paths, _ = optimizer_paths(self.paths, self.config.statistics, gradients)
+            add_optimizer_rows(
+                self.rows, OptimizerMoments(optimizer, self._weights), paths, as_applied, before, after,
+                optimizer_state_after, self.config.outlier_sigmas,
+            )
         if not self.config.captures("weight_gradients"):
             return
         statistics = self.config.statistics

@@ -17,6 +17,7 @@ import warnings
 import jax
 import keras
 
+from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.jax.own_step.part import ProbedPart
 
@@ -100,12 +101,18 @@ class PartCollection:
                 optimizer_variables, grads, trainable_variables
             )
             applied = {id(value): k for k, value in enumerate(trainable_variables)}
+            clipped = None
+            if "optimizer" in self._config.instruments:
+                # As the optimizer clips them: over all it applies (global_clipnorm), not one part's.
+                clipped = inner_optimizer(optimizer)._clip_gradients(list(grads))
             for entry in list(self._pending):
                 part, _, before, gradients = entry
                 if all(id(value) in applied for value in before):
                     self._pending.remove(entry)
-                    after = [new_trainable[applied[id(value)]] for value in before]
-                    part.add_weights(before, gradients, after)
+                    positions = [applied[id(value)] for value in before]
+                    after = [new_trainable[k] for k in positions]
+                    as_applied = None if clipped is None else [clipped[k] for k in positions]
+                    part.add_weights(before, gradients, after, optimizer, new_optimizer_variables, as_applied)
                     rows = part.rows
                     self._records[part.name] = (
                         optimizer_variables[iterations],

@@ -41,15 +41,18 @@ class Instruments:
         model: The probed model.
         config: Its `kgrad.plan.options.ProbeConfig`.
         operations_by_name, keep: The captured operations and their predicate.
+        optimizer: Whether ``model.optimizer`` applies the gradients (Keras' own
+            ``train_step``). A part of a model's own ``train_step`` learns which
+            optimizer applies them only when it does (`add_optimizer_rows`).
     """
 
-    def __init__(self, model, config, operations_by_name, keep):
+    def __init__(self, model, config, operations_by_name, keep, optimizer=True):
         self.model, self.config = model, config
         wanted = config.instruments
         self.per_example = self.moments = self.capture = None
         if "per_example" in wanted:
             self.per_example = PerExampleLayers(model, operations_by_name, keep)
-        if "optimizer" in wanted:
+        if "optimizer" in wanted and optimizer:
             self.moments = OptimizerMoments(model.optimizer, model.trainable_variables)
         if "logits" in wanted:
             self.capture = LogitCapture(model)
@@ -106,7 +109,11 @@ class Instruments:
             if reasons:  # once per trace: never a guessed value, but say which are missing
                 warnings.warn(f"kgrad: no per-example gradient norms for {_by_reason(reasons)}", stacklevel=3)
         if self.moments is not None:
-            self._add_optimizer(rows, *update)
+            add_optimizer_rows(rows, self.moments, *update, self.config.outlier_sigmas)
+        self.add_forward_rows(rows, seen, y_pred)
+
+    def add_forward_rows(self, rows, seen, y_pred):
+        """The logits' and the attention's tags, from what `see_prediction` gathered."""
         if self.capture is not None:
             names = io_names(y_pred, "output", getattr(self.model, "output_names", None))
             reasons = {}
@@ -135,14 +142,26 @@ class Instruments:
             said = f"model '{self.model.name}' called no attention layer in its step, so nothing is written"
             _warn("attention", said)
 
-    def _add_optimizer(self, rows, paths, gradients, before, after, state_after):
-        self.moments.add_rows(rows, paths, gradients, state_after, self.config.outlier_sigmas)
-        if self.moments.reason is not None:
-            _warn("optimizer", self.moments.reason)
-        for number, path in paths.items():  # ‖Δw‖/√n, any optimizer
-            change = after[number].astype(jnp.float32) - before[number].astype(jnp.float32)
-            size = float(max(math.prod(change.shape), 1))
-            rows.add_scalar(f"update_rms/{path}", jnp.sqrt(jnp.sum(jnp.square(change))) / math.sqrt(size))
+
+def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_after, sigmas):
+    """``adam_rms/``, ``grad_outlier_fraction/`` (`OptimizerMoments`) and ``update_rms/`` of ``paths``.
+
+    Args:
+        rows: The step's `kgrad.backends.jax.summarize.summaries.SummaryRows`.
+        moments: The `OptimizerMoments` of the optimizer that applied the gradients.
+        paths: ``{weight number: path}`` (`optimizer_paths`).
+        gradients: The gradients of the true loss, numbered as ``paths``.
+        before, after: The weights' values before and after the update.
+        state_after: The optimizer's variables after the update.
+        sigmas: k of the outlier test.
+    """
+    moments.add_rows(rows, paths, gradients, state_after, sigmas)
+    if moments.reason is not None:
+        _warn("optimizer", moments.reason)
+    for number, path in paths.items():  # ‖Δw‖/√n, any optimizer
+        change = after[number].astype(jnp.float32) - before[number].astype(jnp.float32)
+        size = float(max(math.prod(change.shape), 1))
+        rows.add_scalar(f"update_rms/{path}", jnp.sqrt(jnp.sum(jnp.square(change))) / math.sqrt(size))
 
 
 def optimizer_paths(paths, statistics, gradients, inverse_scale=None):

@@ -73,6 +73,19 @@ class PerExampleLayers:
 
     def carriers(self, trainable, non_trainable, x):
         """``{key: zeros [weights, B + 1]}``: one carrier per layer with per-example norms."""
+
+        def forward(trainable, non_trainable, x):
+            kwargs = {"training": True} if self.model._call_has_training_arg else {}
+            self.model.stateless_call(trainable, non_trainable, x, **kwargs)
+
+        return self.carriers_of(lambda: jax.eval_shape(forward, trainable, non_trainable, x))
+
+    def carriers_of(self, trace):
+        """`carriers`, of the layers called while ``trace()`` runs the step's forward pass for shapes.
+
+        ``trace``: e.g. ``lambda: jax.eval_shape(...)`` of Keras' forward pass,
+        or of the function a `kgrad.value_and_grad` call differentiates.
+        """
         calls = {}
 
         def count(name, op):
@@ -87,13 +100,8 @@ class PerExampleLayers:
 
             return wrap
 
-        def forward(trainable, non_trainable, x):
-            kwargs = {"training": True} if self.model._call_has_training_arg else {}
-            replacements = [(op, count(name, op)) for name, op in self._candidates.items()]
-            with replaced_calls(replacements):
-                self.model.stateless_call(trainable, non_trainable, x, **kwargs)
-
-        jax.eval_shape(forward, trainable, non_trainable, x)
+        with replaced_calls([(op, count(name, op)) for name, op in self._candidates.items()]):
+            trace()
         coupled = _coupling_layers(self.model)
         carriers = {}
         for name, outputs in calls.items():
