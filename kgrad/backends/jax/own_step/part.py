@@ -13,10 +13,10 @@ the same sub-model writes: layer and weight paths relative to the sub-model,
 dJ/dŷ as ``pred_grad_*/output``, no dJ/dx (a ``ProbeTape`` watches no input
 unless asked), no ``global/loss``. The instruments ``"per_example"`` (its
 carriers in the same backward pass), ``"logits"`` and ``"attention"`` are
-recorded in the same pass; ``"optimizer"`` once
-the optimizer that applies the part's gradients is known (`add_weights`):
-unlike a TensorFlow ``ProbeTape``, which cannot tell, a part gets
-``adam_rms/`` and ``grad_outlier_fraction/`` from that optimizer's state.
+recorded in the same pass; ``"optimizer"`` once the optimizer that applies
+the part's gradients is known (`add_weights`): unlike a TensorFlow
+``ProbeTape``, which cannot tell, a part gets ``adam_rms/`` and
+``grad_outlier_fraction/`` from that optimizer's state.
 """
 
 import jax
