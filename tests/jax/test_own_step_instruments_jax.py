@@ -174,7 +174,8 @@ def test_a_part_without_logits_says_why_and_writes_none(tmp_path):
 
 
 
-def test_the_gan_with_every_instrument_trains_as_without_the_probe(tmp_path):
+@pytest.mark.parametrize("guarded", [False, True])
+def test_the_gan_with_every_instrument_trains_as_without_the_probe(guarded, tmp_path):
     def gan():
         keras.backend.clear_session()
         keras.utils.set_random_seed(0)
@@ -190,8 +191,9 @@ def test_the_gan_with_every_instrument_trains_as_without_the_probe(tmp_path):
         str(tmp_path), every_n_steps=2, instruments=["per_example", "optimizer", "logits"],
         on_probe=records.append,
     )
+    callbacks = [probe, kgrad.NonFiniteGuard()] if guarded else [probe]
     with pytest.warns(UserWarning, match="a sigmoid output"):
-        probed.fit(real, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[probe])
+        probed.fit(real, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
     plain.fit(real, batch_size=8, epochs=2, shuffle=False, verbose=0)
     for probed_weight, plain_weight in zip(probed.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_allclose(probed_weight, plain_weight, rtol=1e-6, atol=1e-7)
