@@ -203,14 +203,57 @@ def test_a_clean_fit_watching_everything_trains_like_plain_fit():
     _assert_weights_of_plain_fit(model, _tanh_model, initial, x, y)
 
 
-@pytest.mark.parametrize("guard_first", [True, False], ids=["guard_first", "probe_first"])
-def test_watch_with_a_gradient_probe_is_refused_before_training(tmp_path, guard_first):
+def _report_fields(report):
+    return (
+        report.step, report.tensor, report.layer, report.kind, report.pass_, report.nan_count,
+        report.inf_count, report.last_finite_step, report.non_finite, report.born_at,
+    )
+
+
+def _bad_log_model():
+    model = _model(lambda t: keras.ops.log(t))
+    model.build((None, 3))
+    # `first` outputs x - 2 for these inputs above 1.5 only: a NaN from the 3rd batch on.
+    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), -1.5 * np.ones(4, "float32")])
+    return model
+
+
+def _bad_prediction_gradient_model():
+    return _tanh_model()
+
+
+@pytest.mark.parametrize("every_n_steps", [1, 2])
+@pytest.mark.parametrize("case", ["forward_activation", "backward_prediction_gradient"])
+def test_watch_with_a_gradient_probe_reports_what_it_reports_alone(case, every_n_steps, tmp_path):
+    # The probed steps tap the guard's watched tensors in their own pass: the same rows, so the
+    # same report as the guard alone, whether the tripped step is probed or not.
+    x, y = _data()
+    x[2 * BATCH :] += 1.0  # from the 3rd batch on, `first` - 1.5 goes negative under log
+    loss, make = "mse", _bad_log_model
+    if case == "backward_prediction_gradient":
+        y[2 * BATCH + 1] = 500.0  # a NaN in dJ/dŷ at step 2 (`_sqrt_at_zero_loss`)
+        loss, make, x = _sqrt_at_zero_loss, _bad_prediction_gradient_model, _data()[0]
+    reports, weights = {}, {}
+    for probed in (False, True):
+        model = make()
+        guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+        probe = kgrad.GradientProbe(str(tmp_path / str(probed)), every_n_steps=every_n_steps)
+        _fit(model, x, y, [guard, probe] if probed else [guard], loss=loss)
+        reports[probed], weights[probed] = guard.report, model.get_weights()
+    assert reports[False] is not None
+    assert _report_fields(reports[True]) == _report_fields(reports[False])
+    assert reports[True].kind == ("activation" if case == "forward_activation" else "pred_grad")
+    for got, want in zip(weights[True], weights[False]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_clean_fit_watching_everything_with_a_probe_trains_like_plain_fit(tmp_path):
     x, y = _data()
     model = _tanh_model()
     initial = model.get_weights()
-    callbacks = [kgrad.NonFiniteGuard(watch="all"), kgrad.GradientProbe(str(tmp_path / "logs"))]
-    with pytest.raises(kgrad.backends.UnsupportedBackendError,
-                       match=r"watch=\[.*\]\) cannot guard .* together with a kgrad.GradientProbe"):
-        _fit(model, x, y, callbacks if guard_first else callbacks[::-1])
-    for got, want in zip(model.get_weights(), initial):
-        np.testing.assert_array_equal(got, want)
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    records = []
+    _fit(model, x, y, [guard, kgrad.GradientProbe(str(tmp_path), every_n_steps=2, on_probe=records.append)])
+    assert guard.report is None
+    assert [record.step for record in records] == [0, 2, 4, 6]
+    _assert_weights_of_plain_fit(model, _tanh_model, initial, x, y)

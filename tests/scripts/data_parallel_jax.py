@@ -46,8 +46,9 @@ def build(distribution, own_step=False):
 def fit(probed, distribution=None, guard=None, inputs=x, own_step=False):
     model = build(distribution, own_step)
     records = []
-    callbacks = [kgrad.GradientProbe(every_n_steps=2, on_probe=records.append, statistics="all",
-                                     layers="all", instruments=["per_example", "optimizer"])] if probed else []
+    probe = kgrad.GradientProbe(every_n_steps=2, on_probe=records.append, statistics="all", layers="all",
+                                instruments=["per_example", "optimizer"])
+    callbacks = [probe] if probed else []
     callbacks += [guard] if guard is not None else []
     # 8 examples a step: the global batch, split over the devices under DataParallel.
     model.fit(inputs, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)

@@ -34,6 +34,28 @@ _GRADIENT_KIND = {
 }
 
 
+#: Keys of the guard's check carriers among the step's carriers (no layer name starts with it).
+_WATCHED = "\x00watched/"
+
+
+def _watched(carriers):
+    """The guard's check carriers (or their cotangents) among ``carriers``, by their tap's key."""
+    return {key[len(_WATCHED):]: value for key, value in carriers.items() if key.startswith(_WATCHED)}
+
+
+def _union(*selections):
+    """``(operations by name, keep)`` that taps what any of ``selections`` (each such a pair) taps."""
+    operations, kept_by = {}, []
+    for chosen, keep in selections:
+        operations.update(chosen)
+        kept_by.append(({id(op) for op in chosen.values()}, keep))
+
+    def keep(operation):
+        return any(id(operation) in ids and (k is None or k(operation)) for ids, k in kept_by)
+
+    return operations, keep
+
+
 class ProbedStep:
     """Keras' JAX ``train_step`` for ``model``, probed as ``config`` (a `ProbeConfig`) says.
 
@@ -57,8 +79,9 @@ class ProbedStep:
         )
 
     def __call__(self, state, data, sentinel=None):
-        # ``sentinel``: fn(old state, new state, loss, gradients) -> state to keep
-        # (`kgrad.backends.jax.guard.sentinel.guard_update`, with a NonFiniteGuard).
+        # ``sentinel``: fn(old state, new state, loss, gradients, rows) -> state to keep
+        # (`kgrad.backends.jax.guard.steps.GuardedSteps.sentinel`, with a NonFiniteGuard);
+        # its ``watch``: the guard's watched tensors, tapped in this same pass.
         trainable, non_trainable, optimizer_variables, metrics_variables = state
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         rows = SummaryRows(self.config.histograms, self.config.statistics)
@@ -68,11 +91,23 @@ class ProbedStep:
         inverse_scale = loss_scale.inverse_loss_scale(self.model.optimizer, optimizer_variables)
         instruments = Instruments(self.model, self.config, self._operations, self._keep)
         carriers.update(instruments.carriers(trainable, non_trainable, x))
+        watch = getattr(sentinel, "watch", None)
+        operations, keep = self._operations, self._keep
+        if watch is not None:
+            watched_kinds = watch.discover(trainable, non_trainable, x)
+            carriers.update({_WATCHED + key: zeros for key, zeros in watch.carriers(watched_kinds).items()})
+            operations, keep = _union((self._operations, self._keep), watch.selection)
 
         def loss_and_forward(trainable, carriers):
-            forward, seen = {}, []
+            forward, seen, checked = {}, [], {}
+            if watch is not None:
+                guard_tap = watch.tap(watched_kinds, _watched(carriers), checked, inverse_scale)
 
             def tap(key, kind, tensor):
+                if watch is not None:  # the guard's check, inside the probe's (both see the same dJ/dt)
+                    tensor = guard_tap(key, kind, tensor)
+                if key not in taps:  # tapped for the guard only
+                    return tensor
                 if kind == "prediction":
                     instruments.see_prediction(seen, tensor)
                 if kind == "activation" and self.config.captures("activations"):
@@ -83,7 +118,7 @@ class ProbedStep:
                     return tap_gradient(tensor, carriers[key], taps[key][2], inverse_scale)
                 return tensor
 
-            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep)), instruments.recording(
+            with intercept(self.model, operations, KeyedTaps(tap, keep)), instruments.recording(
                 carriers, inverse_scale
             ):
                 loss, aux = self.model.compute_loss_and_updates(
@@ -98,10 +133,10 @@ class ProbedStep:
                 )
             # The activations' statistics, behind one branch for all of them.
             forward = dict(zip(forward, stats.summarize_group(list(forward.values()))))
-            return loss, (aux, forward, seen)
+            return loss, (aux, forward, seen, checked)
 
         grad_fn = jax.value_and_grad(loss_and_forward, argnums=(0, 1), has_aux=True)
-        (_, (aux, forward, seen)), (gradients, carried) = grad_fn(trainable, carriers)
+        (_, (aux, forward, seen, checked)), (gradients, carried) = grad_fn(trainable, carriers)
         unscaled_loss, y_pred, non_trainable, metrics_variables = aux
         step = optimizer_variables[self._iterations]
         new_trainable, optimizer_variables = self.model.optimizer.stateless_apply(
@@ -128,7 +163,10 @@ class ProbedStep:
         record = (step, rows.scalars(), rows.histograms(self.config.bucket_count))
         new_state = (new_trainable, non_trainable, optimizer_variables, metrics_variables)
         if sentinel is not None:
-            new_state = sentinel(state, new_state, unscaled_loss, gradients)
+            watched = None
+            if watch is not None:
+                watched = watch.rows(watched_kinds, checked, _watched(carried), x, y_pred)
+            new_state = sentinel(state, new_state, unscaled_loss, gradients, watched)
         return logs, new_state, record
 
     @property

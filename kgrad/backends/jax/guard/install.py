@@ -36,8 +36,6 @@ def attached_guard(model):
 def attach_guard(model, config, probing_function=None):
     """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
     check_guard(model, config)
-    if probing_function is not None:
-        check_guard_with_probe(model, config)
     keras_function = keras_train_function(model)
     kept = model.__dict__.setdefault(_KEPT, [])
     same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
@@ -62,18 +60,6 @@ def detach_guard(model, probing_function=None):
         probing_function.guard = None
     if run is not None and model.train_function is run.train_function:
         model.train_function = run.keras_train_function if probing_function is None else probing_function
-
-
-def check_guard_with_probe(model, config):
-    """Raises for a guard whose ``watch=`` the probed steps of a `kgrad.GradientProbe` do not check."""
-    if tuple(config.watch) != SENTINEL_KINDS:
-        raise UnsupportedBackendError(
-            f"kgrad.NonFiniteGuard(watch={list(config.watch)!r}) cannot guard this fit of model "
-            f"'{model.name}' on Keras' JAX backend together with a kgrad.GradientProbe: its probed steps "
-            f"check the default watch={list(SENTINEL_KINDS)!r} only yet. Use the default watch with the "
-            "probe (the replay of a trip still names the layer or op where the NaN/Inf was born), or "
-            "watch= without the probe, or set KERAS_BACKEND=tensorflow, where both are supported."
-        )
 
 
 def check_guard(model, config):

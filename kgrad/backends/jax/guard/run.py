@@ -91,6 +91,8 @@ class GuardRun:
 
     def run_probed(self, probed_step, state, data):
         """One guarded probed step: ``(logs, state, probe record)``."""
+        if self.record is None:
+            self._start_record(state, data)
         kept = self._probed.get(id(probed_step))
         if kept is None or kept[0] is not probed_step:
             guarded = self._jit(self.steps.probed(probed_step), outputs=4)

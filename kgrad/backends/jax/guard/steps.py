@@ -84,17 +84,24 @@ class GuardedSteps:
         return [gradient.astype(jnp.float32) * inverse for gradient in gradients]
 
     def sentinel(self, record, out, watched=None):
-        """``fn(old_state, new_state, loss, gradients) -> state`` that leaves the new record in ``out``."""
+        """``fn(old_state, new_state, loss, gradients, rows=None) -> state``, leaving the record in ``out``.
 
-        def check(old_state, new_state, loss, gradients):
+        Its ``watch`` attribute is the `WatchedPass` of a guard that watches
+        more than the default (else ``None``): a probed step taps those
+        tensors too, in its own pass, and hands their check rows as ``rows``
+        (``(before, after)``, `WatchedPass.rows`).
+        """
+
+        def check(old_state, new_state, loss, gradients, rows=None):
             step = old_state[2][self._iterations]
             checked = self.checked_gradients(gradients, old_state[2])
             state, out["record"] = guard_update(
                 old_state, new_state, loss, checked, record, step, self.halt_updates, select_keras_state,
-                watched,
+                watched if rows is None else (decode(rows[0]), decode(rows[1])),
             )
             return state
 
+        check.watch = self.watch
         return check
 
     def plain(self, state, record, data):

@@ -107,20 +107,12 @@ class WatchedPass:
         ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
         """
         trainable, non_trainable, optimizer_variables, metrics_variables = state
-        kinds = self._discover(trainable, non_trainable, x)
-        carriers = {key: CheckLayout().zeros() for key, kind in kinds.items() if self._watches_gradient(kind)}
+        kinds = self.discover(trainable, non_trainable, x)
 
         def loss_fn(trainable, carriers):
             forward = {}
-
-            def tap(key, kind, tensor):
-                if self._watches_value(kind):
-                    forward[key] = check_row(tensor)
-                if key in carriers:
-                    return tap_gradient(tensor, carriers[key], CheckLayout(), inverse_scale)
-                return tensor
-
-            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep)):
+            taps = KeyedTaps(self.tap(kinds, carriers, forward, inverse_scale), self._keep)
+            with intercept(self.model, self._operations, taps):
                 loss, aux = self.model.compute_loss_and_updates(
                     trainable, non_trainable, metrics_variables, x, y, sample_weight,
                     training=True, optimizer_variables=optimizer_variables,
@@ -128,18 +120,47 @@ class WatchedPass:
             return loss, (aux, forward)
 
         grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
-        (_, (aux, forward)), (gradients, carried) = grad_fn(trainable, carriers)
-        names = self._names(kinds, x, aux[1])
+        (_, (aux, forward)), (gradients, carried) = grad_fn(trainable, self.carriers(kinds))
+        return aux, gradients, self.rows(kinds, forward, carried, x, aux[1])
+
+    @property
+    def selection(self):
+        """``(operations by name, keep)``: what this pass taps (`kgrad.plan.selection`)."""
+        return self._operations, self._keep
+
+    def carriers(self, kinds):
+        """``{key: zeros}``: a check carrier (`CheckLayout`) for each watched gradient among ``kinds``."""
+        return {key: CheckLayout().zeros() for key, kind in kinds.items() if self._watches_gradient(kind)}
+
+    def tap(self, kinds, carriers, forward, inverse_scale):
+        """``fn(key, kind, tensor) -> tensor``: checks a watched value (into ``forward``), carries a gradient.
+
+        Keys not among ``kinds`` (another selection's, in a pass that taps both) pass through.
+        """
+
+        def tap(key, kind, tensor):
+            if key not in kinds:
+                return tensor
+            if self._watches_value(kind):
+                forward[key] = check_row(tensor)
+            if key in carriers:
+                return tap_gradient(tensor, carriers[key], CheckLayout(), inverse_scale)
+            return tensor
+
+        return tap
+
+    def rows(self, kinds, forward, carried, x, y_pred):
+        """``(before rows [n, 5], after rows [m, 5])``, in TensorFlow's order, named in `before`, `after`."""
+        names = self._names(kinds, x, y_pred)
         before = [key for key in kinds if key in forward]
         # From the loss down: dJ/dŷ, then dJ/d(activation) of the last layer first.
         after = [key for key in kinds if kinds[key] == "prediction" and key in carried]
         after += [key for key in reversed(list(kinds)) if kinds[key] == "activation" and key in carried]
         self.before = tuple(names[key][0] for key in before)
         self.after = tuple(names[key][1] for key in after)
-        rows = (_stack([forward[key] for key in before]), _stack([carried[key] for key in after]))
-        return aux, gradients, rows
+        return _stack([forward[key] for key in before]), _stack([carried[key] for key in after])
 
-    def _discover(self, trainable, non_trainable, x):
+    def discover(self, trainable, non_trainable, x):
         """``{key: kind}`` of the taps of one forward pass, in order (shapes only: `jax.eval_shape`)."""
         kinds = {}
 
