@@ -282,15 +282,62 @@ def test_a_loss_scale_optimizer_in_an_own_train_step_is_refused_with_the_reason(
         model.fit(*_data(1), verbose=0, callbacks=[kgrad.NonFiniteGuard()])
 
 
-def test_watch_beyond_the_default_in_an_own_train_step_is_refused_before_training(tmp_path):
+def _guide_log(jit=True):
+    """The guide's model with log between its layers: NaN in the forward pass where `first` < 0."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((FEATURES,))
+    first = keras.layers.Dense(4, name="first")(inputs)
+    middle = keras.layers.Lambda(lambda t: keras.ops.log(t), name="middle")(first)
+    model = GuideModel(inputs, keras.layers.Dense(1, name="out")(middle), name="guide")
+    model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=jit)
+    model.get_layer("first").set_weights([np.eye(FEATURES, 4, dtype="float32"), np.ones(4, "float32")])
+    return model
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no_jit"])
+def test_watching_activations_in_an_own_train_step_names_the_part_and_layer_where_a_nan_was_born(jit):
+    bad_batch = 2
+    x, y = _data(4)
+    x = np.abs(x)
+    x[bad_batch * BATCH + 1, 0] = -5.0  # `first` = x + 1 < 0 there: log gives NaN in `middle`
+    expected = _guide_log(jit)
+    expected.fit(x[: bad_batch * BATCH], y[: bad_batch * BATCH], batch_size=BATCH, shuffle=False, verbose=0)
+    model = _guide_log(jit)
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.tensor, report.kind, report.pass_) == (
+        bad_batch, "activation/guide/middle", "activation", "forward")
+    assert (report.nan_count, report.inf_count) == (1, 0)  # one example's first unit
+    assert report.born_at == "guide/middle"  # the replay agrees
+    _assert_same_state(model, _state(expected))
+
+
+def test_watching_gradients_in_an_own_train_step_names_the_activation_whose_gradient_went_nan():
+    gan = _gan(generator_root=True)
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    gan.fit(_ring(4), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    # From the loss down: dJ/dŷ and dJ/d(root) are finite, dJ/d(g_hidden) = dJ/d(root's input) is not.
+    assert (report.step, report.tensor, report.kind, report.pass_) == (
+        0, "grad/generator/g_hidden", "grad", "backward")
+    assert report.nan_count == BATCH * 32
+    watched = [name for name in report.non_finite if name.startswith(("grad/", "activation/", "pred_grad/"))]
+    assert watched == ["grad/generator/g_hidden"]
+    assert (report.born_in, report.born_at) == ("backward", "generator/root")
+
+
+def test_watch_beyond_the_default_with_a_probe_in_an_own_train_step_is_refused_before_training(tmp_path):
     model = _guide()
-    model.compile(keras.optimizers.SGD(), "mse")
     before = _state(model)
-    with pytest.raises(kgrad.backends.UnsupportedBackendError,
-                       match=r"watch=\['inputs'\] with the own train_step of model .* default watch"):
-        model.fit(*_data(1), verbose=0,
-                  callbacks=[kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g"))])
-    assert not (tmp_path / "g").exists()
+    callbacks = [kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g")),
+                 kgrad.GradientProbe(str(tmp_path / "p"))]
+    for order in (callbacks, callbacks[::-1]):
+        with pytest.raises(kgrad.backends.UnsupportedBackendError,
+                           match=r"watch=\['inputs'\]\) cannot guard .* own train_step.* together with a"):
+            model.fit(*_data(1), verbose=0, callbacks=order)
+    assert not (tmp_path / "g").exists() and not (tmp_path / "p").exists()
     _assert_same_state(model, before)
 
 

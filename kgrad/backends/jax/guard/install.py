@@ -36,6 +36,8 @@ def attached_guard(model):
 def attach_guard(model, config, probing_function=None):
     """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
     check_guard(model, config)
+    if probing_function is not None:
+        check_guard_with_probe(model, config)
     keras_function = keras_train_function(model)
     kept = model.__dict__.setdefault(_KEPT, [])
     same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
@@ -62,6 +64,19 @@ def detach_guard(model, probing_function=None):
         model.train_function = run.keras_train_function if probing_function is None else probing_function
 
 
+def check_guard_with_probe(model, config):
+    """Raises for a guard whose ``watch=`` the probed steps of a `kgrad.GradientProbe` do not check."""
+    if tuple(config.watch) != SENTINEL_KINDS and has_own_train_step(model):
+        raise UnsupportedBackendError(
+            f"kgrad.NonFiniteGuard(watch={list(config.watch)!r}) cannot guard this fit of model "
+            f"'{model.name}' (class {type(model).__name__}, with its own train_step) on Keras' JAX backend "
+            "together with a kgrad.GradientProbe: the probed steps of an own train_step check the default "
+            f"watch={list(SENTINEL_KINDS)!r} only yet. Use the default watch with the probe (the replay of "
+            "a trip still names the layer where the NaN/Inf was born), or watch= without the probe, or "
+            "set KERAS_BACKEND=tensorflow, where both are supported."
+        )
+
+
 def check_guard(model, config):
     """Raises, before anything is installed, for what the guard does not do on JAX yet."""
     if model.optimizer is None:
@@ -81,12 +96,6 @@ def check_guard(model, config):
             "LossScaleOptimizer: the loss its kgrad.value_and_grad calls differentiate is scaled, and its "
             "overflowing gradients are how the scale is found, which kgrad does not tell apart from a "
             "NaN in an own train_step on JAX yet"
-        )
-    elif tuple(config.watch) != SENTINEL_KINDS and has_own_train_step(model):
-        unsupported = (
-            f"watch={list(config.watch)!r} with the own train_step of model '{model.name}': on JAX an own "
-            f"train_step is guarded with the default watch={list(SENTINEL_KINDS)!r} only yet (the loss and "
-            "the weight gradients of each kgrad.value_and_grad call)"
         )
     if unsupported is not None:
         raise UnsupportedBackendError(

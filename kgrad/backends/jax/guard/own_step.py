@@ -21,11 +21,15 @@ import jax.numpy as jnp
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.jax.differentiate.state_sharding import state_shardings
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
 from kgrad.backends.jax.guard.run import GuardRun, GuardTrainFunction
-from kgrad.backends.jax.guard.sentinel import guard_update
+from kgrad.backends.jax.guard.sentinel import guard_update, tensor_checks, update_from_checks
 from kgrad.backends.jax.guard.steps import select_keras_state
+from kgrad.backends.jax.guard.watched import WatchedPass, decode
 from kgrad.backends.jax.own_step.active import activated
+from kgrad.backends.jax.own_step.part import _with
 from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
+from kgrad.plan.options import SENTINEL_KINDS
 
 class CheckedParts:
     """The losses and gradients of the `kgrad.value_and_grad` calls of one step, for the guard.
@@ -34,15 +38,21 @@ class CheckedParts:
         model: The model whose ``train_step`` runs.
         trainable: The trainable values of the step's ``state``.
         inner: The probe's `PartCollection` on a probed step (it differentiates), else ``None``.
+        watch: The `GuardConfig` of a guard that watches more than the default
+            (each part's activations, dJ/dŷ and dJ/d(activation), checked in its
+            pass as `WatchedPass` checks Keras' step), else ``None``.
 
     Attributes:
-        names: ``"loss/<part>"``, then ``"weight_grad/<part>/<weight path>"`` per gradient, per part.
-        tensors: The tensors of ``names``, in order.
+        names: Per part, ``"loss/<part>"`` and ``"weight_grad/<part>/<weight path>"`` per
+            gradient; with ``watch``, its ``activation/<part>/<layer>`` before the loss and its
+            ``pred_grad/<part>/…`` and ``grad/<part>/<layer>`` after it.
+        tensors: The loss and gradient tensors among ``names``, in order.
         step: The ``iterations`` of the optimizer that applied the first part (``None``: none did).
     """
 
-    def __init__(self, model, trainable, inner=None):
-        self._model, self._inner = model, inner
+    def __init__(self, model, trainable, inner=None, watch=None):
+        self._model, self._inner, self._watch = model, inner, watch
+        self._rows = []  # ("tensors", count) or ("rows", (squares, counts)), in the order of `names`
         self._variables = list(model.trainable_variables)
         self._position = {id(value): index for index, value in enumerate(trainable)}
         self._parts = {}
@@ -67,24 +77,50 @@ class CheckedParts:
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
         """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)`; keeps what it returns."""
-        if self._inner is not None:
-            result, gradients = self._inner.value_and_grad(fn, argnums, has_aux, name, args, kwargs)
-        else:
-            result, gradients = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         leaves = [leaf for n in _positions(argnums, len(args)) for leaf in jax.tree_util.tree_leaves(args[n])]
         indices = [self._position.get(id(leaf)) for leaf in leaves]
         weights = [self._variables[index] for index in indices if index is not None]
         owner = _owner(self._model, weights) if weights else self._model
         part = _unique(self._parts, name or owner.name)  # the probe's run name for the same call
+        watched = None
+        if self._inner is not None:
+            result, gradients = self._inner.value_and_grad(fn, argnums, has_aux, name, args, kwargs)
+        elif self._watch is not None:
+            result, gradients, watched = _watched_call(owner, self._watch, fn, argnums, has_aux, args, kwargs)
+        else:
+            result, gradients = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         paths = [
             f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
             for k, index in enumerate(indices)
         ]
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
-        self.names += [f"loss/{part}"] + [f"weight_grad/{part}/{path}" for path in paths]
-        self.tensors += [result[0] if has_aux else result] + jax.tree_util.tree_leaves(gradients)
+        tensors = [result[0] if has_aux else result] + jax.tree_util.tree_leaves(gradients)
+        names = [f"loss/{part}"] + [f"weight_grad/{part}/{path}" for path in paths]
+        if watched is None:
+            self._rows.append(("tensors", len(tensors)))
+        else:
+            (before_names, before), (after_names, after) = watched
+            names = [_in_part(n, part) for n in before_names] + names[:1] + [
+                _in_part(n, part) for n in after_names
+            ] + names[1:]
+            self._rows += [("rows", decode(before)), ("tensors", 1), ("rows", decode(after)),
+                           ("tensors", len(tensors) - 1)]
+        self.names += names
+        self.tensors += tensors
         return result, gradients
+
+    def checks(self):
+        """``(squares, counts)`` of every row of `names`, in order (the tensors behind one branch)."""
+        squares, counts = tensor_checks(self.tensors)
+        pieces, start = [], 0
+        for kind, item in self._rows:
+            if kind == "rows":
+                pieces.append(item)
+            else:
+                pieces.append((squares[start : start + item], counts[start : start + item]))
+                start += item
+        return jnp.concatenate([p[0] for p in pieces]), jnp.concatenate([p[1] for p in pieces])
 
     def _watched(self, optimizer, stateless_apply):
         iterations = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
@@ -117,6 +153,54 @@ class CheckedParts:
         return self.step
 
 
+def _watched_call(owner, config, fn, argnums, has_aux, args, kwargs):
+    """``jax.value_and_grad`` of one part, with its sub-model's watched tensors checked in its pass.
+
+    Returns ``(result, gradients, ((before names, rows), (after names, rows)))``:
+    `WatchedPass`'s rows of the part (its activations before the loss; dJ/dŷ
+    and dJ/d(activation) after it, through check carriers), named as in
+    Keras' step (``activation/<layer>``…). Its inputs (another part's
+    outputs) are not tapped, as the probe's parts tap none.
+    """
+    numbers = _positions(argnums, len(args))
+    watch = WatchedPass(owner, config, checks_gradients=True)
+    operations, keep = watch.selection
+    kinds = {}
+
+    def shapes_only(*differentiated):
+        def record(key, kind, tensor):
+            kinds[key] = kind
+            return tensor
+
+        with intercept(owner, operations, KeyedTaps(record, keep, tap_inputs=False)):
+            fn(*_with(args, numbers, differentiated), **kwargs)
+
+    differentiated = [args[n] for n in numbers]
+    jax.eval_shape(shapes_only, *differentiated)
+
+    def with_checks(carriers, *differentiated):
+        forward = {}
+        taps = KeyedTaps(watch.tap(kinds, carriers, forward, None), keep, tap_inputs=False)
+        with intercept(owner, operations, taps):
+            out = fn(*_with(args, numbers, differentiated), **kwargs)
+        value, aux = out if has_aux else (out, None)
+        return value, (aux, forward)
+
+    grad_fn = jax.value_and_grad(with_checks, argnums=tuple(range(len(numbers) + 1)), has_aux=True)
+    (value, (aux, forward)), (carried, *gradients) = grad_fn(watch.carriers(kinds), *differentiated)
+    predictions = [key for key, kind in kinds.items() if kind == "prediction"]
+    before, after = watch.rows(kinds, forward, carried, None, predictions)
+    result = (value, aux) if has_aux else value
+    gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
+    return result, gradients, ((watch.before, before), (watch.after, after))
+
+
+def _in_part(tensor_name, part):
+    """``"<kind>/<layer>"`` of a part's watched tensor as ``"<kind>/<part>/<layer>"`` (a ProbeTape's form)."""
+    kind, _, layer = tensor_name.partition("/")
+    return f"{kind}/{part}/{layer}"
+
+
 def _as_lists(state):
     """``(trainable, non-trainable, optimizer, metrics)`` as lists: the old and new state's trees match."""
     return tuple(list(values) for values in state)
@@ -142,6 +226,11 @@ class OwnStepGuardRun(GuardRun):
         self.latest_record = None
         self.reset(everything=True)
 
+    @property
+    def _watch(self):
+        """The `GuardConfig` when it watches more than the default (`CheckedParts`' ``watch``)."""
+        return None if tuple(self.config.watch) == SENTINEL_KINDS else self.config
+
     def _own_step(self, state, data, checked):
         with activated(checked):
             logs, state = self.model.train_step(state, data)
@@ -152,12 +241,20 @@ class OwnStepGuardRun(GuardRun):
 
         def step(state, record, data):
             tripped_before = record.tripped
-            with CheckedParts(self.model, state[0]) as checked:
+            with CheckedParts(self.model, state[0], watch=self._watch) as checked:
                 logs, new_state, probe_records = own_step(state, data, checked)
-            state, record = guard_update(
-                _as_lists(state), _as_lists(new_state), checked.tensors[0], checked.tensors[1:], record,
-                checked.checked_step(), self.config.halt_updates, select_keras_state,
-            )
+            old, new = _as_lists(state), _as_lists(new_state)
+            if self._watch is None:
+                state, record = guard_update(
+                    old, new, checked.tensors[0], checked.tensors[1:], record, checked.checked_step(),
+                    self.config.halt_updates, select_keras_state,
+                )
+            else:
+                squares, counts = checked.checks()
+                state, record = update_from_checks(
+                    old, new, squares, counts, record, checked.checked_step(), self.config.halt_updates,
+                    select_keras_state,
+                )
             if probe_records is not None and self.config.halt_updates:
                 # After a trip every step keeps the state of before: its records are dropped
                 # (step -1; Keras' loop may run a few more steps before it sees the trip).
@@ -174,7 +271,7 @@ class OwnStepGuardRun(GuardRun):
         found = {}
 
         def shapes_only(state, data):
-            with CheckedParts(self.model, state[0]) as checked:
+            with CheckedParts(self.model, state[0], watch=self._watch) as checked:
                 self._own_step(state, data, checked)
             checked.checked_step()  # raises, naming what is missing, before any step runs
             found["names"] = tuple(checked.names)

@@ -138,6 +138,12 @@ def guard_update(old_state, new_state, loss, gradients, record, step, halt_updat
         ``old_state``; and the updated `GuardRecord`.
     """
     squares, counts = check(loss, gradients, watched)
+    return update_from_checks(old_state, new_state, squares, counts, record, step, halt_updates, select)
+
+
+def update_from_checks(old_state, new_state, squares, counts, record, step, halt_updates=True,
+                       select=select_leaves):
+    """`guard_update` from rows already checked: ``squares [n]`` and ``counts [n, 2]`` (`tensor_checks`)."""
     apply = may_apply(counts, record, halt_updates)
     state = select(apply, new_state, old_state)
     return state, next_record(record, squares, counts, apply, step)
@@ -179,16 +185,23 @@ def check(loss, gradients, watched=None):
     (`kgrad.backends.jax.guard.watched`), those before the loss and those
     after it, placed in that order before the weight gradients.
     """
-    tensors = [jnp.asarray(loss, jnp.float32)] + [jnp.asarray(g).astype(jnp.float32) for g in gradients]
-    squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
-    clean = jnp.all(jnp.isfinite(squares))
-    counts = jax.lax.cond(
-        clean, lambda: jnp.zeros((len(tensors), 2), jnp.int32), lambda: non_finite_counts(tensors)
-    )
+    squares, counts = tensor_checks([loss] + list(gradients))
     if watched is not None:
         (squares_before, counts_before), (squares_after, counts_after) = watched
         squares = jnp.concatenate([squares_before, squares[:1], squares_after, squares[1:]])
         counts = jnp.concatenate([counts_before, counts[:1], counts_after, counts[1:]])
+    return squares, counts
+
+
+def tensor_checks(tensors):
+    """``(squares [n], counts [n, 2])`` of ``tensors``: sums of squares, the counts behind one branch."""
+    tensors = [jnp.asarray(t).astype(jnp.float32) for t in tensors]
+    squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
+    counts = jax.lax.cond(
+        jnp.all(jnp.isfinite(squares)),
+        lambda: jnp.zeros((len(tensors), 2), jnp.int32),
+        lambda: non_finite_counts(tensors),
+    )
     return squares, counts
 
 

@@ -173,7 +173,8 @@ class WatchedPass:
     def _names(self, kinds, x, y_pred):
         """``{key: (its forward row's name, its gradient row's name)}``, as TensorFlow's guard names them."""
         input_keys = [key for key in kinds if kinds[key] == "input"]
-        inputs = io_names(input_keys, "input", float_input_names(self.model, x))
+        # A part of an own train_step taps no input (x is None there).
+        inputs = io_names(input_keys, "input", float_input_names(self.model, x)) if input_keys else []
         outputs = io_names(y_pred, "output", getattr(self.model, "output_names", None))
         order = {"input": iter(inputs), "prediction": iter(outputs)}
         names = {}
