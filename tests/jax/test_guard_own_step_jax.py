@@ -328,17 +328,49 @@ def test_watching_gradients_in_an_own_train_step_names_the_activation_whose_grad
     assert (report.born_in, report.born_at) == ("backward", "generator/root")
 
 
-def test_watch_beyond_the_default_with_a_probe_in_an_own_train_step_is_refused_before_training(tmp_path):
+def _report_fields(report):
+    return (
+        report.step, report.tensor, report.kind, report.pass_, report.nan_count, report.inf_count,
+        report.non_finite, report.born_in, report.born_at,
+    )
+
+
+@pytest.mark.parametrize("every_n_steps", [1, 2])
+def test_watching_with_a_probe_in_an_own_train_step_reports_what_the_guard_alone_reports(
+    every_n_steps, tmp_path
+):
+    # The probed steps check the watched tensors in the probe's own pass of each part.
+    reports, states = {}, {}
+    for probed in (False, True):
+        gan = _gan(generator_root=True)
+        guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+        probe = kgrad.GradientProbe(str(tmp_path / str(probed)), every_n_steps=every_n_steps)
+        gan.fit(_ring(4), batch_size=BATCH, shuffle=False, verbose=0,
+                callbacks=[guard, probe] if probed else [guard])
+        reports[probed], states[probed] = guard.report, _state(gan)
+    assert reports[False].tensor == "grad/generator/g_hidden"
+    assert _report_fields(reports[True]) == _report_fields(reports[False])
+    _assert_same_state_as(states[True], states[False])
+
+
+def test_a_clean_guide_model_watched_and_probed_trains_as_plain_fit(tmp_path):
+    x, y = _data(6)
+    plain = _guide()
+    plain.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     model = _guide()
-    before = _state(model)
-    callbacks = [kgrad.NonFiniteGuard(watch=["inputs"], log_dir=str(tmp_path / "g")),
-                 kgrad.GradientProbe(str(tmp_path / "p"))]
-    for order in (callbacks, callbacks[::-1]):
-        with pytest.raises(kgrad.backends.UnsupportedBackendError,
-                           match=r"watch=\['inputs'\]\) cannot guard .* own train_step.* together with a"):
-            model.fit(*_data(1), verbose=0, callbacks=order)
-    assert not (tmp_path / "g").exists() and not (tmp_path / "p").exists()
-    _assert_same_state(model, before)
+    records = []
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=2, on_probe=records.append)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard, probe])
+    assert guard.report is None
+    assert [record.step for record in records] == [0, 2, 4]
+    _assert_same_state(model, _state(plain))
+
+
+def _assert_same_state_as(got, expected):
+    assert sorted(got) == sorted(expected)
+    for path, value in expected.items():
+        np.testing.assert_array_equal(got[path], value, err_msg=path)
 
 
 def test_a_train_step_without_kgrad_value_and_grad_is_named():

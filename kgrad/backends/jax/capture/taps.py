@@ -144,3 +144,21 @@ def trace_taps(model, operations, keep, record, trainable, non_trainable, x):
             return model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
 
     jax.eval_shape(forward, trainable, non_trainable, x)
+
+
+def union_selection(*selections):
+    """``(operations by name, keep)`` that taps what any of ``selections`` taps.
+
+    Each selection is a pair of `kgrad.plan.selection.resolve_selection`: a
+    pass tapping for two users (the probe and the guard's ``watch=``) taps
+    each operation either keeps; each user's tap passes the others' keys on.
+    """
+    operations, kept_by = {}, []
+    for chosen, keep in selections:
+        operations.update(chosen)
+        kept_by.append(({id(op) for op in chosen.values()}, keep))
+
+    def keep(operation):
+        return any(id(operation) in ids and (k is None or k(operation)) for ids, k in kept_by)
+
+    return operations, keep

@@ -18,7 +18,6 @@ from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.guard.install import (
     attach_guard,
     attached_guard,
-    check_guard_with_probe,
     detach_guard,
     keras_train_function,
 )
@@ -113,8 +112,6 @@ def attach(model, role, config):
     if role == "guard":
         return attach_guard(model, config, model.__dict__.get(_INSTALLATION))
     _check(model, role)
-    if attached_guard(model) is not None:  # before anything is installed
-        check_guard_with_probe(model, attached_guard(model).config)
     keras_function = keras_train_function(model)
     kept = model.__dict__.setdefault(_KEPT, [])
     same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]

@@ -17,8 +17,9 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 from kgrad.backends.common import norms
 from kgrad.backends.common.model_io import float_input_names, model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
-from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, trace_taps
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, trace_taps, union_selection
 from kgrad.backends.jax.differentiate import loss_scale
+from kgrad.backends.jax.guard.watched import watched_only
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.instruments import Instruments, optimizer_paths
 from kgrad.backends.jax.summarize.summaries import SummaryRows
@@ -32,28 +33,6 @@ _GRADIENT_KIND = {
     "input": ("input_grad", "input_gradient"),
     "prediction": ("pred_grad", "prediction_gradient"),
 }
-
-
-#: Keys of the guard's check carriers among the step's carriers (no layer name starts with it).
-_WATCHED = "\x00watched/"
-
-
-def _watched(carriers):
-    """The guard's check carriers (or their cotangents) among ``carriers``, by their tap's key."""
-    return {key[len(_WATCHED):]: value for key, value in carriers.items() if key.startswith(_WATCHED)}
-
-
-def _union(*selections):
-    """``(operations by name, keep)`` that taps what any of ``selections`` (each such a pair) taps."""
-    operations, kept_by = {}, []
-    for chosen, keep in selections:
-        operations.update(chosen)
-        kept_by.append(({id(op) for op in chosen.values()}, keep))
-
-    def keep(operation):
-        return any(id(operation) in ids and (k is None or k(operation)) for ids, k in kept_by)
-
-    return operations, keep
 
 
 class ProbedStep:
@@ -95,13 +74,13 @@ class ProbedStep:
         operations, keep = self._operations, self._keep
         if watch is not None:
             watched_kinds = watch.discover(trainable, non_trainable, x)
-            carriers.update({_WATCHED + key: zeros for key, zeros in watch.carriers(watched_kinds).items()})
-            operations, keep = _union((self._operations, self._keep), watch.selection)
+            carriers.update(watch.carriers_among_others(watched_kinds))
+            operations, keep = union_selection((self._operations, self._keep), watch.selection)
 
         def loss_and_forward(trainable, carriers):
             forward, seen, checked = {}, [], {}
             if watch is not None:
-                guard_tap = watch.tap(watched_kinds, _watched(carriers), checked, inverse_scale)
+                guard_tap = watch.tap(watched_kinds, watched_only(carriers), checked, inverse_scale)
 
             def tap(key, kind, tensor):
                 if watch is not None:  # the guard's check, inside the probe's (both see the same dJ/dt)
@@ -165,7 +144,7 @@ class ProbedStep:
         if sentinel is not None:
             watched = None
             if watch is not None:
-                watched = watch.rows(watched_kinds, checked, _watched(carried), x, y_pred)
+                watched = watch.rows(watched_kinds, checked, watched_only(carried), x, y_pred)
             new_state = sentinel(state, new_state, unscaled_loss, gradients, watched)
         return logs, new_state, record
 

@@ -16,7 +16,6 @@ from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.own_step import candidate_optimizers, has_own_train_step
 from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
 from kgrad.backends.jax.guard.run import GuardRun
-from kgrad.plan.options import SENTINEL_KINDS
 
 _GUARD = "_kgrad_jax_guard"
 _KEPT = "_kgrad_jax_guard_runs"
@@ -36,8 +35,6 @@ def attached_guard(model):
 def attach_guard(model, config, probing_function=None):
     """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
     check_guard(model, config)
-    if probing_function is not None:
-        check_guard_with_probe(model, config)
     keras_function = keras_train_function(model)
     kept = model.__dict__.setdefault(_KEPT, [])
     same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
@@ -62,19 +59,6 @@ def detach_guard(model, probing_function=None):
         probing_function.guard = None
     if run is not None and model.train_function is run.train_function:
         model.train_function = run.keras_train_function if probing_function is None else probing_function
-
-
-def check_guard_with_probe(model, config):
-    """Raises for a guard whose ``watch=`` the probed steps of a `kgrad.GradientProbe` do not check."""
-    if tuple(config.watch) != SENTINEL_KINDS and has_own_train_step(model):
-        raise UnsupportedBackendError(
-            f"kgrad.NonFiniteGuard(watch={list(config.watch)!r}) cannot guard this fit of model "
-            f"'{model.name}' (class {type(model).__name__}, with its own train_step) on Keras' JAX backend "
-            "together with a kgrad.GradientProbe: the probed steps of an own train_step check the default "
-            f"watch={list(SENTINEL_KINDS)!r} only yet. Use the default watch with the probe (the replay of "
-            "a trip still names the layer where the NaN/Inf was born), or watch= without the probe, or "
-            "set KERAS_BACKEND=tensorflow, where both are supported."
-        )
 
 
 def check_guard(model, config):

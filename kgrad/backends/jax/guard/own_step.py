@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.jax.differentiate.state_sharding import state_shardings
-from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
 from kgrad.backends.jax.guard.run import GuardRun, GuardTrainFunction
 from kgrad.backends.jax.guard.sentinel import guard_update, tensor_checks, update_from_checks
 from kgrad.backends.jax.guard.steps import select_keras_state
@@ -83,10 +82,19 @@ class CheckedParts:
         owner = _owner(self._model, weights) if weights else self._model
         part = _unique(self._parts, name or owner.name)  # the probe's run name for the same call
         watched = None
-        if self._inner is not None:
-            result, gradients = self._inner.value_and_grad(fn, argnums, has_aux, name, args, kwargs)
-        elif self._watch is not None:
-            result, gradients, watched = _watched_call(owner, self._watch, fn, argnums, has_aux, args, kwargs)
+        watch = None if self._watch is None else WatchedPass(owner, self._watch, checks_gradients=True)
+        if self._inner is not None:  # a probed step: the probe's pass checks the watched tensors too
+            result, gradients, watched = self._inner.watched_value_and_grad(
+                fn, argnums, has_aux, name, args, kwargs, watch
+            )
+        elif watch is not None:
+            numbers = _positions(argnums, len(args))
+
+            def fn_of(*differentiated):
+                return fn(*_with(args, numbers, differentiated), **kwargs)
+
+            result, gradients, watched = watch.part_value_and_grad(fn_of, [args[n] for n in numbers], has_aux)
+            gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
         else:
             result, gradients = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         paths = [
@@ -151,48 +159,6 @@ class CheckedParts:
                 "`optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model."
             )
         return self.step
-
-
-def _watched_call(owner, config, fn, argnums, has_aux, args, kwargs):
-    """``jax.value_and_grad`` of one part, with its sub-model's watched tensors checked in its pass.
-
-    Returns ``(result, gradients, ((before names, rows), (after names, rows)))``:
-    `WatchedPass`'s rows of the part (its activations before the loss; dJ/dŷ
-    and dJ/d(activation) after it, through check carriers), named as in
-    Keras' step (``activation/<layer>``…). Its inputs (another part's
-    outputs) are not tapped, as the probe's parts tap none.
-    """
-    numbers = _positions(argnums, len(args))
-    watch = WatchedPass(owner, config, checks_gradients=True)
-    operations, keep = watch.selection
-    kinds = {}
-
-    def shapes_only(*differentiated):
-        def record(key, kind, tensor):
-            kinds[key] = kind
-            return tensor
-
-        with intercept(owner, operations, KeyedTaps(record, keep, tap_inputs=False)):
-            fn(*_with(args, numbers, differentiated), **kwargs)
-
-    differentiated = [args[n] for n in numbers]
-    jax.eval_shape(shapes_only, *differentiated)
-
-    def with_checks(carriers, *differentiated):
-        forward = {}
-        taps = KeyedTaps(watch.tap(kinds, carriers, forward, None), keep, tap_inputs=False)
-        with intercept(owner, operations, taps):
-            out = fn(*_with(args, numbers, differentiated), **kwargs)
-        value, aux = out if has_aux else (out, None)
-        return value, (aux, forward)
-
-    grad_fn = jax.value_and_grad(with_checks, argnums=tuple(range(len(numbers) + 1)), has_aux=True)
-    (value, (aux, forward)), (carried, *gradients) = grad_fn(watch.carriers(kinds), *differentiated)
-    predictions = [key for key, kind in kinds.items() if kind == "prediction"]
-    before, after = watch.rows(kinds, forward, carried, None, predictions)
-    result = (value, aux) if has_aux else value
-    gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
-    return result, gradients, ((watch.before, before), (watch.after, after))
 
 
 def _in_part(tensor_name, part):

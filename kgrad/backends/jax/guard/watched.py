@@ -37,6 +37,14 @@ from kgrad.plan.tag_names import io_names
 # A count is carried as float32 (a cotangent) in two parts, each below 2**24: exact to int32's 2**31.
 _SPLIT = 4096.0
 
+#: Keys of the guard's check carriers among a probed pass's carriers (no layer name starts with it).
+WATCHED_KEY = "\x00watched/"
+
+
+def watched_only(carriers):
+    """The guard's check carriers (or their cotangents) among ``carriers``, by their tap's key."""
+    return {key[len(WATCHED_KEY):]: value for key, value in carriers.items() if key.startswith(WATCHED_KEY)}
+
 
 def check_row(tensor):
     """``[squares, NaN count high, low, Inf count high, low]`` of ``tensor``, in float32 (see `decode`)."""
@@ -132,6 +140,10 @@ class WatchedPass:
         """``{key: zeros}``: a check carrier (`CheckLayout`) for each watched gradient among ``kinds``."""
         return {key: CheckLayout().zeros() for key, kind in kinds.items() if self._watches_gradient(kind)}
 
+    def carriers_among_others(self, kinds):
+        """`carriers` keyed for a pass whose carriers are also another user's (see `watched_only`)."""
+        return {WATCHED_KEY + key: zeros for key, zeros in self.carriers(kinds).items()}
+
     def tap(self, kinds, carriers, forward, inverse_scale):
         """``fn(key, kind, tensor) -> tensor``: checks a watched value (into ``forward``), carries a gradient.
 
@@ -159,6 +171,49 @@ class WatchedPass:
         self.before = tuple(names[key][0] for key in before)
         self.after = tuple(names[key][1] for key in after)
         return _stack([forward[key] for key in before]), _stack([carried[key] for key in after])
+
+    def part_kinds(self, fn_of, differentiated):
+        """``{key: kind}`` of the taps of one pass of a `kgrad.value_and_grad` part, shapes only.
+
+        ``fn_of(*differentiated)`` runs the part's function. Its inputs (another
+        part's outputs) are not tapped, as the probe's parts tap none.
+        """
+        kinds = {}
+
+        def record(key, kind, tensor):
+            kinds[key] = kind
+            return tensor
+
+        def shapes_only(*differentiated):
+            with intercept(self.model, self._operations, KeyedTaps(record, self._keep, tap_inputs=False)):
+                fn_of(*differentiated)
+
+        jax.eval_shape(shapes_only, *differentiated)
+        return kinds
+
+    def part_value_and_grad(self, fn_of, differentiated, has_aux):
+        """``jax.value_and_grad`` of a part (`part_kinds`), with its watched tensors checked in its pass.
+
+        Returns ``(result, [gradient per differentiated argument], watched)``,
+        ``watched`` being ``((before names, rows), (after names, rows))`` named
+        as in Keras' step (``activation/<layer>``, ``grad/<layer>``).
+        """
+        kinds = self.part_kinds(fn_of, differentiated)
+
+        def with_checks(carriers, *differentiated):
+            forward = {}
+            taps = KeyedTaps(self.tap(kinds, carriers, forward, None), self._keep, tap_inputs=False)
+            with intercept(self.model, self._operations, taps):
+                out = fn_of(*differentiated)
+            value, aux = out if has_aux else (out, None)
+            return value, (aux, forward)
+
+        grad_fn = jax.value_and_grad(with_checks, argnums=tuple(range(len(differentiated) + 1)), has_aux=True)
+        (value, (aux, forward)), (carried, *gradients) = grad_fn(self.carriers(kinds), *differentiated)
+        predictions = [key for key, kind in kinds.items() if kind == "prediction"]
+        before, after = self.rows(kinds, forward, carried, None, predictions)
+        result = (value, aux) if has_aux else value
+        return result, gradients, ((self.before, before), (self.after, after))
 
     def discover(self, trainable, non_trainable, x):
         """``{key: kind}`` of the taps of one forward pass, in order (shapes only: `jax.eval_shape`)."""

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from kgrad.backends.common import norms
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
-from kgrad.backends.jax.capture.taps import KeyedTaps, intercept
+from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, union_selection
+from kgrad.backends.jax.guard.watched import watched_only
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.instruments import Instruments, add_optimizer_rows, optimizer_paths
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
@@ -69,18 +70,37 @@ class ProbedPart:
     def _buckets(self):
         return self.config.bucket_count if self.config.histograms else None
 
-    def differentiate(self, fn, numbers, has_aux, args, kwargs):
-        """``(value or (value, aux), gradients of args[numbers])``; adds the captured rows."""
+    def differentiate(self, fn, numbers, has_aux, args, kwargs, watch=None):
+        """``(value or (value, aux), gradients of args[numbers], watched)``; adds the captured rows.
+
+        ``watch``: a guard's `WatchedPass` of this sub-model (``watch=`` beyond
+        the default), whose tensors this pass checks too (``watched``: its rows,
+        `WatchedPass.part_value_and_grad`), or ``None``.
+        """
         taps = self._discover(fn, numbers, args, kwargs)
         carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
         rows, instruments = self.rows, self._instruments
         if instruments.per_example is not None:
             carriers.update(self._per_example_carriers(fn, numbers, args, kwargs))
+        operations, keep = self._operations, self._keep
+        if watch is not None:
+            watched_kinds = watch.part_kinds(
+                lambda *d: fn(*_with(args, numbers, d), **kwargs), [args[n] for n in numbers]
+            )
+            carriers.update(watch.carriers_among_others(watched_kinds))
+            operations, keep = union_selection((operations, keep), watch.selection)
 
         def with_carriers(carriers, *differentiated):
-            forward, seen = {}, []
+            forward, seen, checked = {}, [], {}
+            guard_tap = None
+            if watch is not None:
+                guard_tap = watch.tap(watched_kinds, watched_only(carriers), checked, None)
 
             def tap(key, kind, tensor):
+                if guard_tap is not None:  # the guard's check, inside the probe's (the same dJ/dt)
+                    tensor = guard_tap(key, kind, tensor)
+                if key not in taps:  # tapped for the guard only
+                    return tensor
                 if kind == "prediction":
                     instruments.see_prediction(seen, tensor)
                 if kind == "activation" and self.config.captures("activations"):
@@ -90,18 +110,25 @@ class ProbedPart:
                 return tap_gradient(tensor, carriers[key], taps[key][2]) if key in carriers else tensor
 
             # The instruments' recording inside kgrad's taps: it sees the tapped outputs.
-            with intercept(self.model, self._operations, KeyedTaps(tap, self._keep, tap_inputs=False)), \
+            with intercept(self.model, operations, KeyedTaps(tap, keep, tap_inputs=False)), \
                     instruments.recording(carriers):
                 out = fn(*_with(args, numbers, differentiated), **kwargs)
             value, aux = out if has_aux else (out, None)
-            return value, (aux, forward, seen)
+            return value, (aux, forward, seen, checked)
 
         grad_fn = jax.value_and_grad(with_carriers, argnums=tuple(range(len(numbers) + 1)), has_aux=True)
-        (value, (aux, forward, seen)), (carried, *gradients) = grad_fn(carriers, *[args[n] for n in numbers])
+        (value, (aux, forward, seen, checked)), (carried, *gradients) = grad_fn(
+            carriers, *[args[n] for n in numbers]
+        )
         self._add_captured(taps, forward, carried)
         # The optimizer's rows follow in `add_weights`, once it is known which optimizer applies them.
         instruments.add_rows(self.rows, carried, seen, self._predictions, update=None)
-        return ((value, aux) if has_aux else value), gradients
+        watched = None
+        if watch is not None:
+            predictions = [key for key, kind in watched_kinds.items() if kind == "prediction"]
+            before, after = watch.rows(watched_kinds, checked, watched_only(carried), None, predictions)
+            watched = ((watch.before, before), (watch.after, after))
+        return ((value, aux) if has_aux else value), gradients, watched
 
     def _per_example_carriers(self, fn, numbers, args, kwargs):
         """The per-example carriers of the layers one pass of ``fn`` calls (traced for shapes)."""

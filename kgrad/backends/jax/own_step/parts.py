@@ -19,7 +19,7 @@ import keras
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.common.own_step import candidate_optimizers
-from kgrad.backends.jax.own_step.part import ProbedPart
+from kgrad.backends.jax.own_step.part import ProbedPart, _with
 
 
 class PartCollection:
@@ -64,6 +64,16 @@ class PartCollection:
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
         """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)` in a probed step."""
+        result, gradients, _ = self.watched_value_and_grad(fn, argnums, has_aux, name, args, kwargs, None)
+        return result, gradients
+
+    def watched_value_and_grad(self, fn, argnums, has_aux, name, args, kwargs, watch):
+        """`value_and_grad`, with the tensors of ``watch`` checked in the same pass.
+
+        ``watch``: a guard's `kgrad.backends.jax.guard.watched.WatchedPass` of the
+        part's sub-model (``watch=`` beyond the default), or ``None``. Returns
+        ``(result, gradients, watched rows or None)`` (`WatchedPass.part_value_and_grad`).
+        """
         self.calls += 1
         numbers = _positions(argnums, len(args))
         leaves = [leaf for number in numbers for leaf in jax.tree_util.tree_leaves(args[number])]
@@ -78,11 +88,16 @@ class PartCollection:
             )
         known = [(index, leaf) for index, leaf in zip(indices, leaves) if index is not None]
         if not known:
-            return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+            if watch is None:
+                return (*jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs), None)
+            result, gradients, watched = watch.part_value_and_grad(
+                lambda *d: fn(*_with(args, numbers, d), **kwargs), [args[n] for n in numbers], has_aux
+            )
+            return result, gradients[0] if isinstance(argnums, int) else tuple(gradients), watched
         weights = [self._variables[index] for index, _ in known]
         owner = _owner(self._model, weights)
         part = ProbedPart(_unique(self._names, name or owner.name), owner, self._config, weights)
-        result, gradients = part.differentiate(fn, numbers, has_aux, args, kwargs)
+        result, gradients, watched = part.differentiate(fn, numbers, has_aux, args, kwargs, watch)
         flat_gradients = [leaf for g in gradients for leaf in jax.tree_util.tree_leaves(g)]
         self._pending.append((
             part,
@@ -91,7 +106,7 @@ class PartCollection:
             [flat_gradients[k] for k, index in enumerate(indices) if index is not None],
         ))
         self.parts.append(part)
-        return result, gradients[0] if isinstance(argnums, int) else tuple(gradients)
+        return result, gradients[0] if isinstance(argnums, int) else tuple(gradients), watched
 
     def _watched(self, optimizer, stateless_apply):
         iterations = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
