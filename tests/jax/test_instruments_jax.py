@@ -121,6 +121,17 @@ def _adam_expectations(model, gradients, paths):
     return expected
 
 
+def classifier_expectations(model, before, xb, yb, paths, applied=lambda gradients: gradients):
+    """Every instrument's tags of one step of `_classifier` (``applied``: the optimizer's clipping)."""
+    gradients, per_example, logits = _classifier_reference(before, xb, yb)
+    expected = _adam_expectations(model, applied(gradients), paths)
+    expected.update(_logit_expectations(logits))
+    expected.update(_example_expectations(per_example, paths, {"hidden": [0, 1], "out": [2, 3]}))
+    for path, old, new in zip(paths, before, model.get_weights()):
+        expected[f"update_rms/{path}"] = _norm(new - old) / np.sqrt(old.size)
+    return expected
+
+
 # Without jit each op runs on its own (slow): one plain step, then one probed step.
 @pytest.mark.parametrize("jit_compile, first_probed", [(True, 0), (False, STEPS - 1)])
 def test_each_instrument_equals_its_reference_and_training_is_unchanged(jit_compile, first_probed, tmp_path):
@@ -142,12 +153,7 @@ def test_each_instrument_equals_its_reference_and_training_is_unchanged(jit_comp
         model.fit(x[step], y[step], batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe])
         plain.fit(x[step], y[step], batch_size=BATCH, shuffle=False, verbose=0)
         (record,) = records
-        gradients, per_example, logits = _classifier_reference(before, x[step], y[step])
-        expected = _adam_expectations(model, gradients, paths)
-        expected.update(_logit_expectations(logits))
-        expected.update(_example_expectations(per_example, paths, {"hidden": [0, 1], "out": [2, 3]}))
-        for path, old, new in zip(paths, before, model.get_weights()):
-            expected[f"update_rms/{path}"] = _norm(new - old) / np.sqrt(old.size)
+        expected = classifier_expectations(model, before, x[step], y[step], paths)
         for tag, value in expected.items():
             assert record.scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), (step, tag)
         outliers_seen += sum(record.scalars[f"grad_outlier_fraction/{path}"] > 0 for path in paths)
