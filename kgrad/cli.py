@@ -122,8 +122,26 @@ def build_parser():
     return parser
 
 
+#: The package each Keras backend imports, and how to install it.
+_BACKEND_INSTALLS = {
+    "jax": 'pip install "kgrad[jax]"',
+    "tensorflow": "pip install tensorflow",
+    "torch": "pip install torch (kgrad does not run on PyTorch yet)",
+}
+
+
 def _demo(args):
-    demo = _import_quietly("kgrad.demo")
+    try:
+        demo = _import_quietly("kgrad.demo")
+    except ModuleNotFoundError as error:
+        if error.name not in _BACKEND_INSTALLS:
+            raise
+        backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+        args.parser.error(
+            f"Keras' {backend!r} backend (KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}) needs "
+            f"{error.name!r}, which is not installed. Install it ({_BACKEND_INSTALLS[error.name]}), or "
+            "set KERAS_BACKEND to a backend that is installed (tensorflow or jax)."
+        )
     try:
         demo.main(args.log_dir, epochs=args.epochs, overwrite=args.overwrite)
     except OSError as error:  # earlier logs, or a folder that cannot be written

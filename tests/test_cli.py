@@ -121,6 +121,21 @@ def test_demo_command_runs_the_demo_and_says_how_to_look(tmp_path, capsys, monke
     assert f"kgrad report '{log_dir}'" in out
 
 
+def test_demo_command_names_a_backend_that_is_not_installed(capsys, monkeypatch):
+    # KERAS_BACKEND=jax without JAX: Keras' import fails; the command says what to install.
+    def missing_jax(name):
+        raise ModuleNotFoundError("No module named 'jax'", name="jax")
+
+    monkeypatch.setattr(cli, "_import_quietly", missing_jax)
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Keras' 'jax' backend (KERAS_BACKEND='jax') needs 'jax', which is not installed" in err
+    assert 'pip install "kgrad[jax]"' in err and "Traceback" not in err
+
+
 def test_demo_command_keeps_earlier_logs(tmp_path, capsys):
     (tmp_path / "sigmoid_deep" / "train").mkdir(parents=True)
     with pytest.raises(SystemExit) as exit_info:
