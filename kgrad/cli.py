@@ -124,9 +124,9 @@ def build_parser():
 
 #: The package each Keras backend imports, and how to install it.
 _BACKEND_INSTALLS = {
-    "jax": 'pip install "kgrad[jax]"',
+    "jax": 'pip install jax, or pip install -e ".[jax]" in kgrad\'s folder',
     "tensorflow": "pip install tensorflow",
-    "torch": "pip install torch (kgrad does not run on PyTorch yet)",
+    "torch": "pip install torch; kgrad does not run on PyTorch yet",
 }
 
 
@@ -136,11 +136,12 @@ def _demo(args):
     except ModuleNotFoundError as error:
         if error.name not in _BACKEND_INSTALLS:
             raise
-        backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+        backend = os.environ.get("KERAS_BACKEND")
+        chosen = f"KERAS_BACKEND={backend}" if backend else "Keras' default backend"
         args.parser.error(
-            f"Keras' {backend!r} backend (KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}) needs "
-            f"{error.name!r}, which is not installed. Install it ({_BACKEND_INSTALLS[error.name]}), or "
-            "set KERAS_BACKEND to a backend that is installed (tensorflow or jax)."
+            f"{chosen} needs {error.name!r}, which is not installed. Install it "
+            f"({_BACKEND_INSTALLS[error.name]}), or set KERAS_BACKEND to a backend that is installed "
+            "(tensorflow or jax)."
         )
     try:
         demo.main(args.log_dir, epochs=args.epochs, overwrite=args.overwrite)

@@ -132,8 +132,8 @@ def test_demo_command_names_a_backend_that_is_not_installed(capsys, monkeypatch)
         cli.main(["demo"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "Keras' 'jax' backend (KERAS_BACKEND='jax') needs 'jax', which is not installed" in err
-    assert 'pip install "kgrad[jax]"' in err and "Traceback" not in err
+    assert "KERAS_BACKEND=jax needs 'jax', which is not installed. Install it (pip install jax" in err
+    assert "Traceback" not in err
 
 
 def test_demo_command_keeps_earlier_logs(tmp_path, capsys):
