@@ -26,7 +26,7 @@ from kgrad.backends.jax.guard.sentinel import guard_update, tensor_checks, updat
 from kgrad.backends.jax.guard.steps import select_keras_state
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
 from kgrad.backends.jax.own_step.active import activated
-from kgrad.backends.jax.own_step.part import _with
+from kgrad.backends.jax.own_step.part import bind_differentiated
 from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
 from kgrad.plan.options import SENTINEL_KINDS
 
@@ -88,12 +88,8 @@ class CheckedParts:
                 fn, argnums, has_aux, name, args, kwargs, watch
             )
         elif watch is not None:
-            numbers = _positions(argnums, len(args))
-
-            def fn_of(*differentiated):
-                return fn(*_with(args, numbers, differentiated), **kwargs)
-
-            result, gradients, watched = watch.part_value_and_grad(fn_of, [args[n] for n in numbers], has_aux)
+            call, values = bind_differentiated(fn, _positions(argnums, len(args)), args, kwargs)
+            result, gradients, watched = watch.part_value_and_grad(call, values, has_aux)
             gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
         else:
             result, gradients = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)

@@ -21,6 +21,7 @@ from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.guard import locate
 from kgrad.backends.jax.guard.trace import _counts, _finite_range, _Recorder
 from kgrad.backends.jax.own_step.active import activated
+from kgrad.backends.jax.own_step.part import bind_differentiated
 from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
 from kgrad.plan import selection
 
@@ -84,22 +85,16 @@ class _ReplayedParts:
         return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
 
 
-def _with(args, numbers, differentiated):
-    replaced = list(args)
-    for number, value in zip(numbers, differentiated):
-        replaced[number] = value
-    return replaced
-
-
 def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
     """The ``born_*`` fields of one part's pass with its layers checked, or ``None`` if it was finite."""
     operations = selection.resolve_layers(owner, "all")
+    part_call, differentiated = bind_differentiated(fn, numbers, args, kwargs)
     traced = {}
 
     def loss(differentiated, perturbations):
         recorder = traced["recorder"] = _Recorder(operations, perturbations)
         with _replaced(recorder, owner):
-            out = fn(*_with(args, numbers, differentiated), **kwargs)
+            out = part_call(*differentiated)
         value = out[0] if has_aux else out
         calls = recorder.calls
         return value, {
@@ -110,7 +105,6 @@ def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
             "prediction_range": _finite_range(calls[-1].outputs if calls else []),
         }
 
-    differentiated = [args[n] for n in numbers]
     jax.eval_shape(lambda d: loss(d, None), differentiated)
     perturbations = {key: jnp.zeros(s.shape, s.dtype) for key, s in traced["recorder"].shapes().items()}
     (_, arrays), (gradients, perturbation_gradients) = jax.value_and_grad(

@@ -77,16 +77,15 @@ class ProbedPart:
         the default), whose tensors this pass checks too (``watched``: its rows,
         `WatchedPass.part_value_and_grad`), or ``None``.
         """
-        taps = self._discover(fn, numbers, args, kwargs)
+        call, values = bind_differentiated(fn, numbers, args, kwargs)
+        taps = self._discover(call, values)
         carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
         rows, instruments = self.rows, self._instruments
         if instruments.per_example is not None:
-            carriers.update(self._per_example_carriers(fn, numbers, args, kwargs))
+            carriers.update(instruments.per_example.carriers_of(lambda: jax.eval_shape(call, *values)))
         operations, keep = self._operations, self._keep
         if watch is not None:
-            watched_kinds = watch.part_kinds(
-                lambda *d: fn(*_with(args, numbers, d), **kwargs), [args[n] for n in numbers]
-            )
+            watched_kinds = watch.part_kinds(call, values)
             carriers.update(watch.carriers_among_others(watched_kinds))
             operations, keep = union_selection((operations, keep), watch.selection)
 
@@ -112,14 +111,12 @@ class ProbedPart:
             # The instruments' recording inside kgrad's taps: it sees the tapped outputs.
             with intercept(self.model, operations, KeyedTaps(tap, keep, tap_inputs=False)), \
                     instruments.recording(carriers):
-                out = fn(*_with(args, numbers, differentiated), **kwargs)
+                out = call(*differentiated)
             value, aux = out if has_aux else (out, None)
             return value, (aux, forward, seen, checked)
 
         grad_fn = jax.value_and_grad(with_carriers, argnums=tuple(range(len(numbers) + 1)), has_aux=True)
-        (value, (aux, forward, seen, checked)), (carried, *gradients) = grad_fn(
-            carriers, *[args[n] for n in numbers]
-        )
+        (value, (aux, forward, seen, checked)), (carried, *gradients) = grad_fn(carriers, *values)
         self._add_captured(taps, forward, carried)
         # The optimizer's rows follow in `add_weights`, once it is known which optimizer applies them.
         instruments.add_rows(self.rows, carried, seen, self._predictions, update=None)
@@ -130,17 +127,8 @@ class ProbedPart:
             watched = ((watch.before, before), (watch.after, after))
         return ((value, aux) if has_aux else value), gradients, watched
 
-    def _per_example_carriers(self, fn, numbers, args, kwargs):
-        """The per-example carriers of the layers one pass of ``fn`` calls (traced for shapes)."""
-
-        def forward(*differentiated):
-            return fn(*_with(args, numbers, differentiated), **kwargs)
-
-        differentiated = [args[n] for n in numbers]
-        return self._instruments.per_example.carriers_of(lambda: jax.eval_shape(forward, *differentiated))
-
-    def _discover(self, fn, numbers, args, kwargs):
-        """``{key: (kind, shape, carrier layout or None)}`` of the taps of one pass of ``fn``, in order."""
+    def _discover(self, call, values):
+        """``{key: (kind, shape, carrier layout or None)}`` of the taps of one pass of ``call(*values)``."""
         found = {}
 
         def record(key, kind, tensor):
@@ -159,9 +147,9 @@ class ProbedPart:
 
         def shapes_only(*differentiated):
             with intercept(self.model, self._operations, KeyedTaps(record, self._keep, tap_inputs=False)):
-                return fn(*_with(args, numbers, differentiated), **kwargs)
+                return call(*differentiated)
 
-        jax.eval_shape(shapes_only, *[args[n] for n in numbers])
+        jax.eval_shape(shapes_only, *values)
         return found
 
     def _add_captured(self, taps, forward, carried):
@@ -222,12 +210,26 @@ class ProbedPart:
         self.rows.add_scalar(GRAD_NORM_TAG, norms.combined_norm(gradient_norms))
 
 
-def _with(args, numbers, differentiated):
-    """``args`` with ``args[numbers[i]]`` replaced by ``differentiated[i]``."""
-    replaced = list(args)
-    for number, value in zip(numbers, differentiated):
-        replaced[number] = value
-    return replaced
+def bind_differentiated(fn, numbers, args, kwargs):
+    """``(call, values)``: ``fn(*args, **kwargs)`` as a function of ``args[numbers]``, and those values.
+
+    What `kgrad.value_and_grad` differentiates: ``call(*values)`` is the call as
+    the user made it, and ``call`` of other values replaces those arguments only.
+
+    Example:
+
+    >>> call, values = bind_differentiated(lambda a, b, c=0: a - b + c, (1,), (5, 2), {"c": 1})
+    >>> values, call(*values), call(10)
+    ([2], 4, -4)
+    """
+
+    def call(*differentiated):
+        replaced = list(args)
+        for number, value in zip(numbers, differentiated):
+            replaced[number] = value
+        return fn(*replaced, **kwargs)
+
+    return call, [args[number] for number in numbers]
 
 
 def _output_names(model):

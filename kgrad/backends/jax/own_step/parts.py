@@ -19,7 +19,7 @@ import keras
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.common.own_step import candidate_optimizers
-from kgrad.backends.jax.own_step.part import ProbedPart, _with
+from kgrad.backends.jax.own_step.part import ProbedPart, bind_differentiated
 
 
 class PartCollection:
@@ -91,7 +91,7 @@ class PartCollection:
             if watch is None:
                 return (*jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs), None)
             result, gradients, watched = watch.part_value_and_grad(
-                lambda *d: fn(*_with(args, numbers, d), **kwargs), [args[n] for n in numbers], has_aux
+                *bind_differentiated(fn, numbers, args, kwargs), has_aux
             )
             return result, gradients[0] if isinstance(argnums, int) else tuple(gradients), watched
         weights = [self._variables[index] for index, _ in known]
