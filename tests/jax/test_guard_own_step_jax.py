@@ -274,14 +274,6 @@ def test_replay_step_replays_an_own_train_step_part_by_part():
     assert kgrad.replay_step(_gan(), _ring(1)) is None
 
 
-def test_a_loss_scale_optimizer_in_an_own_train_step_is_refused_with_the_reason(tmp_path):
-    model = _guide()
-    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")
-    refused = r"own train_step and a LossScaleOptimizer"
-    with pytest.raises(kgrad.backends.UnsupportedBackendError, match=refused):
-        model.fit(*_data(1), verbose=0, callbacks=[kgrad.NonFiniteGuard()])
-
-
 def _guide_log(jit=True):
     """The guide's model with log between its layers: NaN in the forward pass where `first` < 0."""
     keras.backend.clear_session()

@@ -348,15 +348,6 @@ def test_tensorflow_only_names_name_kgrad_value_and_grad(name):
     assert "kgrad.value_and_grad" in getattr(kgrad, name).__doc__
 
 
-def test_a_loss_scale_optimizer_in_an_own_train_step_is_refused_before_training(tmp_path):
-    model = _guide_model()
-    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(RATE)), "mse")
-    x, y = _data()
-    with pytest.raises(kgrad.UnsupportedBackendError, match=r"'guide'.*LossScaleOptimizer scales the loss"):
-        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[kgrad.GradientProbe(str(tmp_path / "logs"))])
-    assert not (tmp_path / "logs").exists()
-
-
 def test_name_names_the_run_of_the_part(tmp_path):
     x, y = _data()
     model = _guide_model()

@@ -10,10 +10,8 @@ joins it. The `GuardRun` is kept on the model after ``fit``: a later ``fit``
 with the same options does not compile its step again.
 """
 
-import keras
-
 from kgrad.backends import UnsupportedBackendError
-from kgrad.backends.common.own_step import candidate_optimizers, has_own_train_step
+from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
 from kgrad.backends.jax.guard.run import GuardRun
 
@@ -71,15 +69,6 @@ def check_guard(model, config):
             f"model '{model.name}' is a kgrad.ProbingModel, which keeps only its latest probed record; "
             "after a trip the steps Keras' loop runs before it stops apply nothing and their records "
             "would replace it. Guard a plain keras.Model and pass kgrad.GradientProbe(...) to fit instead"
-        )
-    elif has_own_train_step(model) and any(
-        isinstance(o, keras.optimizers.LossScaleOptimizer) for o in candidate_optimizers(model)
-    ):
-        unsupported = (
-            f"model '{model.name}' (class {type(model).__name__}) has its own train_step and a "
-            "LossScaleOptimizer: the loss its kgrad.value_and_grad calls differentiate is scaled, and its "
-            "overflowing gradients are how the scale is found, which kgrad does not tell apart from a "
-            "NaN in an own train_step on JAX yet"
         )
     if unsupported is not None:
         raise UnsupportedBackendError(

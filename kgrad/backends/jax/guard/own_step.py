@@ -24,8 +24,10 @@ from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.guard.run import GuardRun, GuardTrainFunction
 from kgrad.backends.jax.guard.sentinel import guard_update, tensor_checks, update_from_checks
 from kgrad.backends.jax.guard.steps import select_keras_state
+from kgrad.backends.jax.differentiate.loss_scale import skips_overflowed_steps
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
 from kgrad.backends.jax.own_step.active import activated
+from kgrad.backends.jax.own_step.loss_scale import loss_scale_of, value_and_grad_noting_scale
 from kgrad.backends.jax.own_step.part import bind_differentiated
 from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
 from kgrad.plan.options import SENTINEL_KINDS
@@ -40,17 +42,22 @@ class CheckedParts:
         watch: The `GuardConfig` of a guard that watches more than the default
             (each part's activations, dJ/dŷ and dJ/d(activation), checked in its
             pass as `WatchedPass` checks Keras' step), else ``None``.
+        ignore_loss_scale_skips: A part whose loss a ``LossScaleOptimizer``
+            scaled has only its loss checked: its overflowing gradients are how
+            the scale is found (the optimizer skips those steps itself).
 
     Attributes:
         names: Per part, ``"loss/<part>"`` and ``"weight_grad/<part>/<weight path>"`` per
-            gradient; with ``watch``, its ``activation/<part>/<layer>`` before the loss and its
-            ``pred_grad/<part>/…`` and ``grad/<part>/<layer>`` after it.
-        tensors: The loss and gradient tensors among ``names``, in order.
+            gradient; with ``watch``, its ``activation/<part>/<layer>`` before the loss
+            and its ``pred_grad/<part>/…`` and ``grad/<part>/<layer>`` after it.
+        tensors: The loss and gradient tensors among ``names``, in order: of the true
+            loss (a loss scale divided back out).
         step: The ``iterations`` of the optimizer that applied the first part (``None``: none did).
     """
 
-    def __init__(self, model, trainable, inner=None, watch=None):
+    def __init__(self, model, trainable, inner=None, watch=None, ignore_loss_scale_skips=True):
         self._model, self._inner, self._watch = model, inner, watch
+        self._ignore_loss_scale_skips = ignore_loss_scale_skips
         self._rows = []  # ("tensors", count) or ("rows", (squares, counts)), in the order of `names`
         self._variables = list(model.trainable_variables)
         self._position = {id(value): index for index, value in enumerate(trainable)}
@@ -76,31 +83,46 @@ class CheckedParts:
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
         """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)`; keeps what it returns."""
-        leaves = [leaf for n in _positions(argnums, len(args)) for leaf in jax.tree_util.tree_leaves(args[n])]
+        numbers = _positions(argnums, len(args))
+        leaves = [leaf for n in numbers for leaf in jax.tree_util.tree_leaves(args[n])]
         indices = [self._position.get(id(leaf)) for leaf in leaves]
         weights = [self._variables[index] for index in indices if index is not None]
         owner = _owner(self._model, weights) if weights else self._model
         part = _unique(self._parts, name or owner.name)  # the probe's run name for the same call
-        watched = None
-        watch = None if self._watch is None else WatchedPass(owner, self._watch, checks_gradients=True)
+        call, values = bind_differentiated(fn, numbers, args, kwargs)
+        watched, watch = None, None
+        if self._inner is None and self._watch is None:
+            # The loss scale, if any, is noted in the pass itself: the checks come after it.
+            result, gradients, scaler, inverse_scale = value_and_grad_noting_scale(
+                call, values, has_aux, self._optimizers, name or owner.name
+            )
+            gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
+        else:
+            # The probe's pass, or the watched gradients' checks inside it, need the scale before.
+            scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name or owner.name)
+        checks_gradients = not (self._ignore_loss_scale_skips and skips_overflowed_steps(scaler))
+        if self._watch is not None:
+            watch = WatchedPass(owner, self._watch, checks_gradients)
         if self._inner is not None:  # a probed step: the probe's pass checks the watched tensors too
             result, gradients, watched = self._inner.watched_value_and_grad(
                 fn, argnums, has_aux, name, args, kwargs, watch
             )
         elif watch is not None:
-            call, values = bind_differentiated(fn, _positions(argnums, len(args)), args, kwargs)
-            result, gradients, watched = watch.part_value_and_grad(call, values, has_aux)
+            result, gradients, watched = watch.part_value_and_grad(call, values, has_aux, inverse_scale)
             gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
-        else:
-            result, gradients = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         paths = [
             f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
             for k, index in enumerate(indices)
         ]
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
-        tensors = [result[0] if has_aux else result] + jax.tree_util.tree_leaves(gradients)
-        names = [f"loss/{part}"] + [f"weight_grad/{part}/{path}" for path in paths]
+        tensors = [result[0] if has_aux else result]
+        names = [f"loss/{part}"]
+        if checks_gradients:
+            tensors += jax.tree_util.tree_leaves(gradients)
+            names += [f"weight_grad/{part}/{path}" for path in paths]
+        if inverse_scale is not None:  # the true loss and its gradients; a NaN stays NaN, an overflow Inf
+            tensors = [tensor.astype(jnp.float32) * inverse_scale for tensor in tensors]
         if watched is None:
             self._rows.append(("tensors", len(tensors)))
         else:
@@ -193,6 +215,10 @@ class OwnStepGuardRun(GuardRun):
         """The `GuardConfig` when it watches more than the default (`CheckedParts`' ``watch``)."""
         return None if tuple(self.config.watch) == SENTINEL_KINDS else self.config
 
+    def _checked_parts(self, state):
+        ignore = self.config.ignore_loss_scale_skips
+        return CheckedParts(self.model, state[0], watch=self._watch, ignore_loss_scale_skips=ignore)
+
     def _own_step(self, state, data, checked):
         with activated(checked):
             logs, state = self.model.train_step(state, data)
@@ -203,7 +229,7 @@ class OwnStepGuardRun(GuardRun):
 
         def step(state, record, data):
             tripped_before = record.tripped
-            with CheckedParts(self.model, state[0], watch=self._watch) as checked:
+            with self._checked_parts(state) as checked:
                 logs, new_state, probe_records = own_step(state, data, checked)
             old, new = _as_lists(state), _as_lists(new_state)
             if self._watch is None:
@@ -233,7 +259,7 @@ class OwnStepGuardRun(GuardRun):
         found = {}
 
         def shapes_only(state, data):
-            with CheckedParts(self.model, state[0], watch=self._watch) as checked:
+            with self._checked_parts(state) as checked:
                 self._own_step(state, data, checked)
             checked.checked_step()  # raises, naming what is missing, before any step runs
             found["names"] = tuple(checked.names)

@@ -9,7 +9,12 @@ output, whose gradient is dJ/d(output)), and `kgrad.backends.jax.guard.locate`
 names where the NaN was born. The first part whose pass is not finite is the
 one named (later parts would only see what it made); the replay stops there.
 The step's updates are computed and dropped: the model's variables are only read.
+A loss an optimizer's ``scale_loss`` would scale (mixed precision) is replayed
+unscaled, as on TensorFlow: an overflow of the scaled float16 gradients is the
+loss scaler's signal, not where a NaN was born.
 """
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +22,9 @@ import keras
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.batch_dump import is_dump, unpack_batch
+from kgrad.backends.common.loss_scale import scales_loss
 from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.jax.guard import locate
 from kgrad.backends.jax.guard.trace import _counts, _finite_range, _Recorder
 from kgrad.backends.jax.own_step.active import activated
@@ -42,11 +49,13 @@ def replay_own_step(model, batch):
         metrics_variables=True,
     )
     parts = _ReplayedParts(model, state[0])
-    with activated(parts):
+    with activated(parts), _unscaled_losses(model) as scaling:
         try:
             model.train_step(state, data)
         except _Found:
             pass
+    if parts.born is None and scaling:
+        return None, _UNSCALED_NOTE
     return parts.born, None
 
 
@@ -117,6 +126,27 @@ def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
     arrays = jax.device_get(arrays)
     calls, describe = traced["recorder"].calls, locate.describer(owner)
     return locate.in_forward(calls, arrays, describe) or locate.in_backward(calls, arrays, describe, paths)
+
+
+_UNSCALED_NOTE = (
+    "The replay differentiated the true loss, unscaled (as on TensorFlow): the scaled float16 "
+    "gradients overflowing is the loss scaler's signal, which it answers by skipping the step and "
+    "lowering its scale. NonFiniteGuard(ignore_loss_scale_skips=True), the default, leaves those "
+    "steps to it."
+)
+
+
+@contextlib.contextmanager
+def _unscaled_losses(model):
+    """While the block runs, each optimizer of ``model`` that scales losses returns them unscaled."""
+    scaling = [optimizer for optimizer in candidate_optimizers(model) if scales_loss(optimizer)]
+    for optimizer in scaling:
+        object.__setattr__(optimizer, "scale_loss", lambda loss: loss)
+    try:
+        yield scaling
+    finally:
+        for optimizer in scaling:
+            optimizer.__dict__.pop("scale_loss", None)
 
 
 def _replaced(recorder, owner):

@@ -191,8 +191,11 @@ class WatchedPass:
         jax.eval_shape(shapes_only, *differentiated)
         return kinds
 
-    def part_value_and_grad(self, fn_of, differentiated, has_aux):
+    def part_value_and_grad(self, fn_of, differentiated, has_aux, inverse_scale=None):
         """``jax.value_and_grad`` of a part (`part_kinds`), with its watched tensors checked in its pass.
+
+        ``inverse_scale``: 1 / the factor ``fn_of`` scaled its loss by (mixed
+        precision), or ``None``: the gradients are checked as the true loss's.
 
         Returns ``(result, [gradient per differentiated argument], watched)``,
         ``watched`` being ``((before names, rows), (after names, rows))`` named
@@ -202,7 +205,7 @@ class WatchedPass:
 
         def with_checks(carriers, *differentiated):
             forward = {}
-            taps = KeyedTaps(self.tap(kinds, carriers, forward, None), self._keep, tap_inputs=False)
+            taps = KeyedTaps(self.tap(kinds, carriers, forward, inverse_scale), self._keep, tap_inputs=False)
             with intercept(self.model, self._operations, taps):
                 out = fn_of(*differentiated)
             value, aux = out if has_aux else (out, None)

@@ -27,6 +27,7 @@ from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.taps import KeyedTaps, intercept, union_selection
 from kgrad.backends.jax.guard.watched import watched_only
+from kgrad.backends.jax.own_step.loss_scale import inverse_scale_of, noting_scaled_losses, scaling_optimizer
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.instruments import Instruments, add_optimizer_rows, optimizer_paths
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
@@ -50,14 +51,18 @@ class ProbedPart:
         model: The sub-model whose weights are differentiated.
         config: The `kgrad.plan.options.ProbeConfig`.
         weights: The sub-model's differentiated ``keras.Variable``s.
+        optimizers: The model's optimizers, whose ``scale_loss`` may scale the
+            differentiated loss (mixed precision): the statistics are of the true loss.
 
     Attributes:
         rows: Its `SummaryRows`, complete once `add_weights` has run.
         weight_shapes: ``{weight path: shape}``.
     """
 
-    def __init__(self, name, model, config, weights):
+    def __init__(self, name, model, config, weights, optimizers=()):
         self.name, self.model, self.config = name, model, config
+        self._optimizers = list(optimizers)
+        self._inverse_scale = None  # 1 / the loss scale, once differentiated with a scaled loss
         self.rows = SummaryRows(config.histograms, config.statistics)
         self._operations, self._keep = _selection(model, config.layers)
         self.paths = [model_relative_path(model, weight) for weight in weights]
@@ -78,7 +83,11 @@ class ProbedPart:
         `WatchedPass.part_value_and_grad`), or ``None``.
         """
         call, values = bind_differentiated(fn, numbers, args, kwargs)
-        taps = self._discover(call, values)
+        taps, scaled = self._discover(call, values, has_aux)
+        # The function scaled its loss (mixed precision): every statistic is divided back, as in Keras' step.
+        inverse_scale = self._inverse_scale = (
+            inverse_scale_of(call, values, has_aux, self._optimizers) if scaled else None
+        )
         carriers = {key: layout.zeros() for key, (_, _, layout) in taps.items() if layout is not None}
         rows, instruments = self.rows, self._instruments
         if instruments.per_example is not None:
@@ -93,7 +102,7 @@ class ProbedPart:
             forward, seen, checked = {}, [], {}
             guard_tap = None
             if watch is not None:
-                guard_tap = watch.tap(watched_kinds, watched_only(carriers), checked, None)
+                guard_tap = watch.tap(watched_kinds, watched_only(carriers), checked, inverse_scale)
 
             def tap(key, kind, tensor):
                 if guard_tap is not None:  # the guard's check, inside the probe's (the same dJ/dt)
@@ -106,11 +115,13 @@ class ProbedPart:
                     wants = rows.wants_histogram("activation", tensor.shape)
                     columns = rows.columns("activation", tensor.shape)
                     forward[key] = stats.summarize(tensor, self._buckets if wants else None, columns)
-                return tap_gradient(tensor, carriers[key], taps[key][2]) if key in carriers else tensor
+                if key in carriers:
+                    return tap_gradient(tensor, carriers[key], taps[key][2], inverse_scale)
+                return tensor
 
             # The instruments' recording inside kgrad's taps: it sees the tapped outputs.
             with intercept(self.model, operations, KeyedTaps(tap, keep, tap_inputs=False)), \
-                    instruments.recording(carriers):
+                    instruments.recording(carriers, inverse_scale):
                 out = call(*differentiated)
             value, aux = out if has_aux else (out, None)
             return value, (aux, forward, seen, checked)
@@ -120,6 +131,8 @@ class ProbedPart:
         self._add_captured(taps, forward, carried)
         # The optimizer's rows follow in `add_weights`, once it is known which optimizer applies them.
         instruments.add_rows(self.rows, carried, seen, self._predictions, update=None)
+        if inverse_scale is not None:
+            self.rows.add_scalar("global/loss_scale", 1.0 / inverse_scale)
         watched = None
         if watch is not None:
             predictions = [key for key, kind in watched_kinds.items() if kind == "prediction"]
@@ -127,9 +140,13 @@ class ProbedPart:
             watched = ((watch.before, before), (watch.after, after))
         return ((value, aux) if has_aux else value), gradients, watched
 
-    def _discover(self, call, values):
-        """``{key: (kind, shape, carrier layout or None)}`` of the taps of one pass of ``call(*values)``."""
-        found = {}
+    def _discover(self, call, values, has_aux):
+        """``({key: (kind, shape, carrier layout or None)}, scaled)``: a shape-only pass of ``call(*values)``.
+
+        ``scaled``: whether the value ``call`` returns is a loss an optimizer's
+        ``scale_loss`` scaled.
+        """
+        found, notes, scaled = {}, [], []
 
         def record(key, kind, tensor):
             layout = None
@@ -146,11 +163,14 @@ class ProbedPart:
             return tensor
 
         def shapes_only(*differentiated):
-            with intercept(self.model, self._operations, KeyedTaps(record, self._keep, tap_inputs=False)):
-                return call(*differentiated)
+            with intercept(self.model, self._operations, KeyedTaps(record, self._keep, tap_inputs=False)), \
+                    noting_scaled_losses(self._optimizers, notes):
+                out = call(*differentiated)
+            scaled.append(scaling_optimizer(notes, out, has_aux, self.name) is not None)
+            return out
 
         jax.eval_shape(shapes_only, *values)
-        return found
+        return found, scaled[0]
 
     def _add_captured(self, taps, forward, carried):
         if self.config.captures("activations"):
@@ -188,6 +208,8 @@ class ProbedPart:
         if not self.config.captures("weight_gradients"):
             return
         statistics = self.config.statistics
+        if self._inverse_scale is not None:  # the gradients of the true loss, not of the scaled one
+            gradients = [gradient.astype(jnp.float32) * self._inverse_scale for gradient in gradients]
         with_a_matrix = layers_with_a_matrix(self.paths, list(self.weight_shapes.values()))
         gradient_norms = []
         for path, weight, gradient, updated in zip(self.paths, before, gradients, after):

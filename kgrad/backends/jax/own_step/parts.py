@@ -15,10 +15,12 @@ as on TensorFlow) and the updated weights (update ratios).
 import warnings
 
 import jax
+import jax.numpy as jnp
 import keras
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.common.own_step import candidate_optimizers
+from kgrad.backends.jax.differentiate.loss_scale import inverse_loss_scale, skips_overflowed_steps
 from kgrad.backends.jax.own_step.part import ProbedPart, bind_differentiated
 
 
@@ -96,7 +98,9 @@ class PartCollection:
             return result, gradients[0] if isinstance(argnums, int) else tuple(gradients), watched
         weights = [self._variables[index] for index, _ in known]
         owner = _owner(self._model, weights)
-        part = ProbedPart(_unique(self._names, name or owner.name), owner, self._config, weights)
+        part = ProbedPart(
+            _unique(self._names, name or owner.name), owner, self._config, weights, self._optimizers
+        )
         result, gradients, watched = part.differentiate(fn, numbers, has_aux, args, kwargs, watch)
         flat_gradients = [leaf for g in gradients for leaf in jax.tree_util.tree_leaves(g)]
         self._pending.append((
@@ -118,8 +122,11 @@ class PartCollection:
             applied = {id(value): k for k, value in enumerate(trainable_variables)}
             clipped = None
             if "optimizer" in self._config.instruments:
-                # As the optimizer clips them: over all it applies (global_clipnorm), not one part's.
-                clipped = inner_optimizer(optimizer)._clip_gradients(list(grads))
+                # As the optimizer clips them: unscaled (mixed precision), then over all it applies
+                # (global_clipnorm), not one part's.
+                inverse = inverse_loss_scale(optimizer, optimizer_variables)
+                unscaled = [g if inverse is None else g.astype(jnp.float32) * inverse for g in grads]
+                clipped = inner_optimizer(optimizer)._clip_gradients(unscaled)
             for entry in list(self._pending):
                 part, _, before, gradients = entry
                 if all(id(value) in applied for value in before):
@@ -129,6 +136,10 @@ class PartCollection:
                     as_applied = None if clipped is None else [clipped[k] for k in positions]
                     part.add_weights(before, gradients, after, optimizer, new_optimizer_variables, as_applied)
                     rows = part.rows
+                    if skips_overflowed_steps(optimizer):
+                        # Its scale was too large (not an explosion) when it did not advance its iterations.
+                        skipped = new_optimizer_variables[iterations] == optimizer_variables[iterations]
+                        rows.add_scalar("global/loss_scale_skipped", skipped)
                     self._records[part.name] = (
                         optimizer_variables[iterations],
                         rows.scalars(),

@@ -11,10 +11,7 @@ without a probed step run Keras' own function.
 """
 
 import jax
-import keras
 
-from kgrad.backends import UnsupportedBackendError
-from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.handover.records import RecordBuffer
 from kgrad.backends.jax.own_step.active import activated
@@ -25,7 +22,6 @@ class OwnStepTrainFunction:
     """``model.train_function`` for executions with a probed step of a model's own ``train_step``."""
 
     def __init__(self, model, config, keras_train_function=None):
-        _check(model)
         self.model, self.config = model, config
         self.guard = None  # the attached NonFiniteGuard's OwnStepGuardRun: every step guarded
         self.every_n_steps = config.every_n_steps
@@ -130,22 +126,6 @@ class OwnStepTrainFunction:
 
     def batch_not_kept(self):
         return None
-
-
-def _check(model):
-    """Raises, before anything is installed, for what is not probed in an own train_step on JAX yet."""
-    unsupported = None
-    if any(isinstance(o, keras.optimizers.LossScaleOptimizer) for o in candidate_optimizers(model)):
-        unsupported = (
-            "a LossScaleOptimizer scales the loss, and in an own train_step kgrad does not unscale "
-            "the statistics on JAX yet"
-        )
-    if unsupported is not None:
-        raise UnsupportedBackendError(
-            f"kgrad.GradientProbe cannot probe model '{model.name}' (class {type(model).__name__}, "
-            f"with its own train_step) on Keras' JAX backend: {unsupported}. Set "
-            "KERAS_BACKEND=tensorflow, where kgrad.ProbeTape supports it, or remove the probe."
-        )
 
 
 class _Buffers(dict):
