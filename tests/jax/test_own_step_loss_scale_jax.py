@@ -15,7 +15,9 @@ import pytest
 
 import kgrad
 from guide_model import GuideModel
-from test_own_step_jax import BATCH, FEATURES, HIDDEN, RATE, STEPS, _assert_records, _data, _guide_reference
+from test_own_step_jax import (
+    BATCH, FEATURES, HIDDEN, RATE, STEPS, _assert_records, _data, _guide_reference, jax_gan,
+)
 
 
 def _scaling_model(optimizer, scales_loss=True, jit_compile=True):
@@ -87,6 +89,55 @@ def test_every_instrument_logs_what_the_unscaled_fit_logs(tmp_path):
             assert with_scale.scalars[tag] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), tag
         for tag, histogram in without.histograms.items():
             np.testing.assert_allclose(with_scale.histograms[tag], histogram, rtol=1e-6, err_msg=tag)
+
+
+class ScaledGAN(jax_gan.GAN):
+    """examples/jax_gan.py's GAN, each part's loss scaled by its own optimizer's fixed factor."""
+
+    def compute_d_loss(self, *args):
+        loss, aux = super().compute_d_loss(*args)
+        return self.d_optimizer.scale_loss(loss), aux
+
+    def compute_g_loss(self, *args):
+        loss, aux = super().compute_g_loss(*args)
+        return self.g_optimizer.scale_loss(loss), aux
+
+
+def test_each_gan_part_is_unscaled_by_its_own_optimizers_factor(tmp_path):
+    """Two parts, two factors (4 and 256): every value is the unscaled GAN's, guarded and probed."""
+
+    def fit(scales, log_dir):
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(0)
+        made = jax_gan.make_gan()  # its sub-models, with the seed's weights
+        gan = (jax_gan.GAN if scales is None else ScaledGAN)(made.discriminator, made.generator)
+        d_scale, g_scale = scales or (None, None)
+        gan.compile(keras.optimizers.Adam(0.01, loss_scale_factor=d_scale),
+                    keras.optimizers.Adam(0.01, loss_scale_factor=g_scale), keras.losses.BinaryCrossentropy())
+        records, guard = [], kgrad.NonFiniteGuard()
+        probe = kgrad.GradientProbe(
+            str(log_dir), every_n_steps=1, statistics="all", instruments=["per_example", "optimizer"],
+            on_probe=records.append,
+        )
+        gan.fit(jax_gan.ring(64), batch_size=16, shuffle=False, verbose=0, callbacks=[probe, guard])
+        assert guard.report is None
+        return gan, sorted(records, key=lambda record: (record.step, record.tape))
+
+    scaled_gan, scaled = fit((4.0, 256.0), tmp_path / "scaled")
+    plain_gan, plain = fit(None, tmp_path / "plain")
+    for with_scale, without in zip(scaled_gan.get_weights(), plain_gan.get_weights(), strict=True):
+        np.testing.assert_array_equal(with_scale, without)
+    assert [(r.tape, r.step) for r in scaled] == [(r.tape, r.step) for r in plain] and len(plain) == 8
+    for with_scale, without in zip(scaled, plain):
+        expected_scale = {"discriminator": 4.0, "generator": 256.0}[without.tape]
+        assert with_scale.scalars.pop("global/loss_scale") == expected_scale
+        assert set(with_scale.scalars) == set(without.scalars)
+        # Two programs, summed in different orders: a mean of mixed signs (|mean| ~1e-4 of values
+        # ~1e-2) differs by ~1e-9; a factor left in would be 4 or 256 times off.
+        for tag, value in without.scalars.items():
+            assert with_scale.scalars[tag] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), tag
+        for tag, histogram in without.histograms.items():
+            np.testing.assert_allclose(with_scale.histograms[tag], histogram, rtol=1e-5, err_msg=tag)
 
 
 def _true_loss_gradients(weights, x, y):
