@@ -33,7 +33,6 @@ def _unavailable(name, what):
 
 
 ProbeTape = _unavailable("ProbeTape", "is a tf.GradientTape (JAX differentiates with jax.value_and_grad)")
-ProbingModel = _unavailable("ProbingModel", "overrides the TensorFlow train_step")
 ProbeResult = _unavailable("ProbeResult", "is what a ProbeTape returns")
 
 
