@@ -180,19 +180,22 @@ def test_mixed_float16_with_a_loss_scale_optimizer_logs_the_true_loss(float16_po
     assert kernel[-1, 1] == pytest.approx(record.scalars["weight_grad_max/hidden/kernel"])
 
 
-def test_steps_the_loss_scaler_skips_are_marked_and_training_is_unchanged(float16_policy, tmp_path):
+def _fit_overflowing(initial_scale, callbacks):
+    """16 steps of mixed_float16 under a LossScaleOptimizer whose scale overflows float16 gradients.
+
+    The scaler skips those steps and halves its scale until the gradients fit, as designed.
+    """
     x, y = _data(16 * BATCH)
+    scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(RATE), initial_scale=initial_scale)
+    model = _scaling_model(scaler)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
+    return model
 
-    def fit(callbacks):
-        # 2**24 overflows float16 gradients: the scaler skips steps and halves its scale.
-        scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(RATE), initial_scale=2.0**24)
-        model = _scaling_model(scaler)
-        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
-        return model
 
+def test_steps_the_loss_scaler_skips_are_marked_and_training_is_unchanged(float16_policy, tmp_path):
     records = []
-    probed = fit([kgrad.GradientProbe(str(tmp_path), every_n_steps=1, on_probe=records.append)])
-    plain = fit([])
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, on_probe=records.append)
+    probed, plain = _fit_overflowing(2.0**24, [probe]), _fit_overflowing(2.0**24, [])
     for probed_weight, plain_weight in zip(probed.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_array_equal(probed_weight, plain_weight)
     skipped = [r for r in records if r.scalars["global/loss_scale_skipped"] == 1.0]
@@ -230,14 +233,8 @@ def test_a_function_returning_another_value_than_the_scaled_loss_is_refused(tmp_
 
 @pytest.mark.parametrize("probed", [False, True], ids=["guard", "guard_and_probe"])
 def test_the_guard_checks_the_loss_and_when_strict_the_gradients(float16_policy, probed, tmp_path):
-    x, y = _data(16 * BATCH)
-
     def fit(callbacks):
-        # 2**20 overflows float16 gradients: the scaler skips steps and halves its scale, as designed.
-        scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(RATE), initial_scale=2.0**20)
-        model = _scaling_model(scaler)
-        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
-        return model
+        return _fit_overflowing(2.0**20, callbacks)
 
     probe = [kgrad.GradientProbe(str(tmp_path), every_n_steps=2)] if probed else []
     guard = kgrad.NonFiniteGuard()
