@@ -217,15 +217,19 @@ def test_a_function_returning_another_value_than_the_scaled_loss_is_refused(tmp_
             scaled, aux = super().compute_loss_and_updates(*args, **kwargs)
             return scaled * 1.0, aux
 
-    x, y = _data()
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((FEATURES,))
-    model = Rescaled(inputs, keras.layers.Dense(1, name="out")(inputs), name="guide")
-    model.scales_loss = True
-    model.compile(keras.optimizers.SGD(RATE, loss_scale_factor=8.0), "mse")
-    probe = kgrad.GradientProbe(str(tmp_path / "logs"))
-    with pytest.raises(ValueError, match=r"'guide'.*called `scale_loss` of SGD but returned another value"):
-        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[probe])
+    def fit(callback):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((FEATURES,))
+        model = Rescaled(inputs, keras.layers.Dense(1, name="out")(inputs), name="guide")
+        model.scales_loss = True
+        model.compile(keras.optimizers.SGD(RATE, loss_scale_factor=8.0), "mse")
+        refused = r"'guide'.*called `scale_loss` of SGD but returned another value.*Return the scaled loss"
+        with pytest.raises(ValueError, match=refused):
+            model.fit(*_data(), batch_size=BATCH, verbose=0, callbacks=[callback])
+
+    fit(kgrad.GradientProbe(str(tmp_path / "logs")))
+    assert not (tmp_path / "logs").exists()  # refused before anything was written
+    fit(kgrad.NonFiniteGuard())
 
 
 # -- kgrad.NonFiniteGuard ------------------------------------------------------------------------
