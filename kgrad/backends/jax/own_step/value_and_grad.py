@@ -34,6 +34,12 @@ def value_and_grad(fn, argnums=0, has_aux=False, name=None):
     dJ/dŷ and the weight gradients, from the same backward pass. The
     gradients and values returned are ``jax.value_and_grad``'s.
 
+    Under mixed precision, return the loss scaled by an optimizer of the
+    model, ``self.optimizer.scale_loss(loss)`` (in a ``keras.StatelessScope``
+    mapping the optimizer's variables to the step's), as the function's
+    value: kgrad divides that factor back out, so what it logs is of the true
+    loss. A function that scales a loss but returns another value is refused.
+
     Args:
         fn: The function to differentiate, as for ``jax.value_and_grad``.
         argnums: Which positional argument(s) to differentiate: an int or a
