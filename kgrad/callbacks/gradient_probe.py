@@ -10,6 +10,7 @@ from kgrad import backends
 from kgrad.callbacks import probe_output
 from kgrad.logs.writer import ProbeWriter
 from kgrad.plan.options import ProbeConfig
+from kgrad.sinks.fanout import SinkSet, checked_sinks
 
 
 class GradientProbe(keras.callbacks.Callback):
@@ -64,32 +65,28 @@ class GradientProbe(keras.callbacks.Callback):
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (306 scalar tags for the same MLP). See
             `kgrad.backends.tensorflow.summarize.summaries` for the tags.
-        instruments: Extra statistics, off by default: ``["per_example"]``
-            logs per-example gradient norms of the weights of Dense,
-            EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers
-            (``example_grad_norm_*/<weight path>``) and the sums from which
-            ``kgrad report`` estimates the gradient noise scale
-            (``noise_*/<layer>``, ``global/noise_*``), from the same backward
-            pass. Layers where it is not defined (a model with a trainable
-            BatchNormalization) or not supported get no tags and a warning.
-            Their cheapest probe: ``capture=["weight_gradients"],
-            histograms=False, instruments=["per_example"]`` (1.04-1.06x plain
-            ``fit`` at ``every_n_steps=16`` on the CPU benchmarks).
-            ``["optimizer"]``, from the optimizer's own state (Adam, AdamW,
-            Adamax, Nadam): ``adam_rms/<weight path>``, RMS of g/(√v̂+ε), and
-            ``grad_outlier_fraction/<weight path>``; with any optimizer
-            ``update_rms/<weight path>``. ``["logits"]``: per output, the max
-            logit, log-sum-exp, entropy and top-1 probability
-            (``logit_max_mean/<output>``...). ``["attention"]``: per attention
-            layer and head, the largest pre-softmax score and the entropy of
-            the attention weights (``attention_logit_max/<layer>/head_<h>``,
-            ``attention_entropy/<layer>/head_<h>``), on a sub-batch; for
-            Keras' MultiHeadAttention and GroupedQueryAttention and KerasHub's
-            GPT-2, BERT and Gemma attention. See docs/instruments.md.
+        instruments: Extra statistics, off by default: ``["per_example"]`` logs per-example gradient
+            norms of the weights of Dense, EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers
+            (``example_grad_norm_*/<weight path>``) and the sums from which ``kgrad report`` estimates the
+            gradient noise scale (``noise_*/<layer>``, ``global/noise_*``), from the same backward pass.
+            Layers where it is not defined (a model with a trainable BatchNormalization) or not supported
+            get no tags and a warning. Their cheapest probe: ``capture=["weight_gradients"],
+            histograms=False, instruments=["per_example"]`` (1.04-1.06x plain ``fit`` at
+            ``every_n_steps=16`` on the CPU benchmarks). ``["optimizer"]``, from the optimizer's own state
+            (Adam, AdamW, Adamax, Nadam): ``adam_rms/<weight path>``, RMS of g/(√v̂+ε), and
+            ``grad_outlier_fraction/<weight path>``; with any optimizer ``update_rms/<weight path>``.
+            ``["logits"]``: per output, the max logit, log-sum-exp, entropy and top-1 probability
+            (``logit_max_mean/<output>``...). ``["attention"]``: per attention layer and head, the largest
+            pre-softmax score and the entropy of the attention weights
+            (``attention_logit_max/<layer>/head_<h>``, ``attention_entropy/<layer>/head_<h>``), on a
+            sub-batch; for Keras' MultiHeadAttention and GroupedQueryAttention and KerasHub's GPT-2, BERT
+            and Gemma attention. See docs/instruments.md.
         outlier_sigmas: k of ``grad_outlier_fraction/``: an entry is an
             outlier when |g − m̂| > k·√max(v̂ − m̂², 0).
         attention_examples: How many examples of each probed batch the
             attention instrument scores (the first ones; per replica).
+        sinks: Where records also go, off the training thread: `kgrad.WandbSink`, `kgrad.MlflowSink`,
+            `kgrad.JsonLinesSink`, a `kgrad.Sink` of your own (docs/trackers.md).
 
     Example:
 
@@ -118,6 +115,7 @@ class GradientProbe(keras.callbacks.Callback):
         instruments=(),
         outlier_sigmas=6.0,
         attention_examples=4,
+        sinks=None,
     ):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
@@ -143,6 +141,7 @@ class GradientProbe(keras.callbacks.Callback):
             )
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.on_probe = on_probe
+        self._sinks = SinkSet(checked_sinks(sinks), "GradientProbe")
         self.latest = None
         #: In a model's own ``train_step``: ``{tape name: latest ProbeRecord}``.
         self.latest_by_tape = {}
@@ -168,6 +167,7 @@ class GradientProbe(keras.callbacks.Callback):
         # collectives need all of them) but only the chief writes events.
         writes = self.log_dir is not None and backend.is_chief(self.model)
         log_dir = probe_output.writable(self.log_dir) if writes else None
+        self._sinks.open(enabled=backend.is_chief(self.model))  # before anything is installed
         self._step = backend.attach(self.model, "probe", self.config)
         self._probing_function = self.model.train_function
         # The host knows exactly which steps an execution runs, unless an
@@ -187,6 +187,7 @@ class GradientProbe(keras.callbacks.Callback):
         backends.current().detach(self.model, "probe")
         for writer in self._writers.values():
             writer.close()
+        self._sinks.close(attach_report=True, log_dir=self._log_dir, step=getattr(self.latest, "step", 0))
 
     # -- choosing the train function ------------------------------------------------
 
@@ -259,6 +260,7 @@ class GradientProbe(keras.callbacks.Callback):
             self._steps_seen = self._step.steps_run()
         for writer in self._writers.values():
             writer.flush()
+        self._sinks.flush()
 
     def _collect(self):
         with self._lock:
@@ -277,8 +279,10 @@ class GradientProbe(keras.callbacks.Callback):
                     record = dataclasses.replace(record, tape=name)
                     self.latest_by_tape[name] = record
                 self.latest = record
+                logged = probe_output.for_tensorboard(record)
                 if self._log_dir is not None:
-                    self._writer(name, pipeline).write(probe_output.for_tensorboard(record))
+                    self._writer(name, pipeline).write(logged)
+                self._sinks.write(logged)
                 if self.on_probe is not None:
                     self.on_probe(record)
 

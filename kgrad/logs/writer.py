@@ -102,15 +102,24 @@ def write_guard_report(log_dir, report):
     """Writes a tripped guard's `kgrad.NonFiniteReport` to ``<log_dir>/kgrad``.
 
     One text summary at the bad step, tag `GUARD_REPORT_TAG`, holding JSON:
-    the report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
-    ``[[tensor, nan, inf], ...]``, the replay's ``born_*`` fields, no
-    ``last_summaries``) and ``"message"``,
-    the text the guard prints. The kgrad tab shows it on its NaN/Inf timeline;
+    `guard_report_fields`. The kgrad tab shows it on its NaN/Inf timeline;
     TensorBoard's Text tab shows it too.
     """
     import json
 
-    fields = {
+    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
+    events.write_summary(_text_summary(GUARD_REPORT_TAG, json.dumps(guard_report_fields(report))), report.step)
+    events.close()
+
+
+def guard_report_fields(report):
+    """A tripped guard's `kgrad.NonFiniteReport` as JSON-ready values (what TensorBoard and the sinks get).
+
+    The report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
+    ``[[tensor, nan, inf], ...]``, the replay's ``born_*`` fields, no
+    ``last_summaries``) and ``"message"``, the text the guard prints.
+    """
+    return {
         "message": str(report),
         "step": report.step,
         "tensor": report.tensor,
@@ -125,9 +134,6 @@ def write_guard_report(log_dir, report):
         # Where the replay found it born, for tools that read the logs.
         **{name: getattr(report, name) for name in _REPLAY_FIELDS},
     }
-    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
-    events.write_summary(_text_summary(GUARD_REPORT_TAG, json.dumps(fields)), report.step)
-    events.close()
 
 
 def layout_summary(layout):
