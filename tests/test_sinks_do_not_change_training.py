@@ -59,7 +59,8 @@ def _fit(callbacks):
     ])
     model.compile(keras.optimizers.Adam(0.01), "mse")
     rng = np.random.default_rng(1)
-    x, y = rng.normal(size=(STEPS * 4, 5)).astype("float32"), rng.normal(size=(STEPS * 4, 1)).astype("float32")
+    x = rng.normal(size=(STEPS * 4, 5)).astype("float32")
+    y = rng.normal(size=(STEPS * 4, 1)).astype("float32")
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     return [np.asarray(weight) for weight in model.get_weights()]
 
@@ -111,7 +112,8 @@ def test_each_bad_sink_warns_once_then_counts_what_it_lost(fits):
         first = [text for text in fits["warnings"] if text.startswith(f"{name}: ")]
         last = [text for text in fits["warnings"] if text.startswith(f"{name} lost ")]
         assert len(first) == 1 and "shown once" in first[0], fits["warnings"]
-        assert last == [f"{name} lost {sink.dropped} of {RECORDS} records this fit: " + last[0].split(": ", 1)[1]]
+        assert len(last) == 1, fits["warnings"]
+        assert last[0].startswith(f"{name} lost {sink.dropped} of {RECORDS} records this fit")
     assert "ConnectionError: the tracker is down" in " ".join(fits["warnings"])
     assert "queue of 3 calls was full" in " ".join(fits["warnings"])
 

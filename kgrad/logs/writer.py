@@ -108,7 +108,8 @@ def write_guard_report(log_dir, report):
     import json
 
     events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
-    events.write_summary(_text_summary(GUARD_REPORT_TAG, json.dumps(guard_report_fields(report))), report.step)
+    text = json.dumps(guard_report_fields(report))
+    events.write_summary(_text_summary(GUARD_REPORT_TAG, text), report.step)
     events.close()
 
 

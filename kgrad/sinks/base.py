@@ -57,7 +57,9 @@ class Sink:
                 f"`queue_size` must be a positive int. Received: queue_size={queue_size!r}. "
                 "Example: queue_size=1000."
             )
-        if isinstance(close_timeout, bool) or not isinstance(close_timeout, numbers.Real) or close_timeout < 0:
+        if isinstance(close_timeout, bool) or not isinstance(close_timeout, numbers.Real) or not (
+            close_timeout >= 0
+        ):
             raise ValueError(
                 "`close_timeout` must be a number of seconds >= 0. Received: "
                 f"close_timeout={close_timeout!r}. Example: close_timeout=30."

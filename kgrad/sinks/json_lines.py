@@ -9,10 +9,12 @@ from kgrad.sinks.base import Sink, counts_and_edges
 class JsonLinesSink(Sink):
     """Appends each record to a JSON Lines file: one line per probed step, one per guard report.
 
-    A probed step: ``{"record": "probe", "step": 10, "tape": null, "scalars":
-    {tag: value}, "histograms": {tag: {"edges": [k + 1 floats], "counts": [k
-    ints]}}}``, with the tags and values TensorBoard's event files get
-    (``tape`` names a `kgrad.ProbeTape` of a model's own ``train_step``). A
+    A probed step: ``{"record": "probe", "step": 10, "tape": null,
+    "grad_norm/dense": 0.25, ..., "histograms": {tag: {"edges": [k + 1
+    floats], "counts": [k ints]}}}``: each scalar tag is a key of its own (a
+    column of ``pandas.read_json(path, lines=True)``; every kgrad tag holds a
+    ``/``), with the tags and values TensorBoard's event files get (``tape``
+    names a `kgrad.ProbeTape` of a model's own ``train_step``). A
     tripped `kgrad.NonFiniteGuard`: ``{"record": "guard_report", "step": 3,
     "report": {...}}``, the fields of TensorBoard's ``guard/report`` tag.
     NaN and Inf are written as JSON's common extensions ``NaN``, ``Infinity``
@@ -62,8 +64,8 @@ class JsonLinesSink(Sink):
             ) from error
 
     def write_record(self, record):
-        scalars = {tag: float(value) for tag, value in record.scalars.items()}
-        line = {"record": "probe", "step": int(record.step), "tape": record.tape, "scalars": scalars}
+        line = {"record": "probe", "step": int(record.step), "tape": record.tape}
+        line.update((tag, float(value)) for tag, value in record.scalars.items())
         if self.histograms:
             line["histograms"] = {}
             for tag, buckets in record.histograms.items():

@@ -9,7 +9,7 @@ _METRICS_PER_BATCH = 1000
 
 
 class MlflowSink(Sink):
-    """Logs kgrad's records to an MLflow run: metrics, histogram artifacts, the guard's report, the HTML report.
+    """Logs kgrad's records to an MLflow run: metrics, histograms, the guard's report, the HTML report.
 
     Each probed step's scalars are one ``log_batch`` of metrics at the step
     (``optimizer.iterations``, as in TensorBoard), named under ``prefix``
@@ -52,11 +52,13 @@ class MlflowSink(Sink):
     >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="out")])
     >>> model.compile("sgd", "mse")
     >>> with mlflow.start_run() as run:
-    ...     probe = kgrad.GradientProbe(every_n_steps=2, sinks=[kgrad.MlflowSink()])
+    ...     probe = kgrad.GradientProbe(tempfile.mkdtemp(), every_n_steps=2, sinks=[kgrad.MlflowSink()])
     ...     _ = model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=2, callbacks=[probe], verbose=0)
-    >>> history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "kgrad/grad_norm/out")
-    >>> [metric.step for metric in history]
+    >>> client = mlflow.MlflowClient()
+    >>> [metric.step for metric in client.get_metric_history(run.info.run_id, "kgrad/grad_norm/out")]
     [0, 2]
+    >>> [artifact.path for artifact in client.list_artifacts(run.info.run_id, "kgrad")]
+    ['kgrad/histograms', 'kgrad/report.html']
     """
 
     def __init__(self, run_id=None, prefix="kgrad", histograms=True, report=True, queue_size=1000,
@@ -94,7 +96,8 @@ class MlflowSink(Sink):
             for tag, buckets in record.histograms.items():
                 counts, edges = counts_and_edges(buckets)
                 histograms[tag] = {"edges": edges.tolist(), "counts": counts.tolist()}
-            self._client.log_dict(self._run_id, histograms, f"{prefix}/histograms/step_{record.step:09d}.json")
+            path = f"{prefix}/histograms/step_{record.step:09d}.json"
+            self._client.log_dict(self._run_id, histograms, path)
 
     def _log_metrics(self, values, step):
         from mlflow.entities import Metric

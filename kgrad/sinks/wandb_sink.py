@@ -6,7 +6,7 @@ from kgrad.sinks.base import Sink, check_prefix, counts_and_edges, require, tag_
 
 
 class WandbSink(Sink):
-    """Logs kgrad's records to a Weights & Biases run: scalars, histograms, the guard's report, the HTML report.
+    """Logs kgrad's records to a W&B run: scalars, histograms, the guard's report, the HTML report.
 
     Each probed step is one ``run.log`` call: every tag under ``prefix``
     (``kgrad/grad_norm/dense``; a `kgrad.ProbeTape`'s tags under

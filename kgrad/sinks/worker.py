@@ -56,16 +56,17 @@ class SinkWorker:
         ``counted`` calls are records (counted as delivered or dropped);
         ``force`` queues past the bound (the close, which must run).
         """
-        self._warn_first_problem()
         with self._condition:
-            if not force and len(self._jobs) >= self.sink.queue_size:
+            queued = force or len(self._jobs) < self.sink.queue_size
+            if queued:
+                self._jobs.append((method, args, counted))
+                self._condition.notify()
+            else:
                 self.full += counted
                 self._problem(f"its queue of {self.sink.queue_size} calls was full: the tracker is slower "
                               "than training")
-                return False
-            self._jobs.append((method, args, counted))
-            self._condition.notify()
-        return True
+        self._warn_first_problem()
+        return queued
 
     def _run(self):
         while True:
