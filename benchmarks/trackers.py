@@ -35,6 +35,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 import kgrad  # noqa: E402
 from benchmarks import configs, machine  # noqa: E402
@@ -43,6 +44,20 @@ from benchmarks.models import MODELS, build_model, make_data, make_dataset  # no
 from benchmarks.timing import ratio_summary, round_triplets  # noqa: E402
 
 REFERENCE = "tensorboard"
+
+
+class _TimedWandbSink(kgrad.WandbSink):
+    """`kgrad.WandbSink` that adds up the CPU time of its worker thread's calls (``time.thread_time``)."""
+
+    def __init__(self):
+        super().__init__(report=False)
+        self.calls, self.thread_cpu = 0, 0.0
+
+    def write_record(self, record):
+        start = time.thread_time()
+        super().write_record(record)
+        self.thread_cpu += time.thread_time() - start
+        self.calls += 1
 
 
 class _Drain(keras.callbacks.Callback):
@@ -81,15 +96,16 @@ def _descendants_cpu():
 def _runners(spec, every, log_dir):
     x, y = make_data(spec, distinct_batches=20, seed=0)
     steps_per_epoch = every * 10
-    runners = {}
+    runners, timed_sink = {}, None
     for name in (REFERENCE, "tensorboard_aa", "wandb"):
-        sink = kgrad.WandbSink(report=False) if name == "wandb" else None
+        sink = _TimedWandbSink() if name == "wandb" else None
+        timed_sink = sink or timed_sink
         probe = kgrad.GradientProbe(os.path.join(log_dir, name), layers=configs.PROBE_LAYERS,
                                     every_n_steps=every, sinks=[sink] if sink else None)
         callbacks = [probe, _Drain(sink)] if sink else [probe]
         model = build_model(spec, seed=0, jit_compile=False)
         runners[name] = ConfigRunner(name, model, make_dataset(spec, x, y), steps_per_epoch, callbacks)
-    return runners
+    return runners, timed_sink
 
 
 def measure(spec, every, pairs, sample_steps):
@@ -98,11 +114,11 @@ def measure(spec, every, pairs, sample_steps):
 
     log_dir = tempfile.mkdtemp(prefix="kgrad-trackers-")
     run = wandb.init(mode="offline", dir=log_dir, project="kgrad-benchmark")
-    runners = _runners(spec, every, log_dir)
+    runners, sink = _runners(spec, every, log_dir)
     for runner in runners.values():
         runner.start(epochs=1)
     ratios = {name: {"cpu": [], "wall": []} for name in runners if name != REFERENCE}
-    core_cpu, wandb_cpu = 0.0, 0.0
+    core_cpu, wandb_cpu, reference_cpu = 0.0, 0.0, []
     for round_index in range(pairs):
         for before, after in round_triplets(["wandb", "tensorboard_aa"], round_index):
             samples = {}
@@ -111,6 +127,8 @@ def measure(spec, every, pairs, sample_steps):
                     continue
                 core_before = _descendants_cpu()
                 samples[name] = runners[name].run_steps(sample_steps)
+                if name == REFERENCE:
+                    reference_cpu.append(samples[name].cpu / sample_steps)
                 if name == "wandb":
                     core_cpu += _descendants_cpu() - core_before
                     wandb_cpu += samples[name].cpu
@@ -123,10 +141,12 @@ def measure(spec, every, pairs, sample_steps):
         runner.finish()
     html_cpu = _html_report_cpu(os.path.join(log_dir, "wandb"), run)
     run.finish()
-    return {
-        name: {kind: ratio_summary(values) for kind, values in kinds.items()} for name, kinds in ratios.items()
-    } | {"wandb_core_cpu_share": core_cpu / wandb_cpu, "finish_cpu_s": time.process_time() - report_cpu,
-         "html_report_cpu_s": html_cpu}
+    summaries = {name: {kind: ratio_summary(values) for kind, values in kinds.items()}
+                 for name, kinds in ratios.items()}
+    return summaries | {"wandb_core_cpu_share": core_cpu / wandb_cpu, "finish_cpu_s": time.process_time() - report_cpu,
+         "html_report_cpu_s": html_cpu, "reference_step_cpu_ms": 1000 * float(np.median(reference_cpu)),
+         "sink_call_cpu_ms": 1000 * sink.thread_cpu / max(sink.calls, 1), "sink_calls": sink.calls,
+         "every": every}
 
 
 def _html_report_cpu(log_dir, run):
@@ -149,15 +169,20 @@ def main(argv=None):
     parser.add_argument("--sample-steps", type=int, default=100, help="a multiple of --every")
     args = parser.parse_args(argv)
     if args.sample_steps % args.every:
-        parser.error(f"--sample-steps must be a multiple of --every. Received: {args.sample_steps}, {args.every}.")
+        parser.error(f"--sample-steps must be a multiple of --every. Received: --sample-steps={args.sample_steps} "
+                     f"--every={args.every}.")
     started = machine.describe()
     results = measure(MODELS[args.model], args.every, args.pairs, args.sample_steps)
     results["machine"] = started | {"load_average_end": machine.load_average()}
     print(json.dumps(results, indent=1))
     for name in ("wandb", "tensorboard_aa"):
         cpu, wall = results[name]["cpu"], results[name]["wall"]
-        print(f"{name} / {REFERENCE}: CPU {cpu['median']:.3f} ({cpu['median_low']:.3f}-{cpu['median_high']:.3f}), "
-              f"wall {wall['median']:.3f}, n={cpu['n']}")
+        interval = f"{cpu['median_low']:.3f}-{cpu['median_high']:.3f}"
+        print(f"{name} / {REFERENCE}: CPU {cpu['median']:.3f} ({interval}), wall {wall['median']:.3f}, n={cpu['n']}")
+    per_step = results["sink_call_cpu_ms"] / (args.every * results["reference_step_cpu_ms"])
+    print(f"reference step: {results['reference_step_cpu_ms']:.2f} CPU-ms; a WandbSink.write_record: "
+          f"{results['sink_call_cpu_ms']:.3f} CPU-ms in its thread ({results['sink_calls']} calls): "
+          f"+{per_step:.4f} of the reference at every_n_steps={args.every}")
     print(f"wandb-core CPU: {results['wandb_core_cpu_share']:.3f} of the wandb turns' CPU; "
           f"end-of-fit HTML report: {results['html_report_cpu_s']:.2f} CPU-s")
 

@@ -174,3 +174,8 @@ def test_json_lines_write_nan_and_inf_that_pandas_reads_back(tmp_path):
     frame = pandas.read_json(tmp_path / "out.jsonl", lines=True)
     assert np.isnan(frame["a"][0]) and frame["b"][0] == np.inf and frame["c"][0] == 0.5
     assert frame["step"][0] == 3 and frame["record"][0] == "probe"
+
+
+def test_histograms_of_tensors_without_a_finite_element_keep_their_nan_edges():
+    counts, edges = counts_and_edges([[np.nan, np.nan, 0.0], [np.nan, np.nan, 0.0]])
+    assert counts.tolist() == [0, 0] and np.isnan(edges).all() and edges.shape == (3,)

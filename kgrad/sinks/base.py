@@ -136,10 +136,13 @@ def counts_and_edges(buckets):
     ([2, 5], [0.0, 1.0, 3.0])
     """
     buckets = np.asarray(buckets, np.float64)
-    lefts, rights, counts = buckets[:, 0], buckets[:, 1], buckets[:, 2]
-    if not np.array_equal(lefts[1:], rights[:-1], equal_nan=True):
+    lefts, rights = buckets[:, 0], buckets[:, 1]
+    # Edges that differ are a gap, unless both are NaN (a tensor without a finite element).
+    # Not np.array_equal(equal_nan=True): twice as slow, and this runs per histogram and step.
+    gaps = lefts[1:] != rights[:-1]
+    if gaps.any() and not (np.isnan(lefts[1:][gaps]) & np.isnan(rights[:-1][gaps])).all():
         raise ValueError(f"histogram buckets are not contiguous: left edges {lefts}, right edges {rights}")
-    return counts.astype(np.int64), np.append(lefts, rights[-1:])
+    return buckets[:, 2].astype(np.int64), np.append(lefts, rights[-1:])
 
 
 def tag_prefix(prefix, record):
