@@ -143,10 +143,15 @@ def measure(spec, every, pairs, sample_steps):
     run.finish()
     summaries = {name: {kind: ratio_summary(values) for kind, values in kinds.items()}
                  for name, kinds in ratios.items()}
-    return summaries | {"wandb_core_cpu_share": core_cpu / wandb_cpu, "finish_cpu_s": time.process_time() - report_cpu,
-         "html_report_cpu_s": html_cpu, "reference_step_cpu_ms": 1000 * float(np.median(reference_cpu)),
-         "sink_call_cpu_ms": 1000 * sink.thread_cpu / max(sink.calls, 1), "sink_calls": sink.calls,
-         "every": every}
+    return summaries | {
+        "wandb_core_cpu_share": core_cpu / wandb_cpu,
+        "finish_cpu_s": time.process_time() - report_cpu,
+        "html_report_cpu_s": html_cpu,
+        "reference_step_cpu_ms": 1000 * float(np.median(reference_cpu)),
+        "sink_call_cpu_ms": 1000 * sink.thread_cpu / max(sink.calls, 1),
+        "sink_calls": sink.calls,
+        "every": every,
+    }
 
 
 def _html_report_cpu(log_dir, run):
@@ -169,8 +174,8 @@ def main(argv=None):
     parser.add_argument("--sample-steps", type=int, default=100, help="a multiple of --every")
     args = parser.parse_args(argv)
     if args.sample_steps % args.every:
-        parser.error(f"--sample-steps must be a multiple of --every. Received: --sample-steps={args.sample_steps} "
-                     f"--every={args.every}.")
+        parser.error("--sample-steps must be a multiple of --every. Received: "
+                     f"--sample-steps={args.sample_steps} --every={args.every}.")
     started = machine.describe()
     results = measure(MODELS[args.model], args.every, args.pairs, args.sample_steps)
     results["machine"] = started | {"load_average_end": machine.load_average()}
@@ -178,7 +183,8 @@ def main(argv=None):
     for name in ("wandb", "tensorboard_aa"):
         cpu, wall = results[name]["cpu"], results[name]["wall"]
         interval = f"{cpu['median_low']:.3f}-{cpu['median_high']:.3f}"
-        print(f"{name} / {REFERENCE}: CPU {cpu['median']:.3f} ({interval}), wall {wall['median']:.3f}, n={cpu['n']}")
+        print(f"{name} / {REFERENCE}: CPU {cpu['median']:.3f} ({interval}), wall {wall['median']:.3f}, "
+              f"n={cpu['n']}")
     per_step = results["sink_call_cpu_ms"] / (args.every * results["reference_step_cpu_ms"])
     print(f"reference step: {results['reference_step_cpu_ms']:.2f} CPU-ms; a WandbSink.write_record: "
           f"{results['sink_call_cpu_ms']:.3f} CPU-ms in its thread ({results['sink_calls']} calls): "
