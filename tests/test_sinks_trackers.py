@@ -198,3 +198,24 @@ def test_a_guard_trip_attaches_the_html_report_then_and_at_the_end(guarded):
     artifacts = mlflow.get_run(guarded["mlflow_run"].info.run_id).info.artifact_uri
     page = mlflow.artifacts.load_text(f"{artifacts}/kgrad/report_nonfinite_step_{NAN_STEP}.html")
     assert page.startswith("<!DOCTYPE html>") and "kgrad-data" in page
+
+
+@pytest.mark.parametrize("width, height", [(1400, 900), (700, 900)])
+def test_the_page_wandb_stored_opens_in_chromium_with_every_layer(tracked, width, height):
+    from test_dashboard_logs import headless_chromium, wait_for
+
+    (row,) = [row for row in tracked["wandb"] if "kgrad/report/path" in row]
+    page = os.path.join(tracked["wandb_files"], row["kgrad/report/path"])
+    driver = headless_chromium()
+    try:
+        driver.set_window_size(width, height)
+        driver.get("file://" + page)
+        wait_for(driver, "document.querySelector('.body[data-state=ready]')")
+        layers = driver.execute_script(
+            "return [...document.querySelectorAll('section.run-column .row-label')].map((r) => r.dataset.layer)")
+        assert list(dict.fromkeys(layers)) == ["hidden", "out"]  # the heatmap's rows, in forward order
+        overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than a {width} px window"
+        driver.save_screenshot(os.path.join(os.path.dirname(tracked["log_dir"]), f"wandb_report_{width}.png"))
+    finally:
+        driver.quit()

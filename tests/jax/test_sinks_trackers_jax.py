@@ -13,6 +13,7 @@ from test_sinks_trackers import (  # noqa: E402, F401  (tests/ is on the path: t
     test_every_record_reaches_every_sink,
     test_json_lines_hold_every_record,
     test_mlflow_metrics_and_histogram_artifacts_hold_every_value,
+    test_the_page_wandb_stored_opens_in_chromium_with_every_layer,
     test_the_html_report_is_attached_as_kgrad_report_html_renders_it,
     test_wandb_offline_run_holds_every_tag_step_value_and_histogram,
     tracked,
