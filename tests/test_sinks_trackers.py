@@ -212,7 +212,8 @@ def test_the_page_wandb_stored_opens_in_chromium_with_every_layer(tracked, width
         driver.get("file://" + page)
         wait_for(driver, "document.querySelector('.body[data-state=ready]')")
         layers = driver.execute_script(
-            "return [...document.querySelectorAll('section.run-column .row-label')].map((r) => r.dataset.layer)")
+            "return [...document.querySelectorAll(arguments[0])].map((r) => r.dataset.layer)",
+            "section.run-column .row-label")
         assert list(dict.fromkeys(layers)) == ["hidden", "out"]  # the heatmap's rows, in forward order
         overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"the page is {overflow} px wider than a {width} px window"

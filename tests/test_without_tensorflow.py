@@ -162,7 +162,8 @@ def test_the_sinks_and_the_html_report_they_attach_run_without_a_backend(tmp_pat
         pages = Pages()
         sinks = SinkSet((JsonLinesSink("out.jsonl"), pages), "GradientProbe")
         sinks.open()
-        sinks.write(ProbeRecord(3, {{"grad_norm/hidden": 0.5}}, {{"grad_hist/hidden": np.array([[0.0, 1.0, 4.0]])}}))
+        histogram = np.array([[0.0, 1.0, 4.0]])
+        sinks.write(ProbeRecord(3, {{"grad_norm/hidden": 0.5}}, {{"grad_hist/hidden": histogram}}))
         sinks.close(attach_report=True, log_dir=sys.argv[1], step=3)
         step, label, html = pages.page
         print(json.dumps([open("out.jsonl").read(), step, label, html.startswith("<!DOCTYPE html>")]))
