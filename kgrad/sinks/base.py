@@ -26,6 +26,9 @@ class Sink:
 
     Args:
         queue_size: Calls waiting for the worker at most; more are dropped.
+            Each holds a record (its histograms included) until it is made:
+            100 records are 1,000 steps of a stalled tracker at
+            ``every_n_steps=10``, in a bounded amount of memory.
         close_timeout: Seconds the end of ``fit`` waits for the queue to
             drain; what is still queued then is dropped (and counted).
 
@@ -51,11 +54,11 @@ class Sink:
     ([0, 2], 2, 0)
     """
 
-    def __init__(self, queue_size=1000, close_timeout=30.0):
+    def __init__(self, queue_size=100, close_timeout=30.0):
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(
                 f"`queue_size` must be a positive int. Received: queue_size={queue_size!r}. "
-                "Example: queue_size=1000."
+                "Example: queue_size=100."
             )
         if isinstance(close_timeout, bool) or not isinstance(close_timeout, numbers.Real) or not (
             close_timeout >= 0
@@ -107,6 +110,27 @@ class Sink:
     def wants_html_report(self):
         """Whether `attach_html_report` does something (the report is rendered only then)."""
         return type(self).attach_html_report is not Sink.attach_html_report
+
+
+class TrackerSink(Sink):
+    """What `kgrad.WandbSink` and `kgrad.MlflowSink` share: their package, tag prefix and options.
+
+    Args:
+        module: The tracker's package, imported now (``ImportError`` naming ``extra`` without it).
+        extra: kgrad's extra that installs it (``pip install "kgrad[<extra>]"``).
+        prefix, histograms, report, queue_size, close_timeout: The sink's arguments.
+    """
+
+    def __init__(self, module, extra, prefix, histograms, report, queue_size, close_timeout):
+        super().__init__(queue_size=queue_size, close_timeout=close_timeout)
+        self.tracker = require(module, extra, type(self).__name__)
+        self.prefix = check_prefix(prefix)
+        self.histograms = bool(histograms)
+        self.report = bool(report)
+
+    @property
+    def wants_html_report(self):
+        return self.report
 
 
 def require(module, extra, sink):

@@ -41,7 +41,7 @@ class JsonLinesSink(Sink):
     ([0, 2], ['counts', 'edges'])
     """
 
-    def __init__(self, path, histograms=True, queue_size=1000, close_timeout=30.0):
+    def __init__(self, path, histograms=True, queue_size=100, close_timeout=30.0):
         super().__init__(queue_size=queue_size, close_timeout=close_timeout)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(

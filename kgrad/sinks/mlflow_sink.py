@@ -2,13 +2,13 @@
 
 import time
 
-from kgrad.sinks.base import Sink, check_prefix, counts_and_edges, require, tag_prefix
+from kgrad.sinks.base import TrackerSink, counts_and_edges, tag_prefix
 
 # MLflow's limit on the metrics of one log_batch call (mlflow.utils.validation.MAX_METRICS_PER_BATCH).
 _METRICS_PER_BATCH = 1000
 
 
-class MlflowSink(Sink):
+class MlflowSink(TrackerSink):
     """Logs kgrad's records to an MLflow run: metrics, histograms, the guard's report, the HTML report.
 
     Each probed step's scalars are one ``log_batch`` of metrics at the step
@@ -61,19 +61,16 @@ class MlflowSink(Sink):
     ['kgrad/histograms', 'kgrad/report.html']
     """
 
-    def __init__(self, run_id=None, prefix="kgrad", histograms=True, report=True, queue_size=1000,
+    def __init__(self, run_id=None, prefix="kgrad", histograms=True, report=True, queue_size=100,
                  close_timeout=30.0):
-        super().__init__(queue_size=queue_size, close_timeout=close_timeout)
-        self._mlflow = require("mlflow", "mlflow", "MlflowSink")
+        super().__init__("mlflow", "mlflow", prefix, histograms, report, queue_size, close_timeout)
+        self._mlflow = self.tracker
         if run_id is not None and not isinstance(run_id, str):
             raise TypeError(
                 f"`run_id` must be None or an MLflow run id (str). Received: run_id={run_id!r}. "
                 "Example: kgrad.MlflowSink(run_id=run.info.run_id)."
             )
         self.run_id = run_id
-        self.prefix = check_prefix(prefix)
-        self.histograms = bool(histograms)
-        self.report = bool(report)
         self._client = None
         self._run_id = None
 
@@ -116,10 +113,6 @@ class MlflowSink(Sink):
     def attach_html_report(self, html_text, step, label):
         name = "report.html" if label == "end_of_fit" else f"report_{label}_step_{step}.html"
         self._client.log_text(self._run_id, html_text, f"{self.prefix}/{name}")
-
-    @property
-    def wants_html_report(self):
-        return self.report
 
     def close(self):
         self._client = None

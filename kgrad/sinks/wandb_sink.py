@@ -2,10 +2,10 @@
 
 import html
 
-from kgrad.sinks.base import Sink, check_prefix, counts_and_edges, require, tag_prefix
+from kgrad.sinks.base import TrackerSink, counts_and_edges, tag_prefix
 
 
-class WandbSink(Sink):
+class WandbSink(TrackerSink):
     """Logs kgrad's records to a W&B run: scalars, histograms, the guard's report, the HTML report.
 
     Each probed step is one ``run.log`` call: every tag under ``prefix``
@@ -54,9 +54,9 @@ class WandbSink(Sink):
     """
 
     def __init__(self, run=None, init=None, prefix="kgrad", histograms=True, report=True,
-                 queue_size=1000, close_timeout=30.0):
-        super().__init__(queue_size=queue_size, close_timeout=close_timeout)
-        self._wandb = require("wandb", "wandb", "WandbSink")
+                 queue_size=100, close_timeout=30.0):
+        super().__init__("wandb", "wandb", prefix, histograms, report, queue_size, close_timeout)
+        self._wandb = self.tracker
         if init is not None and not isinstance(init, dict):
             raise TypeError(
                 f"`init` must be None or a dict of wandb.init keyword arguments. Received: init={init!r}. "
@@ -64,9 +64,6 @@ class WandbSink(Sink):
             )
         self.run = run
         self.init = init
-        self.prefix = check_prefix(prefix)
-        self.histograms = bool(histograms)
-        self.report = bool(report)
         self._run = None
         self._started = False
 
@@ -106,10 +103,6 @@ class WandbSink(Sink):
     def attach_html_report(self, html_text, step, label):
         page = self._wandb.Html(html_text, inject=False, data_is_not_path=True)
         self._run.log({f"{self.prefix}/step": step, f"{self.prefix}/report": page})
-
-    @property
-    def wants_html_report(self):
-        return self.report
 
     def close(self):
         if self._started:
