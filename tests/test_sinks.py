@@ -179,3 +179,31 @@ def test_json_lines_write_nan_and_inf_that_pandas_reads_back(tmp_path):
 def test_histograms_of_tensors_without_a_finite_element_keep_their_nan_edges():
     counts, edges = counts_and_edges([[np.nan, np.nan, 0.0], [np.nan, np.nan, 0.0]])
     assert counts.tolist() == [0, 0] and np.isnan(edges).all() and edges.shape == (3,)
+
+
+def test_a_probe_tape_s_records_carry_its_name_to_the_sinks(tmp_path):
+    if keras.config.backend() != "tensorflow":
+        pytest.skip("kgrad.ProbeTape is TensorFlow's; on JAX a model's own step uses kgrad.value_and_grad")
+    import tensorflow as tf
+
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with kgrad.ProbeTape(self, name="critic") as tape:
+                loss = keras.ops.mean(keras.ops.square(self(x) - y))
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_weights),
+                                               self.trainable_weights))
+            return {"loss": loss}
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((2,))
+    model = OwnStep(inputs, keras.layers.Dense(1, name="out")(inputs))
+    model.compile("sgd")
+    jsonl, log_dir = str(tmp_path / "kgrad.jsonl"), str(tmp_path / "logs")
+    probe = kgrad.GradientProbe(log_dir, every_n_steps=2, sinks=[kgrad.JsonLinesSink(jsonl)])
+    model.fit(tf.ones((8, 2)), tf.ones((8, 1)), batch_size=2, verbose=0, callbacks=[probe])
+    lines = [json.loads(line) for line in open(jsonl, encoding="utf-8")]
+    written = kgrad.read_logs(log_dir)["critic/kgrad"]["scalars"]["grad_norm/out"]
+    assert [(line["tape"], line["step"]) for line in lines] == [("critic", 0), ("critic", 2)]
+    np.testing.assert_array_equal(np.float32([line["grad_norm/out"] for line in lines]),
+                                  np.float32(written.values))
