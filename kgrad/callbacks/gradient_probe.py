@@ -199,7 +199,7 @@ class GradientProbe(keras.callbacks.Callback):
             return
         first_step = self._steps_before_epoch + batch
         last_step = first_step + self._unsynced_model.steps_per_execution - 1
-        if _contains_probed_step(first_step, last_step, self.config.every_n_steps):
+        if self.config.schedule.probes_any(first_step, last_step):
             self._step.start_at(first_step)
             self._use_train_function(self._probing_function)
         else:
@@ -238,9 +238,7 @@ class GradientProbe(keras.callbacks.Callback):
             batch = min(batch, steps_in_epoch - 1)
         with self._lock:
             steps_seen = self._steps_before_epoch + batch + 1
-            ran_probed_step = _contains_probed_step(
-                self._steps_seen, steps_seen - 1, self.config.every_n_steps
-            )
+            ran_probed_step = self.config.schedule.probes_any(self._steps_seen, steps_seen - 1)
             # An end dispatched out of order finds the count ahead of it; what it
             # would have read, the next read (at the latest the epoch's end) reads.
             self._steps_seen = max(self._steps_seen, steps_seen)
@@ -289,8 +287,3 @@ class GradientProbe(keras.callbacks.Callback):
             self._writers[tape_name] = ProbeWriter(log_dir, weight_shapes=lambda: pipeline.weight_shapes)
         return self._writers[tape_name]
 
-
-def _contains_probed_step(first_step, last_step, every_n_steps):
-    """Whether a step index in ``[first_step, last_step]`` is probed."""
-    first_probed = -(-first_step // every_n_steps) * every_n_steps
-    return first_probed <= last_step

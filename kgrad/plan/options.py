@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from kgrad.plan.schedule import ProbeSchedule
+
 #: Everything a probe can capture; ``capture=`` takes any subset.
 CAPTURE_KINDS = (
     "activations",
@@ -74,6 +76,11 @@ class ProbeConfig:
 
     def captures(self, kind):
         return kind in self.capture
+
+    @property
+    def schedule(self):
+        """The `kgrad.plan.schedule.ProbeSchedule` of ``every_n_steps``: which steps are probed."""
+        return ProbeSchedule(self.every_n_steps)
 
 
 def check_tap_name(name):

@@ -82,11 +82,7 @@ class StepPlan:
 
     @property
     def record_capacity(self):
-        """Records the device buffer holds: the probed steps of one execution, plus one.
-
-        The extra slot keeps the previous execution's last record, which the
-        non-finite guard reports as the last finite summaries.
-        """
+        """Records the device buffer holds (`kgrad.plan.schedule.ProbeSchedule.record_capacity`); 0 without a probe."""
         if self.probe is None:
             return 0
-        return 1 + -(-self.steps_per_execution // self.probe.every_n_steps)
+        return self.probe.schedule.record_capacity(self.steps_per_execution)

@@ -169,7 +169,7 @@ class ProbingStep:
             return tf.constant(False)
         if plan.probed_steps_only:
             return tf.constant(True)  # the schedule is kept on the host
-        probe_now = tf.equal(tf.math.floormod(self._counter, plan.probe.every_n_steps), 0)
+        probe_now = plan.probe.schedule.probes(self._counter)
         self._counter.assign_add(1)
         return probe_now
 
