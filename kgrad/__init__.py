@@ -78,7 +78,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
     from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
     from kgrad.logs.reading import read_logs  # noqa: F401
-    from kgrad.backends.tensorflow.guard.replay import replay_step  # noqa: F401
+    from kgrad.backends.common.replay_step import replay_step  # noqa: F401
     from kgrad.report.health import HealthThresholds, health_report  # noqa: F401
     from kgrad.logs.record import ProbeRecord  # noqa: F401
     from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401

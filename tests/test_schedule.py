@@ -22,7 +22,7 @@ def test_probes_any_and_capacity_match_a_loop_over_the_steps(every_n_steps):
         most = max(sum(first <= step < first + steps_per_execution for step in probed) for first in range(30))
         assert schedule.probed_per_execution(steps_per_execution) == most
         assert schedule.record_capacity(steps_per_execution) == most + 1
-        plan = StepPlan(probe=ProbeConfig(every_n_steps=every_n_steps), steps_per_execution=steps_per_execution)
+        plan = StepPlan(ProbeConfig(every_n_steps=every_n_steps), steps_per_execution=steps_per_execution)
         assert plan.record_capacity == most + 1
 
 
@@ -38,5 +38,5 @@ def test_probes_on_a_counter_tensor_agrees_with_the_host():
 
 @pytest.mark.parametrize("every_n_steps", [0, -2, 1.5, True, "3"])
 def test_a_bad_every_n_steps_is_refused(every_n_steps):
-    with pytest.raises(ValueError, match=r"`every_n_steps` must be a positive int\. Received: every_n_steps="):
+    with pytest.raises(ValueError, match=r"`every_n_steps` must be a positive int\. Received: every_n_"):
         ProbeSchedule(every_n_steps)

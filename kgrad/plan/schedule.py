@@ -32,7 +32,8 @@ class ProbeSchedule:
     every_n_steps: int
 
     def __post_init__(self):
-        if isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int) or self.every_n_steps < 1:
+        every_n_steps = self.every_n_steps
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(
                 f"`every_n_steps` must be a positive int. Received: every_n_steps={self.every_n_steps!r}."
             )

@@ -82,7 +82,7 @@ class StepPlan:
 
     @property
     def record_capacity(self):
-        """Records the device buffer holds (`kgrad.plan.schedule.ProbeSchedule.record_capacity`); 0 without a probe."""
+        """Records the device buffer holds (`kgrad.plan.schedule.ProbeSchedule.record_capacity`), or 0."""
         if self.probe is None:
             return 0
         return self.probe.schedule.record_capacity(self.steps_per_execution)
