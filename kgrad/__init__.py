@@ -62,7 +62,7 @@ _MODULES = {
     "replay_step": _BACKEND,
     "tap": _BACKEND,
     "value_and_grad": _BACKEND,
-    "write_html_report": "kgrad.report.html",
+    "write_html_report": "kgrad.dashboard.html_report",
 }
 
 if typing.TYPE_CHECKING:  # what static tools and IDEs see
@@ -72,7 +72,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
     from kgrad.backends import UnsupportedBackendError  # noqa: F401
     from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
-    from kgrad.report.html import write_html_report  # noqa: F401
+    from kgrad.dashboard.html_report import write_html_report  # noqa: F401
     from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401

@@ -494,26 +494,3 @@ def test_a_dropout_mask_that_makes_the_nan_is_drawn_again_by_the_replay(jit_comp
     ]
     assert dropped[report.step] == report.born_inf_count > 0 and not any(dropped[:report.step])
 
-
-@pytest.fixture
-def bfloat16_policy():
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    yield
-    keras.config.set_dtype_policy("float32")
-
-
-def test_under_mixed_bfloat16_the_replay_names_the_layer_that_made_the_nan(bfloat16_policy):
-    # The layers compute in bfloat16 (NumPy's dtype.kind "V", not "f"): the
-    # replay must count their NaNs, not skip them and blame the loss.
-    x, y = _data()
-    x += 1.0  # in [1.5, 2.5): sqrt(x - 1) is finite, and so is its gradient
-    x[BAD_ROW, 0] = 0.5  # sqrt(0.5 - 1): NaN, in step 2 only
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((3,)),
-                              keras.layers.Lambda(lambda t: keras.ops.sqrt(t - 1.0), name="bad_sqrt"),
-                              keras.layers.Dense(1, name="out")])
-    assert model.get_layer("bad_sqrt").compute_dtype == "bfloat16"
-    report = _fit(model, x, y, jit_compile=False)
-    assert _born(report) == (2, "forward", "bad_sqrt", "Lambda")
-    assert report.replayed and (report.born_nan_count, report.born_inf_count) == (1, 0)
-    assert report.born_input_range[0] == 0.5  # exact in bfloat16

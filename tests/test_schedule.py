@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from kgrad.plan.options import ProbeConfig
 from kgrad.plan.schedule import ProbeSchedule
-from kgrad.plan.step_plan import StepPlan
+from kgrad.backends.tensorflow.differentiate.step_plan import StepPlan
 
 
 @pytest.mark.parametrize("every_n_steps", [1, 2, 3, 7])

@@ -17,11 +17,12 @@ class GradientProbe(keras.callbacks.Callback):
 
     Works on any ``keras.Model`` (Sequential, Functional or subclassed) and
     on `kgrad.ProbingModel`. A model with its own ``train_step`` (a GAN, a
-    VAE) is probed through the `kgrad.ProbeTape`s in that step: replace
-    ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or the
-    sub-model that tape differentiates); each tape is logged as a run of its
-    own, ``<log_dir>/<tape name>/kgrad``, at the ``iterations`` of the
-    optimizer that applied its gradients. When
+    VAE) is probed through the differentiations of that step: on TensorFlow
+    replace ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or
+    the sub-model that tape differentiates), on JAX ``jax.value_and_grad`` with
+    `kgrad.value_and_grad`; each is logged as a run of its own,
+    ``<log_dir>/<name>/kgrad``, at the ``iterations`` of the optimizer that
+    applied its gradients. When
     ``fit`` starts, the callback installs a probing ``train_step`` on the model
     instance; when ``fit`` ends it removes it, so ``evaluate``, ``predict``,
     ``save`` and later ``fit`` calls behave exactly as before. Training itself
@@ -63,7 +64,7 @@ class GradientProbe(keras.callbacks.Callback):
             moment (norm, mean, std, min, max, zero fraction, non-finite
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (306 scalar tags for the same MLP). See
-            `kgrad.backends.tensorflow.summarize.summaries` for the tags.
+            docs/tags.md (`kgrad.plan.tag_names`) for the tags.
         instruments: Extra statistics, off by default: ``["per_example"]``
             logs per-example gradient norms of the weights of Dense,
             EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers

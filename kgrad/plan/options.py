@@ -24,7 +24,7 @@ INSTRUMENTS = ("per_example", "optimizer", "logits", "attention")
 
 #: What ``statistics=`` takes: ``"default"`` writes what people look at
 #: (norms, update ratios, zero fractions, non-finite counts, gradient
-#: histograms; see `kgrad.backends.tensorflow.summarize.summaries`), ``"all"`` every moment and histogram
+#: histograms; see docs/tags.md), ``"all"`` every moment and histogram
 #: of every captured tensor.
 STATISTICS = ("default", "all")
 

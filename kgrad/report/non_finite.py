@@ -55,7 +55,7 @@ class NonFiniteReport:
         non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
             non-finite tensor of the step, in check order.
         born_in: Where the first NaN/Inf was born, found by replaying the
-            step (`kgrad.backends.tensorflow.guard.replay`): ``"forward"``, ``"backward"``, ``"data"``
+            step (`kgrad.backends.common.locate`): ``"forward"``, ``"backward"``, ``"data"``
             (it arrived with the inputs, targets or sample weights) or
             ``"weights"`` (an earlier update made a weight non-finite);
             ``None`` when not replayed (see ``replay_note``).
@@ -73,8 +73,9 @@ class NonFiniteReport:
             first seen non-finite, or ``None``.
         born_step: For ``born_in="weights"``, the step whose update made
             the weight non-finite (the last update applied); else ``step``.
-        born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape`
-            (its logged name) whose pass the value was born in; else ``None``.
+        born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape` or
+            `kgrad.value_and_grad` (its logged name) whose pass the value was
+            born in; else ``None``.
         batch_index: The batch within the epoch (``None`` when unknown: with
             ``steps_per_execution > 1`` and a batch that variables cannot
             hold, ragged or strings).
@@ -232,6 +233,17 @@ def report_of_birth(born, step=None):
         nan_count=born["born_nan_count"], inf_count=born["born_inf_count"], last_finite_step=None,
         last_finite_norm=None, last_summaries={}, non_finite={}, replayed=True, **born,
     )
+
+
+def name_in_part(tensor_name, part):
+    """``"<kind>/<layer>"`` of a part's checked tensor (a `kgrad.ProbeTape`, a `kgrad.value_and_grad`)
+    as ``"<kind>/<part>/<layer>"``.
+
+    >>> name_in_part("grad/dense", "generator")
+    'grad/generator/dense'
+    """
+    kind, _, layer = tensor_name.partition("/")
+    return f"{kind}/{part}/{layer}"
 
 
 def split_name(tensor_name):

@@ -1,6 +1,6 @@
 """The probing ``train_step``: Keras' own step, plus capture on probed steps.
 
-What the step computes is a `kgrad.plan.step_plan.StepPlan`, chosen before it
+What the step computes is a `kgrad.backends.tensorflow.differentiate.step_plan.StepPlan`, chosen before it
 is traced (`function_for`). Each step runs one forward pass inside a
 `ProbeTape` and one backward pass. A ``tf.cond`` on the step index picks which
 backward pass: the plain one over the weights (what Keras does), or, on probed

@@ -11,6 +11,7 @@ finite, the first operation whose backward pass turns finite dJ/d(output)
 into a non-finite dJ/d(input), from the loss down.
 """
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.common.batch_dump import unpack_batch
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.tensorflow.guard.locate import in_weights, locate
@@ -51,9 +52,9 @@ def _replay_once(model, x, y, sample_weight):
         return born
     with ProbeTape(model, layers="all", watch_inputs=True, persistent=True,
                    record_inputs=True, _integer_inputs="skip") as tape:
-        prediction = forward._forward(model, x)
-        loss = model._compute_loss(
-            x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True
+        prediction = forward.forward(model, x)
+        loss = keras_internals.compute_loss(
+            model, x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True
         )
     weights = model.trainable_weights
     gradients = tape.gradient(loss, weights)

@@ -1,4 +1,8 @@
-"""What a traced probing step computes, chosen once before it is traced."""
+"""What a traced TensorFlow probing step computes, chosen once before it is traced.
+
+TensorFlow's alone: the JAX backend keeps its train functions by their
+`kgrad.plan.options.ProbeConfig`.
+"""
 
 import dataclasses
 
