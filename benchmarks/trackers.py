@@ -158,7 +158,7 @@ def _html_report_cpu(log_dir, run):
     """CPU seconds of rendering and attaching the end-of-fit report once (W&B copies the page)."""
     import wandb
 
-    from kgrad.report import html
+    from kgrad.dashboard import html_report as html
 
     start = time.process_time()
     page = html.render_html(html.report_data(log_dir))

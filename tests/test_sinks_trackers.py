@@ -20,7 +20,7 @@ from tracker_readers import mlflow_series, wandb_run, wandb_series
 
 import kgrad
 from kgrad.dashboard.events import find_runs, read_run
-from kgrad.report import html as html_report
+from kgrad.dashboard import html_report
 
 wandb = pytest.importorskip("wandb")
 mlflow = pytest.importorskip("mlflow")

@@ -137,7 +137,7 @@ class _Page:
     def text(self):
         with self._lock:
             if self._text is None:
-                from kgrad.report import html  # the report's reading and rendering: only when attached
+                from kgrad.dashboard import html_report as html  # the report's reading and rendering: only when attached
 
                 self._text = html.render_html(html.report_data(self._log_dir))
             return self._text
