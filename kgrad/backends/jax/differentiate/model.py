@@ -1,12 +1,13 @@
 """`ProbingModel` on JAX: a `keras.Model` whose train function probes Keras' own ``train_step``."""
 
 import keras
-from keras.src.models.functional import Functional
 
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.functional_base import BuiltFunctionally
 from kgrad.backends.common.own_step import has_own_train_step
-from kgrad.backends.jax.differentiate.install import ProbingTrainFunction
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.differentiate.install import probing_train_function
+from kgrad.backends.jax.handover.train_function import TrainFunction
 from kgrad.plan.options import ProbeConfig
 
 _INSTALLATION = "_kgrad_jax_installation"  # a kgrad callback's function (differentiate/install.py)
@@ -57,7 +58,7 @@ class ProbingModel(BuiltFunctionally, keras.Model):
         return self.__dict__.get("_kgrad_config") or ProbeConfig()
 
     def make_train_function(self, force=False):
-        if isinstance(self.train_function, ProbingTrainFunction) and not force:
+        if isinstance(self.train_function, TrainFunction) and not force:
             return self.train_function
         if _INSTALLATION in self.__dict__:  # a kgrad callback's function chose the options
             return super().make_train_function(force)
@@ -72,9 +73,9 @@ class ProbingModel(BuiltFunctionally, keras.Model):
             super().make_train_function(force=True)
         function = self.__dict__.get("_kgrad_function")
         if function is None or function.keras_train_function is not self.train_function:
-            function = ProbingTrainFunction(self, self.probe_config, self.train_function)
+            function = probing_train_function(self, self.probe_config, self.train_function)
             # Nothing reads the records but `probe_results`: keep the latest only.
-            function.buffer.keep_latest_only()
+            function.buffers[None].keep_latest_only()
             object.__setattr__(self, "_kgrad_function", function)
         # Continue counting where the optimizer is (a later fit): probed steps are every n-th.
         function.start_at(int(self.optimizer.iterations.numpy()) if self.optimizer.built else 0)
@@ -89,14 +90,14 @@ class ProbingModel(BuiltFunctionally, keras.Model):
         """
         function = self.__dict__.get("_kgrad_function")
         if function is not None:
-            records, _ = function.buffer.read_since(0)
+            records, _ = function.buffers[None].read_since(0)
             if records:
                 object.__setattr__(self, "_kgrad_latest", records[-1])
         return self.__dict__.get("_kgrad_latest")
 
 
 @keras.saving.register_keras_serializable(package="kgrad")
-class FunctionalProbingModel(ProbingModel, Functional):
+class FunctionalProbingModel(ProbingModel, keras_internals.Functional):
     """What ``kgrad.ProbingModel(inputs, outputs)`` returns on JAX (not public: test ``isinstance``)."""
 
 

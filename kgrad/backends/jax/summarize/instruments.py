@@ -11,12 +11,13 @@ computed gets no tag and one warning per trace naming what and why:
 - ``"attention"``: `kgrad.backends.common.attention_scores` (q and k recorded by
   `kgrad.backends.common.attention_calls`, scored in the forward pass; as on TensorFlow).
 
-`ProbedStep` asks for the carriers before tracing (`carriers`), enters
-`recording` around Keras' loss computation after its own taps, hands each
-prediction to `see_prediction` (the logits' and the attention's statistics are
-computed there, while the tensors are alive, and leave the differentiated
-function as auxiliary outputs),
-and after the update calls `add_rows`.
+`Instruments` is a listener of the instrumented pass
+(`kgrad.backends.jax.capture.instrumented`): it gives its per-example carriers
+once the taps are found, records around the differentiated function, and
+sees each prediction (`see_prediction`: the logits' and the attention's
+statistics are computed there, while the tensors are alive, and leave the
+differentiated function as auxiliary outputs). After the update the step
+calls `add_rows`.
 """
 
 import contextlib
@@ -59,23 +60,36 @@ class Instruments:
         self.attention = None  # the AttentionCapture of the traced step, with "attention"
         self._wants_attention = "attention" in wanted
 
-    def carriers(self, trainable, non_trainable, x):
-        """The per-example carriers (``{}`` without ``"per_example"``)."""
-        if self.per_example is None:
-            return {}
-        return self.per_example.carriers(trainable, non_trainable, x)
+    # -- a listener of the instrumented pass (`kgrad.backends.jax.capture.instrumented.Listener`) --
+
+    selection = ({}, None)  # it taps no layer of its own: the predictions reach every listener
+    inverse_scale = None  # 1 / the loss scale of the pass (mixed precision), else None
+
+    def discovered(self, found, trace):
+        """The per-example carriers (``{}`` without ``"per_example"``), of the layers ``trace()`` calls."""
+        del found
+        return {} if self.per_example is None else self.per_example.carriers_of(trace)
 
     @contextlib.contextmanager
-    def recording(self, carriers, inverse_scale=None):
-        """Per-example carriers and logit capture while Keras computes the loss."""
+    def recording(self, carriers):
+        """Per-example carriers and logit capture while the differentiated function runs."""
         with contextlib.ExitStack() as stack:
             if self.per_example is not None:
-                stack.enter_context(self.per_example.wrap(carriers, inverse_scale))
+                stack.enter_context(self.per_example.wrap(carriers, self.inverse_scale))
             if self.capture is not None:
                 stack.enter_context(self.capture.recording())
             if self._wants_attention:
                 self.attention = stack.enter_context(attention_calls.intercept(self.model))
             yield
+
+    def tap(self, key, kind, tensor, carriers, forward):
+        del key, carriers
+        if kind == "prediction":
+            self.see_prediction(forward.setdefault("seen", []), tensor)
+        return tensor
+
+    def finish(self, forward):
+        return forward.get("seen", [])
 
     def see_prediction(self, seen, prediction):
         """Appends ``("logits", statistics or None, reason or None)`` of one model output to ``seen``.
