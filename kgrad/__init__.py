@@ -62,7 +62,7 @@ _MODULES = {
     "replay_step": _BACKEND,
     "tap": _BACKEND,
     "value_and_grad": _BACKEND,
-    "write_html_report": "kgrad.report.html",
+    "write_html_report": "kgrad.dashboard.html_report",
 }
 
 if typing.TYPE_CHECKING:  # what static tools and IDEs see
@@ -72,13 +72,13 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
     from kgrad.backends import UnsupportedBackendError  # noqa: F401
     from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
-    from kgrad.report.html import write_html_report  # noqa: F401
+    from kgrad.dashboard.html_report import write_html_report  # noqa: F401
     from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
     from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
     from kgrad.logs.reading import read_logs  # noqa: F401
-    from kgrad.backends.tensorflow.guard.replay import replay_step  # noqa: F401
+    from kgrad.backends.common.replay_step import replay_step  # noqa: F401
     from kgrad.report.health import HealthThresholds, health_report  # noqa: F401
     from kgrad.logs.record import ProbeRecord  # noqa: F401
     from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401

@@ -17,11 +17,12 @@ class GradientProbe(keras.callbacks.Callback):
 
     Works on any ``keras.Model`` (Sequential, Functional or subclassed) and
     on `kgrad.ProbingModel`. A model with its own ``train_step`` (a GAN, a
-    VAE) is probed through the `kgrad.ProbeTape`s in that step: replace
-    ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or the
-    sub-model that tape differentiates); each tape is logged as a run of its
-    own, ``<log_dir>/<tape name>/kgrad``, at the ``iterations`` of the
-    optimizer that applied its gradients. When
+    VAE) is probed through the differentiations of that step: on TensorFlow
+    replace ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or
+    the sub-model that tape differentiates), on JAX ``jax.value_and_grad`` with
+    `kgrad.value_and_grad`; each is logged as a run of its own,
+    ``<log_dir>/<name>/kgrad``, at the ``iterations`` of the optimizer that
+    applied its gradients. When
     ``fit`` starts, the callback installs a probing ``train_step`` on the model
     instance; when ``fit`` ends it removes it, so ``evaluate``, ``predict``,
     ``save`` and later ``fit`` calls behave exactly as before. Training itself
@@ -63,7 +64,7 @@ class GradientProbe(keras.callbacks.Callback):
             moment (norm, mean, std, min, max, zero fraction, non-finite
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (306 scalar tags for the same MLP). See
-            `kgrad.backends.tensorflow.summarize.summaries` for the tags.
+            docs/tags.md (`kgrad.plan.tag_names`) for the tags.
         instruments: Extra statistics, off by default: ``["per_example"]``
             logs per-example gradient norms of the weights of Dense,
             EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers
@@ -199,7 +200,7 @@ class GradientProbe(keras.callbacks.Callback):
             return
         first_step = self._steps_before_epoch + batch
         last_step = first_step + self._unsynced_model.steps_per_execution - 1
-        if _contains_probed_step(first_step, last_step, self.config.every_n_steps):
+        if self.config.schedule.probes_any(first_step, last_step):
             self._step.start_at(first_step)
             self._use_train_function(self._probing_function)
         else:
@@ -238,9 +239,7 @@ class GradientProbe(keras.callbacks.Callback):
             batch = min(batch, steps_in_epoch - 1)
         with self._lock:
             steps_seen = self._steps_before_epoch + batch + 1
-            ran_probed_step = _contains_probed_step(
-                self._steps_seen, steps_seen - 1, self.config.every_n_steps
-            )
+            ran_probed_step = self.config.schedule.probes_any(self._steps_seen, steps_seen - 1)
             # An end dispatched out of order finds the count ahead of it; what it
             # would have read, the next read (at the latest the epoch's end) reads.
             self._steps_seen = max(self._steps_seen, steps_seen)
@@ -289,8 +288,3 @@ class GradientProbe(keras.callbacks.Callback):
             self._writers[tape_name] = ProbeWriter(log_dir, weight_shapes=lambda: pipeline.weight_shapes)
         return self._writers[tape_name]
 
-
-def _contains_probed_step(first_step, last_step, every_n_steps):
-    """Whether a step index in ``[first_step, last_step]`` is probed."""
-    first_probed = -(-first_step // every_n_steps) * every_n_steps
-    return first_probed <= last_step

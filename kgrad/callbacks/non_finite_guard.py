@@ -12,7 +12,7 @@ from kgrad import backends
 from kgrad.backends.common import batch_dump
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
-from kgrad.report.non_finite import NonFiniteError
+from kgrad.report.non_finite import NonFiniteError, name_in_part
 
 _ACTIONS = ("stop", "warn", "raise")
 
@@ -30,7 +30,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
     eagerly on its own batch (kept on the device, never copied on clean
     steps) from the weights before the bad update, with every layer, nested
     layer, ``keras.ops`` node and `kgrad.tap` captured, forward and
-    backward (`kgrad.backends.tensorflow.guard.replay`). The report (`kgrad.NonFiniteReport`) says
+    backward (each backend's replay; `kgrad.backends.common.locate` names the
+    place). The report (`kgrad.NonFiniteReport`) says
     where the first NaN/Inf was born: in the forward pass (the first
     operation whose inputs are finite and whose output is not), in the
     backward pass (from the loss down), with the input data (and the batch
@@ -193,8 +194,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
             if report is not None:
                 if tape is not None:  # a ProbeTape of the model's own train_step
                     report = dataclasses.replace(
-                        report, layer=f"{tape}/{report.layer}", tensor=_in_tape(report.tensor, tape),
-                        non_finite={_in_tape(name, tape): count for name, count in report.non_finite.items()},
+                        report, layer=f"{tape}/{report.layer}", tensor=name_in_part(report.tensor, tape),
+                        non_finite={
+                            name_in_part(name, tape): count for name, count in report.non_finite.items()
+                        },
                     )
                 break
         if report is None:
@@ -277,8 +280,3 @@ class NonFiniteGuard(keras.callbacks.Callback):
             tag: value for tag, value in finite[-1].scalars.items() if tag.endswith(suffix)
         }
 
-
-def _in_tape(tensor, tape):
-    """``"<kind>/<layer>"`` of a ProbeTape's check as ``"<kind>/<tape>/<layer>"``."""
-    kind, _, layer = tensor.partition("/")
-    return f"{kind}/{tape}/{layer}"

@@ -18,6 +18,7 @@ a pure ``train_step``, where a tape has no meaning. The JAX counterpart of
 import jax
 
 from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common.replay_step import replay_step  # noqa: F401
 from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
 from kgrad.backends.jax.differentiate.install import (  # noqa: F401
     attach,
@@ -27,7 +28,7 @@ from kgrad.backends.jax.differentiate.install import (  # noqa: F401
 )
 from kgrad.backends.jax.differentiate.model import ProbingModel  # noqa: F401
 from kgrad.backends.jax.differentiate.prediction_gradient import prediction_gradient  # noqa: F401
-from kgrad.backends.jax.guard.replay import replay_fields, replay_step  # noqa: F401
+from kgrad.backends.jax.guard.replay import replay_fields  # noqa: F401
 from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401
 from kgrad.plan import selection
 

@@ -5,7 +5,8 @@ metrics update of ``JAXTrainer.train_step``, the state a jitted step takes and
 its shardings, a layer tree walk, the optimizer's clipping and the variable
 index of its slots, the symbolic scope in which Keras builds a model (where
 kgrad taps nothing), and the classes ``Functional``, ``Softmax`` and
-``Sigmoid``. ``tests/test_import_rules_jax.py`` checks that no other module
+``Sigmoid``; those the backends share come from
+`kgrad.backends.common.keras_internals`. ``tests/test_import_rules_jax.py`` checks that no other module
 of ``kgrad/backends/jax`` imports ``keras.src`` or calls these names.
 
 Example:
@@ -17,9 +18,10 @@ Example:
 """
 
 import keras
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # noqa: F401
-from keras.src.models.functional import Functional  # noqa: F401
 from keras.src.ops.nn import Sigmoid, Softmax  # noqa: F401
+
+from kgrad.backends.common import keras_internals as common
+from kgrad.backends.common.keras_internals import Functional, in_symbolic_scope  # noqa: F401
 
 
 def update_metrics_variables(model, metrics_variables, loss, x, y, y_pred, sample_weight):
@@ -52,7 +54,7 @@ def jax_state(model):
 
 def flatten_layers(model, recursive=True):
     """The layers inside ``model`` (not itself), depth first."""
-    return list(model._flatten_layers(include_self=False, recursive=recursive))
+    return list(common.flatten_layers(model, include_self=False, recursive=recursive))
 
 
 def clip_gradients(optimizer, gradients):

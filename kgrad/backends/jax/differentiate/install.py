@@ -18,6 +18,7 @@ with the same options does not compile its step again.
 """
 
 from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common import attached
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
@@ -25,12 +26,9 @@ from kgrad.backends.jax.guard.run import GuardRun
 from kgrad.backends.jax.handover.train_function import TrainFunction
 from kgrad.backends.jax.own_step.parts import OwnProbedStep
 
-_INSTALLATION = "_kgrad_jax_installation"
-# Functions of earlier fits, kept on the model: tracing and compiling the probed
-# step takes seconds, and a later fit with the same options runs them again.
-_KEPT = "_kgrad_jax_train_functions"
-_GUARD = "_kgrad_jax_guard"
-_KEPT_GUARDS = "_kgrad_jax_guard_runs"
+# The model's entries (`kgrad.backends.common.attached`). Functions of earlier fits are kept on
+# the model: tracing and compiling the probed step takes seconds, and a later fit with the same
+# options runs them again.
 
 
 def keras_train_function(model):
@@ -41,14 +39,14 @@ def keras_train_function(model):
 
 def attached_guard(model):
     """The `GuardRun` attached to ``model`` for this ``fit``, or ``None``."""
-    return model.__dict__.get(_GUARD)
+    return attached.get(model, "installed_guard")
 
 
 def attach_guard(model, config, probing_function=None):
     """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
     check_guard(model, config)
     keras_function = keras_train_function(model)
-    kept = model.__dict__.setdefault(_KEPT_GUARDS, [])
+    kept = attached.setdefault(model, "kept_guard_runs", [])
     same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
     # A model with its own train_step is guarded through its kgrad.value_and_grad calls.
     kind = OwnStepGuardRun if has_own_train_step(model) else GuardRun
@@ -56,7 +54,7 @@ def attach_guard(model, config, probing_function=None):
     if not same:
         kept[:] = [r for r in kept if r.keras_train_function is keras_function][-3:] + [run]
     run.reset(everything=True)
-    object.__setattr__(model, _GUARD, run)
+    attached.put(model, "installed_guard", run)
     if probing_function is not None:
         probing_function.guard = run
     else:
@@ -66,7 +64,7 @@ def attach_guard(model, config, probing_function=None):
 
 def detach_guard(model, probing_function=None):
     """Takes the guard out: the probe's function runs unguarded, or Keras' own comes back."""
-    run = model.__dict__.pop(_GUARD, None)
+    run = attached.pop(model, "installed_guard")
     if probing_function is not None:
         probing_function.guard = None
     if run is not None and model.train_function is run.train_function:
@@ -101,10 +99,10 @@ def probing_train_function(model, config, keras_function):
 def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``: ``role`` ``"probe"`` or ``"guard"``."""
     if role == "guard":
-        return attach_guard(model, config, model.__dict__.get(_INSTALLATION))
+        return attach_guard(model, config, attached.get(model, "installation"))
     _check(model, role)
     keras_function = keras_train_function(model)
-    kept = model.__dict__.setdefault(_KEPT, [])
+    kept = attached.setdefault(model, "kept_train_functions", [])
     same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
     function = same[0] if same else None
     if function is None:
@@ -113,7 +111,7 @@ def attach(model, role, config):
     function.guard = attached_guard(model)
     function.start_at(0)
     function.clear()  # what a fit that raised left unread is not this fit's
-    object.__setattr__(model, _INSTALLATION, function)
+    attached.put(model, "installation", function)
     model.train_function = function
     return function
 
@@ -121,8 +119,8 @@ def attach(model, role, config):
 def detach(model, role):
     """Gives the model back Keras' own train function (or the guard's, while a guard stays attached)."""
     if role == "guard":
-        return detach_guard(model, model.__dict__.get(_INSTALLATION))
-    function = model.__dict__.pop(_INSTALLATION, None)
+        return detach_guard(model, attached.get(model, "installation"))
+    function = attached.pop(model, "installation")
     if function is not None and model.train_function is function:
         guard = attached_guard(model)
         model.train_function = function.keras_train_function if guard is None else guard.train_function
@@ -130,7 +128,7 @@ def detach(model, role):
 
 def unprobed_train_function(model):
     """The function for executions without a probed step: the guard's, else Keras' own."""
-    function = model.__dict__.get(_INSTALLATION)
+    function = attached.get(model, "installation")
     guard = attached_guard(model)
     if function is None:
         return None

@@ -32,6 +32,7 @@ from kgrad.backends.jax.handover.train_function import step_jit
 from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, bind_differentiated
 from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.report.non_finite import name_in_part
 
 
 class CheckedParts:
@@ -121,8 +122,8 @@ class CheckedParts:
             self._rows.append(("tensors", len(tensors)))
         else:
             (before_names, before), (after_names, after) = watched
-            names = [_in_part(n, part) for n in before_names] + names[:1] + [
-                _in_part(n, part) for n in after_names
+            names = [name_in_part(n, part) for n in before_names] + names[:1] + [
+                name_in_part(n, part) for n in after_names
             ] + names[1:]
             self._rows += [("rows", decode(before)), ("tensors", 1), ("rows", decode(after)),
                            ("tensors", len(tensors) - 1)]
@@ -171,12 +172,6 @@ class CheckedParts:
                 "`optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model."
             )
         return self.step
-
-
-def _in_part(tensor_name, part):
-    """``"<kind>/<layer>"`` of a part's watched tensor as ``"<kind>/<part>/<layer>"`` (a ProbeTape's form)."""
-    kind, _, layer = tensor_name.partition("/")
-    return f"{kind}/{part}/{layer}"
 
 
 def _as_lists(state):

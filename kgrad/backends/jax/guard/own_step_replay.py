@@ -36,7 +36,7 @@ class _Found(Exception):
 def replay_own_step(model, batch):
     """``(born fields or None, note)`` of one replayed own ``train_step`` (see the module)."""
     x, y, sample_weight = unpack_batch(batch)
-    born = locate.in_weights(model) or locate.in_data(x, y, sample_weight)
+    born = locate.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
     data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
@@ -86,8 +86,7 @@ def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
 
     operations = selection.resolve_layers(owner, "all")
     calls, arrays = trace.replayed_pass(owner, operations, part_call, differentiated, read)
-    describe = locate.describer(owner)
-    return locate.in_forward(calls, arrays, describe) or locate.in_backward(calls, arrays, describe, paths)
+    return locate.located(owner, calls, arrays, paths)
 
 
 _UNSCALED_NOTE = (

@@ -19,7 +19,7 @@ from kgrad.backends.jax.guard.sentinel import initial_record
 from kgrad.backends.jax.guard.steps import GuardedSteps
 from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.plan.options import SENTINEL_KINDS
-from kgrad.report.non_finite import FORWARD_KINDS, NonFiniteReport, split_name
+from kgrad.report.non_finite import report_of_counts
 
 
 class GuardRun:
@@ -165,30 +165,12 @@ class GuardRun:
         record = jax.device_get(self.record)
         if not bool(record.tripped):
             return None
-        bad = {
-            name: (int(nan), int(inf)) for name, (nan, inf) in zip(self.names, record.counts) if nan or inf
-        }
-        if not bad:
-            return None
-        first = next(iter(bad))
-        kind, layer = split_name(first)
-        last_step = int(record.last_finite_step)
-        norm = None
-        if last_step >= 0:
-            value = np.sqrt(float(record.last_finite_squares[self.names.index(first)]))
-            norm = float(value) if np.isfinite(value) else None
-        return NonFiniteReport(
-            step=int(record.trip_step),
-            tensor=first,
-            layer=layer,
-            kind=kind,
-            pass_="forward" if kind in FORWARD_KINDS else "backward",
-            nan_count=bad[first][0],
-            inf_count=bad[first][1],
-            last_finite_step=last_step if last_step >= 0 else None,
-            last_finite_norm=norm,
-            last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
-            non_finite=bad,
+        squares = record.last_finite_squares
+        return report_of_counts(
+            dict(zip(self.names, record.counts)), step=int(record.trip_step),
+            last_finite_step=int(record.last_finite_step),
+            last_finite_norm=lambda name: float(np.sqrt(float(squares[self.names.index(name)]))),
+            last_summaries_for=last_summaries_for,
         )
 
     def reset(self, everything=False):

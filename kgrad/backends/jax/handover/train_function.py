@@ -62,7 +62,7 @@ class TrainFunction:
         self.model, self.config = model, config
         self.keras_train_function = keras_train_function
         self.probed_step = probed_step
-        self.every_n_steps = None if config is None else config.every_n_steps
+        self.schedule = None if config is None else config.schedule
         self.guard = None
         self.buffers = {}
         for run in getattr(probed_step, "weight_shapes", {}):
@@ -86,7 +86,7 @@ class TrainFunction:
 
     def _run(self, state, data):
         index, self._next_step = self._next_step, self._next_step + 1
-        if self.every_n_steps is not None and index % self.every_n_steps == 0:
+        if self.schedule is not None and self.schedule.probes(index):
             if self.guard is not None:
                 logs, state, records = self.guard.run_probed(self.probed_step, state, data)
             else:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common import attention_calls
 from kgrad.backends.common.attention_scores import call_statistics
+from kgrad.backends.common.instrument_warnings import by_reason, warn_instrument
 from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.per_example import PerExampleLayers
@@ -121,7 +122,7 @@ class Instruments:
             buckets = self.config.bucket_count if self.config.histograms else None
             reasons = self.per_example.add_rows(rows, carried, buckets)
             if reasons:  # once per trace: never a guessed value, but say which are missing
-                warnings.warn(f"kgrad: no per-example gradient norms for {_by_reason(reasons)}", stacklevel=3)
+                warnings.warn(f"kgrad: no per-example gradient norms for {by_reason(reasons)}", stacklevel=3)
         if self.moments is not None:
             add_optimizer_rows(rows, self.moments, *update, self.config.outlier_sigmas)
         self.add_forward_rows(rows, seen, y_pred)
@@ -140,7 +141,7 @@ class Instruments:
                     rows.add_scalar(f"{kind}_mean/{name}", mean)
                     rows.add_scalar(f"{kind}_max/{name}", largest)
             if reasons:
-                _warn("logits", "no logit statistics for " + _by_reason(reasons))
+                warn_instrument("logits", "no logit statistics for " + by_reason(reasons))
         if self._wants_attention:
             self._add_attention(rows, seen)
 
@@ -151,10 +152,11 @@ class Instruments:
                 rows.add_scalar(f"attention_logit_max/{name}/head_{head}", largest[head])
                 rows.add_scalar(f"attention_entropy/{name}/head_{head}", entropy[head])
         if self.attention is not None and self.attention.reasons:
-            _warn("attention", "no attention statistics for layer " + _by_reason(self.attention.reasons))
+            said = "no attention statistics for layer " + by_reason(self.attention.reasons)
+            warn_instrument("attention", said)
         elif not scored or not scored[0]:
             said = f"model '{self.model.name}' called no attention layer in its step, so nothing is written"
-            _warn("attention", said)
+            warn_instrument("attention", said)
 
 
 def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_after, sigmas):
@@ -171,7 +173,7 @@ def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_aft
     """
     moments.add_rows(rows, paths, gradients, state_after, sigmas)
     if moments.reason is not None:
-        _warn("optimizer", moments.reason)
+        warn_instrument("optimizer", moments.reason)
     for number, path in paths.items():  # ‖Δw‖/√n, any optimizer
         change = after[number].astype(jnp.float32) - before[number].astype(jnp.float32)
         size = float(max(math.prod(change.shape), 1))
@@ -194,16 +196,3 @@ def optimizer_paths(paths, statistics, gradients, inverse_scale=None):
         if weight_tags_written(statistics, gradient, path.rpartition("/")[0] in with_a_matrix)
     }
     return written, gradients
-
-
-def _warn(instrument, message):
-    # Once per trace, not per step: the step is traced once per plan.
-    warnings.warn(f"kgrad: instruments=['{instrument}']: {message}.", stacklevel=4)
-
-
-def _by_reason(reasons):
-    """``'a', 'b': why; 'c': other`` from ``{name: reason}``."""
-    names = {}
-    for name, reason in reasons.items():
-        names.setdefault(reason, []).append(repr(name))
-    return "; ".join(f"{', '.join(group)}: {reason}" for reason, group in names.items())
