@@ -12,7 +12,7 @@ Keras' own function untouched.
 
 import jax
 
-from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.common.own_step import check_stateless_train_step, has_own_train_step
 from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.guard.install import (
@@ -157,3 +157,5 @@ def _check(model, role):
     check_supported(role)
     if model.optimizer is None:
         raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
+    if has_own_train_step(model):
+        check_stateless_train_step(model, "GradientProbe")
