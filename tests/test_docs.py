@@ -77,8 +77,8 @@ RUNNABLE_PAGES = [
 ]
 
 
-@pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_python_blocks_of_the_page_run(page, tmp_path):
+def _run_blocks(page, tmp_path, work):
+    """Runs the page's python blocks in folder ``work``; returns the finished process."""
     blocks = [
         (f"{_relative(page)}:{line}", source)
         for line, language, source, reason in code_blocks(page)
@@ -86,8 +86,7 @@ def test_python_blocks_of_the_page_run(page, tmp_path):
     ]
     blocks_file = tmp_path / "blocks.json"
     blocks_file.write_text(json.dumps(blocks))
-    work = tmp_path / "cwd"
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run(
@@ -99,6 +98,35 @@ def test_python_blocks_of_the_page_run(page, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, f"a ```python block of {_relative(page)} failed:\n{result.stderr[-4000:]}"
+    return result
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_python_blocks_of_the_page_run(page, tmp_path):
+    _run_blocks(page, tmp_path, tmp_path / "cwd")
+
+
+def test_the_readmes_examples_run_twice_in_one_folder_without_mixing(tmp_path):
+    # A second run writes into the folders of the first: each prints what it printed alone
+    # (README example 1: the first probed steps [0 8 16], not a mix of two fits' steps).
+    first = _run_blocks(ROOT / "README.md", tmp_path, tmp_path / "cwd")
+    second = _run_blocks(ROOT / "README.md", tmp_path, tmp_path / "cwd")
+    assert "[ 0  8 16]" in first.stdout
+    assert second.stdout.splitlines()[:2] == first.stdout.splitlines()[:2]
+    import kgrad
+
+    logs = kgrad.read_logs(str(tmp_path / "cwd" / "logs" / "run1"))
+    assert logs["kgrad"]["scalars"]["weight_grad_norm/hidden/kernel"].steps.tolist() == [0, 8, 16, 24]
+
+
+def test_every_probe_of_the_docs_that_writes_a_fixed_folder_is_safe_to_run_twice():
+    # A log_dir that holds an earlier fit's logs is refused unless overwrite=True.
+    for page in PAGES:
+        for line, language, source, reason in code_blocks(page):
+            if language != "python" or reason:
+                continue
+            for call in re.finditer(r"GradientProbe\((\"|')[^)]*\)", source):
+                assert "overwrite=True" in call.group(0), f"{_relative(page)}:{line}: {call.group(0)}"
 
 
 def test_every_page_with_python_has_its_blocks_run():

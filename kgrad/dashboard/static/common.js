@@ -87,3 +87,24 @@ export function formatNumber(value, digits = 3) {
   if (magnitude >= 1e-2 && magnitude < 1e4) return String(Number(value.toPrecision(digits)));
   return value.toExponential(digits - 1);
 }
+
+// Row labels: 12 px text (style.css' .row-label), measured on a canvas, nothing drawn.
+export const LABEL_FONT = '12px Roboto, "Helvetica Neue", Arial, sans-serif';
+const measuring = document.createElement("canvas").getContext("2d");
+
+export function textWidth(text, font = LABEL_FONT) {
+  measuring.font = font;
+  return measuring.measureText(text).width;
+}
+
+// `text` within `px`: whole, or with "…" in its middle, keeping its last path part whole
+// ("transformer_layer_0/…/query"): long layer paths differ at their ends, which an
+// ellipsis at the end would cut ("transformer_layer_0/self…" for 16 rows of 19).
+export function fitText(text, px, font = LABEL_FONT) {
+  if (textWidth(text, font) <= px) return text;
+  const cut = text.lastIndexOf("/");
+  const tail = cut > 0 && textWidth(`…${text.slice(cut)}`, font) < px ? text.slice(cut) : "";
+  let head = text.slice(0, text.length - tail.length);
+  while (head.length > 1 && textWidth(`${head}…${tail}`, font) > px) head = head.slice(0, -1);
+  return `${head}…${tail}`;
+}
