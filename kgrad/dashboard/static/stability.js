@@ -98,9 +98,10 @@ function svgNode(tag, attributes) {
   return node;
 }
 
-// One chart of lines on a y-axis from the lowest to the highest logged value: a log axis
-// where every value is positive and they span LOG_SPAN or more (attention scores from 0.04
-// to 2390: on a linear axis the first spikes, at 51σ, lay flat on the floor), else linear.
+// One chart of lines on a y-axis from the lowest to the highest logged value: logarithmic
+// where the values span LOG_SPAN or more (attention scores from 0.04 to 2390: on a linear
+// axis the first spikes, at 51σ, lay flat on the floor), else linear. With values <= 0 too,
+// sign(v)·log10(1 + |v|): log-like beyond ±1, linear near 0 (scores are O(1) numbers).
 function lineTrack(view, part, title, what, width, labelWidth, leaders) {
   const lines = view[part];
   const steps = view.steps.length;
@@ -108,11 +109,13 @@ function lineTrack(view, part, title, what, width, labelWidth, leaders) {
   let low = finite.length ? Math.min(...finite) : 0;
   let high = finite.length ? Math.max(...finite) : 1;
   if (high === low) [low, high] = [low - 0.5, high + 0.5];
-  const log = low > 0 && high / low >= LOG_SPAN;
-  const axis = log ? Math.log10 : (value) => value;
+  const positive = low > 0;
+  const log = Math.max(Math.abs(low), Math.abs(high)) / (positive ? low : 1) >= LOG_SPAN;
+  const symmetricLog = (value) => Math.sign(value) * Math.log10(1 + Math.abs(value));
+  const axis = !log ? (value) => value : positive ? Math.log10 : symmetricLog;
   const x = (column) => xOf(column, steps, width);
   const y = (value) => CHART_PAD + (1 - (axis(value) - axis(low)) / (axis(high) - axis(low))) * (CHART_PX - 2 * CHART_PAD);
-  const svg = svgNode("svg", { class: "chart", width, height: CHART_PX, "data-part": part, "data-scale": log ? "log" : "linear" });
+  const svg = svgNode("svg", { class: "chart", width, height: CHART_PX, "data-part": part, "data-scale": !log ? "linear" : positive ? "log" : "symlog" });
   svg.style.width = `${width}px`;
   svg.style.height = `${CHART_PX}px`;
   lines.forEach((line, index) => {
