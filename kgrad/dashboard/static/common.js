@@ -97,14 +97,23 @@ export function textWidth(text, font = LABEL_FONT) {
   return measuring.measureText(text).width;
 }
 
-// `text` within `px`: whole, or with "…" in its middle, keeping its last path part whole
-// ("transformer_layer_0/…/query"): long layer paths differ at their ends, which an
-// ellipsis at the end would cut ("transformer_layer_0/self…" for 16 rows of 19).
+// `text` within `px`: whole, else its path shortened where rows differ least: the middle
+// parts first ("transformer_layer_0/…/query"), then the middle of its first part
+// ("transfo…layer_0/feedforward_intermediate_dense"), its last part whole. An ellipsis at
+// the end made 16 of 19 rows read "transformer_layer_0/self…".
 export function fitText(text, px, font = LABEL_FONT) {
-  if (textWidth(text, font) <= px) return text;
-  const cut = text.lastIndexOf("/");
-  const tail = cut > 0 && textWidth(`…${text.slice(cut)}`, font) < px ? text.slice(cut) : "";
-  let head = text.slice(0, text.length - tail.length);
-  while (head.length > 1 && textWidth(`${head}…${tail}`, font) > px) head = head.slice(0, -1);
-  return `${head}…${tail}`;
+  const fits = (candidate) => textWidth(candidate, font) <= px;
+  if (fits(text)) return text;
+  const parts = text.split("/");
+  const last = parts[parts.length - 1];
+  const first = parts.length > 1 ? parts[0] : "";
+  const joint = parts.length > 2 ? "/…/" : "/";
+  if (parts.length > 2 && fits(first + joint + last)) return first + joint + last;
+  for (let kept = first.length - 1; kept >= 4; kept--) {
+    const head = `${first.slice(0, Math.ceil(kept / 2))}…${first.slice(first.length - Math.floor(kept / 2))}`;
+    if (fits(head + joint + last)) return head + joint + last;
+  }
+  let tail = last; // the last part alone does not fit: its end, which tells rows apart
+  while (tail.length > 1 && !fits(`…${tail}`)) tail = tail.slice(1);
+  return `…${tail}`;
 }
