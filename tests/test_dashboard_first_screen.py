@@ -12,6 +12,8 @@ the value now under it, as a fresh hover does. Screenshots go to
 """
 
 import os
+import pathlib
+import re
 import time
 
 import pytest
@@ -153,3 +155,20 @@ def test_the_tooltip_follows_a_redraw_under_a_still_pointer(driver, server):  # 
     time.sleep(0.3)
     assert tip() == after
     _screenshot(driver, "tooltip_after_redraw")
+
+
+def test_the_readme_says_the_side_each_demo_run_is_drawn_on(driver, server):  # noqa: F811
+    _open(driver, server, 1400, 900)
+    for run in ("guard/kgrad", "xss/kgrad"):  # the demo's runs alone, as the README shows them
+        driver.find_element("css selector", f'input[data-run="{run}"]').click()
+        wait_for(driver, f"!document.querySelector('section.run-column[data-run=\"{run}\"]')"
+                         " && document.querySelector('.body').dataset.state === 'ready'")
+    left = driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('section.run-column')]"
+        ".map((c) => [c.dataset.run, c.getBoundingClientRect().left]))")
+    sides = {"sigmoid": "left" if left["sigmoid_deep/kgrad"] < left["relu_deep/kgrad"] else "right"}
+    sides["ReLU"] = "right" if sides["sigmoid"] == "left" else "left"
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for model, side in sides.items():
+        (said,) = re.findall(rf"{model} MLP \((left|right)\)", readme)
+        assert said == side, f"the README puts the {model} MLP on the {said}; the tab draws it on the {side}"
