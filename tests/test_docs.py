@@ -106,6 +106,43 @@ def test_python_blocks_of_the_page_run(page, tmp_path):
     _run_blocks(page, tmp_path, tmp_path / "cwd")
 
 
+# Each python block but a page's first (which the test above runs first, in a fresh folder).
+LATER_BLOCKS = [
+    pytest.param(page, line, id=f"{_relative(page)}:{line}", marks=[pytest.mark.slow])
+    for page in PAGES
+    for line, _, _, _ in [block for block in code_blocks(page) if block[1] == "python" and not block[3]][1:]
+]
+
+
+# A block that reads what the page's first block writes (a NonFiniteGuard's dump) says so.
+AFTER_FIRST = re.compile(r"^<!--\s*runs after the page's first block:\s*\S.*-->$")
+
+
+def _runs_after_first(page, line):
+    """Whether the comment before the block at ``line`` (its first line of code) is an `AFTER_FIRST` marker."""
+    before = [text for text in page.read_text(encoding="utf-8").splitlines()[: line - 2] if text.strip()]
+    return bool(before) and bool(AFTER_FIRST.match(before[-1].strip()))
+
+
+@pytest.mark.parametrize("page, line", LATER_BLOCKS)
+def test_each_block_runs_on_its_own_in_a_fresh_folder(page, line, tmp_path):
+    # A reader may copy one block: it must not need what an earlier block defined or wrote,
+    # unless it says it runs after the page's first block (which then runs before it).
+    blocks = [(first, source) for first, language, source, reason in code_blocks(page)
+              if language == "python" and not reason]
+    chosen = [block for block in blocks if block[0] == line]
+    if _runs_after_first(page, line):
+        chosen = [blocks[0]] + chosen
+    blocks_file = tmp_path / "block.json"
+    blocks_file.write_text(json.dumps([(f"{_relative(page)}:{first}", source) for first, source in chosen]))
+    (tmp_path / "cwd").mkdir()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", RUNNER, str(blocks_file)], cwd=tmp_path / "cwd", env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{_relative(page)}:{line} failed on its own:\n{result.stderr[-4000:]}"
+
+
 def test_the_readmes_examples_run_twice_in_one_folder_without_mixing(tmp_path):
     # A second run writes into the folders of the first: each prints what it printed alone
     # (README example 1: the first probed steps [0 8 16], not a mix of two fits' steps).
