@@ -1,7 +1,8 @@
 """The ``kgrad`` command: ``kgrad demo`` and ``kgrad report``.
 
 Exit status: 0 when all is well, 1 when ``kgrad report`` flags a layer,
-2 for usage errors (bad arguments, no kgrad logs where asked to look).
+2 for usage errors (bad arguments, no kgrad logs where asked to look), 130
+after Ctrl-C, 141 when the reader of stdout went away (``| head``).
 """
 
 import argparse
