@@ -102,7 +102,9 @@ def _refuse_an_unsupported_backend(parser):
         if not installed(backend):
             _not_installed(parser, backend)
         return
-    chosen = f"KERAS_BACKEND={backend}" if os.environ.get("KERAS_BACKEND") else f"Keras' configured backend {backend!r}"
+    chosen = f"Keras' configured backend {backend!r}"
+    if os.environ.get("KERAS_BACKEND"):
+        chosen = f"KERAS_BACKEND={backend}"
     reason = "kgrad does not run on PyTorch yet" if backend == "torch" else "kgrad runs on tensorflow and jax"
     parser.error(
         f"{chosen}: {reason}. Run the demo with KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax "

@@ -194,10 +194,10 @@ class GradientProbe(keras.callbacks.Callback):
             writer.close()
 
     def on_test_begin(self, logs=None):
-        probe_output.warn_unless_fitting(self, "evaluate")
+        probe_output.warn_unless_fitting(self._fitting, "evaluate")
 
     def on_predict_begin(self, logs=None):
-        probe_output.warn_unless_fitting(self, "predict")
+        probe_output.warn_unless_fitting(self._fitting, "predict")
 
     def on_train_batch_begin(self, batch, logs=None):
         # Executions without a probed step run Keras' own compiled function

@@ -44,9 +44,9 @@ def writable(log_dir):
     return log_dir
 
 
-def warn_unless_fitting(probe, method):
-    """Warns that a `kgrad.GradientProbe` passed to ``evaluate`` or ``predict`` probes nothing."""
-    if not probe._fitting:
+def warn_unless_fitting(fitting, method):
+    """Warns that a probe passed to ``evaluate`` or ``predict`` probes nothing (unless in fit's validation)."""
+    if not fitting:
         warnings.warn(
             f"kgrad.GradientProbe was passed to model.{method}(), where no gradient is computed: it "
             f"probes nothing and writes no logs. Pass it to model.fit(callbacks=[...]); to see the "

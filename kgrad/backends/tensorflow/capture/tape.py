@@ -230,10 +230,10 @@ class ProbeTape(tf.GradientTape):
         # dJ/dŷ from the same pass, also when the output layer is not captured (the recorder watched it).
         predictions = taps.float_leaves(self._recorder.prediction)
         predicted = {id(tensor): index for index, tensor in enumerate(predictions)}
-        shortcuts = [call for call in self._shortcut_calls if id(call.output) in position.keys() | predicted.keys()]
-        # dJ/d(logits) of each captured output whose cross-entropy took the shortcut, from the
-        # pass itself: a pre-activation gradient (`kgrad.instruments`) need not be chained
-        # back through the probabilities (a softmax the plain step never computes).
+        reached = position.keys() | predicted.keys()  # outputs whose shortcut counts: captured, or ŷ
+        shortcuts = [call for call in self._shortcut_calls if id(call.output) in reached]
+        # dJ/d(logits) of each captured output whose cross-entropy took the shortcut, from the pass
+        # itself: not chained back through the probabilities (a softmax the plain step never computes).
         logits = {}
         for call in shortcuts:
             if id(call.output) in position:
