@@ -30,6 +30,7 @@ _BACKEND_INSTALLS = {
 def run(args):
     """Runs ``kgrad demo`` for parsed ``args``; a refusal exits through ``args.parser``."""
     _refuse_an_unsupported_backend(args.parser)
+    created = not os.path.lexists(args.log_dir)
     try:
         # Before Keras' import (~3 s, more on a busy machine): a usage error answers at once.
         demo_folders.prepare_log_dir(args.log_dir, args.overwrite)
@@ -38,6 +39,8 @@ def run(args):
     try:
         demo = import_quietly("kgrad.demo")
     except ModuleNotFoundError as error:
+        if created:  # no empty folder left behind by a refusal
+            os.rmdir(args.log_dir)
         if error.name not in _BACKEND_INSTALLS:
             raise
         _not_installed(args.parser, error.name)

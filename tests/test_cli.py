@@ -121,7 +121,7 @@ def test_demo_command_runs_the_demo_and_says_how_to_look(tmp_path, capsys, monke
     assert f"kgrad report '{log_dir}'" in out
 
 
-def test_demo_command_names_a_backend_that_is_not_installed(capsys, monkeypatch):
+def test_demo_command_names_a_backend_that_is_not_installed(tmp_path, capsys, monkeypatch):
     # KERAS_BACKEND=jax without JAX: Keras' import fails; the command says what to install.
     def missing_jax(name):
         raise ModuleNotFoundError("No module named 'jax'", name="jax")
@@ -129,11 +129,12 @@ def test_demo_command_names_a_backend_that_is_not_installed(capsys, monkeypatch)
     monkeypatch.setattr(demo_command, "import_quietly", missing_jax)
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["demo"])
+        cli.main(["demo", "--log-dir", str(tmp_path / "logs")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "KERAS_BACKEND=jax needs 'jax', which is not installed. Install it (pip install jax" in err
     assert "Traceback" not in err
+    assert not (tmp_path / "logs").exists()  # no empty folder left
 
 
 def test_demo_command_keeps_earlier_logs(tmp_path, capsys):
