@@ -10,14 +10,12 @@ first spikes stand well off its floor, and the 19 leaders at one probe are one
 tie of 20 (with the attention layer), not a chain of arrows. Screenshots go to ``KGRAD_TAB_SCREENSHOTS``.
 """
 
-import json
 import os
-import time
-import urllib.request
 
 import numpy as np
 import pytest
 from tensorboard_process import tensorboard_process
+from test_dashboard_live import _wait_for_runs
 from test_dashboard_logs import headless_chromium, wait_for
 
 from kgrad.logs.record import ProbeRecord
@@ -60,17 +58,7 @@ def page(tmp_path_factory):
     _write_run(str(log_dir / "gpt2"))
     stderr_path = tmp_path_factory.mktemp("tensorboard") / "stderr.txt"
     with tensorboard_process(log_dir, stderr_path) as (process, port):
-        deadline = time.monotonic() + 300  # a generous start on a loaded machine
-        while True:
-            assert process.poll() is None, stderr_path.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/kgrad/runs") as answer:
-                    if json.loads(answer.read())["runs"]:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, stderr_path.read_text()[-3000:]
-            time.sleep(0.5)
+        _wait_for_runs(port, process, stderr_path)
         driver = headless_chromium()
         try:
             yield driver, port
