@@ -9,6 +9,21 @@ are collected only in a run on that backend, and the tests of another backend
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# The trackers' tests and examples (kgrad.WandbSink, kgrad.MlflowSink) never reach a network:
+# W&B offline, in a folder of its own, MLflow on a local store, neither sending telemetry.
+for _name, _value in {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_ERROR_REPORTING": "false",
+    "WANDB_DISABLE_GIT": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_ALLOW_FILE_STORE": "true",
+}.items():
+    os.environ.setdefault(_name, _value)
+if "WANDB_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["WANDB_DIR"] = tempfile.mkdtemp(prefix="kgrad-wandb-")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

@@ -16,6 +16,8 @@ __all__ = [
     "GUARD_KINDS",
     "GradientProbe",
     "HealthThresholds",
+    "JsonLinesSink",
+    "MlflowSink",
     "NonFiniteError",
     "NonFiniteGuard",
     "NonFiniteReport",
@@ -24,7 +26,9 @@ __all__ = [
     "ProbeResult",
     "ProbeTape",
     "ProbingModel",
+    "Sink",
     "UnsupportedBackendError",
+    "WandbSink",
     "first_non_finite",
     "health_report",
     "prediction_gradient",
@@ -46,6 +50,8 @@ _MODULES = {
     "GUARD_KINDS": "kgrad.plan.options",
     "GradientProbe": "kgrad.callbacks.gradient_probe",
     "HealthThresholds": "kgrad.report.health",
+    "JsonLinesSink": "kgrad.sinks.json_lines",
+    "MlflowSink": "kgrad.sinks.mlflow_sink",
     "NonFiniteError": "kgrad.report.non_finite",
     "NonFiniteGuard": "kgrad.callbacks.non_finite_guard",
     "NonFiniteReport": "kgrad.report.non_finite",
@@ -54,7 +60,9 @@ _MODULES = {
     "ProbeResult": _BACKEND,
     "ProbeTape": _BACKEND,
     "ProbingModel": _BACKEND,
+    "Sink": "kgrad.sinks.base",
     "UnsupportedBackendError": "kgrad.backends",
+    "WandbSink": "kgrad.sinks.wandb_sink",
     "first_non_finite": _BACKEND,
     "health_report": "kgrad.report.health",
     "prediction_gradient": _BACKEND,
@@ -62,7 +70,7 @@ _MODULES = {
     "replay_step": _BACKEND,
     "tap": _BACKEND,
     "value_and_grad": _BACKEND,
-    "write_html_report": "kgrad.report.html",
+    "write_html_report": "kgrad.dashboard.html_report",
 }
 
 if typing.TYPE_CHECKING:  # what static tools and IDEs see
@@ -72,15 +80,19 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
     from kgrad.backends import UnsupportedBackendError  # noqa: F401
     from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
-    from kgrad.report.html import write_html_report  # noqa: F401
+    from kgrad.dashboard.html_report import write_html_report  # noqa: F401
     from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
     from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
     from kgrad.logs.reading import read_logs  # noqa: F401
-    from kgrad.backends.tensorflow.guard.replay import replay_step  # noqa: F401
+    from kgrad.backends.common.replay_step import replay_step  # noqa: F401
     from kgrad.report.health import HealthThresholds, health_report  # noqa: F401
     from kgrad.logs.record import ProbeRecord  # noqa: F401
+    from kgrad.sinks.base import Sink  # noqa: F401
+    from kgrad.sinks.json_lines import JsonLinesSink  # noqa: F401
+    from kgrad.sinks.mlflow_sink import MlflowSink  # noqa: F401
+    from kgrad.sinks.wandb_sink import WandbSink  # noqa: F401
     from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
     from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
     from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401

@@ -173,7 +173,7 @@ def _report(args):
         )
     print(report_table.format_report(runs, thresholds))
     if args.html:
-        from kgrad.report import html as html_report  # only `--html` pays for it
+        from kgrad.dashboard import html_report  # only `--html` pays for it
 
         try:
             html_report.write_html_report(args.log_dir, args.html, thresholds)

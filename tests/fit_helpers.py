@@ -130,3 +130,22 @@ class SharedDense(keras.Model):
 
     def call(self, x):
         return self.head(self.shared(x[:, :4]) * self.shared(x[:, 4:]))
+
+
+def guard_data(samples=32, features=3, seed=0):
+    """Inputs in [0.5, 1.5) and normal targets: the guard's tests make one batch bad themselves."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.5, 1.5, size=(samples, features)).astype("float32")
+    y = rng.normal(size=(samples, 1)).astype("float32")
+    return x, y
+
+
+def middle_model(middle, name="middle"):
+    """Dense -> `middle` (a Lambda named `name`) -> Dense, on 3 features."""
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(4, name="first"),
+        keras.layers.Lambda(middle, name=name),
+        keras.layers.Dense(1, name="out"),
+    ])

@@ -27,13 +27,15 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from kgrad.backends.common import attached
 from fit_helpers import classification_data, compile_classifier, sequential_classifier
 
 
 def _assert_restored(model, kept=False):
     """No probing left on the model; after a fit that ended well, the step kept for the next."""
     assert "train_step" not in model.__dict__
-    assert [name for name in model.__dict__ if "kgrad" in name] == (["_kgrad_kept"] if kept else [])
+    assert attached.names(model) == (["kept_step"] if kept else [])
+    assert [name for name in model.__dict__ if "kgrad" in name] == ([attached.ATTRIBUTE] if kept else [])
 
 
 def test_duplicate_layer_names_fail_at_fit_start():

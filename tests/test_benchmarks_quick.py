@@ -403,3 +403,20 @@ def test_the_guard_under_xla_is_compared_with_plain_fit_under_xla():
     assert names == {"baseline", "baseline_xla", "guard_xla"}
     (callback,) = guard_xla.make_callbacks(None, None, None)
     assert isinstance(callback, kgrad.NonFiniteGuard)
+
+
+def test_the_tracker_benchmark_times_the_wandb_sink_against_tensorboard_alone(capsys):
+    pytest.importorskip("wandb")
+    from benchmarks import trackers
+
+    trackers.main(["--every", "2", "--pairs", "2", "--sample-steps", "4"])
+    out = capsys.readouterr().out
+    results = json.loads(out[: out.rindex("}") + 1])
+    for name in ("wandb", "tensorboard_aa"):
+        assert results[name]["cpu"]["n"] == results[name]["wall"]["n"] == 2
+    # Warm-up epochs of 20 steps, then 2 turns of 4: a record every 2 steps, each made by the sink.
+    assert results["sink_calls"] == (20 + 2 * 4) // 2 and results["sink_call_cpu_ms"] > 0
+    assert "wandb / tensorboard: CPU" in out and "of the reference at every_n_steps=2" in out
+    with pytest.raises(SystemExit):
+        trackers.main(["--every", "4", "--sample-steps", "6"])
+    assert "--sample-steps must be a multiple of --every" in capsys.readouterr().err

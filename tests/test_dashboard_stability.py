@@ -203,7 +203,7 @@ def test_a_real_fit_with_the_instruments_is_shown_as_read_logs_has_it(tmp_path):
 
 
 def test_the_html_report_holds_the_same_view(run, tmp_path):
-    from kgrad.report.html import report_data
+    from kgrad.dashboard.html_report import report_data
 
     write_stability_run(tmp_path / "spiky")
     data = report_data(tmp_path)

@@ -162,8 +162,22 @@ def test_every_probe_of_the_docs_that_writes_a_fixed_folder_is_safe_to_run_twice
         for line, language, source, reason in code_blocks(page):
             if language != "python" or reason:
                 continue
-            for call in re.finditer(r"GradientProbe\((\"|')[^)]*\)", source):
-                assert "overwrite=True" in call.group(0), f"{_relative(page)}:{line}: {call.group(0)}"
+            for call in _calls("GradientProbe", source):
+                if re.match(r"GradientProbe\(\s*[\"']", call):  # a fixed folder
+                    assert "overwrite=True" in call, f"{_relative(page)}:{line}: {call}"
+
+
+def _calls(name, source):
+    """The text of each call ``name(...)`` in ``source``, up to its matching parenthesis."""
+    calls = []
+    for start in (match.start() for match in re.finditer(rf"\b{name}\(", source)):
+        depth, end = 0, start + len(name)
+        for end in range(start + len(name), len(source)):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+        calls.append(source[start:end + 1])
+    return calls
 
 
 def test_every_page_with_python_has_its_blocks_run():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import kgrad
+from kgrad.backends.common import attached
 
 
 class _FunctionLog(keras.callbacks.Callback):
@@ -16,7 +17,7 @@ class _FunctionLog(keras.callbacks.Callback):
         self.ran_plain = []
 
     def on_train_begin(self, logs=None):
-        self.plain_function = self.model.__dict__["_kgrad_installation"].train_function
+        self.plain_function = attached.get(self.model, "installation").train_function
 
     def on_train_batch_begin(self, batch, logs=None):
         self.ran_plain.append(self.model.train_function is self.plain_function)
@@ -68,7 +69,7 @@ def test_with_a_guard_unprobed_executions_run_the_guard_alone():
     assert [f is probing for f in functions] == [s % 5 == 0 for s in range(8)]
     assert [f is guard_only for f in functions] == [s % 5 != 0 for s in range(8)]
     assert [record.step for record in records] == [0, 5]
-    step = model.__dict__["_kgrad_kept"][0]
+    step = attached.get(model, "kept_step")[0]
     # One traced function per plan: the probe's runs probed steps only, the
     # guard's has no probe; both check the same tensors with one state.
     plans = [traced.plan for traced in step._traced]

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from kgrad.backends.common import attached
 from fit_helpers import (
     RecordCollector,
     SubclassedClassifier,
@@ -94,7 +95,8 @@ def test_model_behaves_as_before_after_the_probed_fit(tmp_path):
 
     assert "train_step" not in probed.__dict__
     # Only the traced probing step, kept (untracked) for the next fit.
-    assert [name for name in probed.__dict__ if "kgrad" in name] == ["_kgrad_kept"]
+    assert attached.names(probed) == ["kept_step"]
+    assert [name for name in probed.__dict__ if "kgrad" in name] == [attached.ATTRIBUTE]
     assert not any("kgrad" in variable.path for variable in probed.variables)
     # The train_function fit made before the probe replaced it is back.
     assert probed.train_function is seen.train_function is not None

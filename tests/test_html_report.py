@@ -17,7 +17,7 @@ from test_dashboard_logs import (  # noqa: F401  (fixtures)
 )
 
 import kgrad
-from kgrad.report.html import script_json
+from kgrad.dashboard.html_report import script_json
 
 
 class _ReportParser(html.parser.HTMLParser):

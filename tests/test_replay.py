@@ -493,3 +493,4 @@ def test_a_dropout_mask_that_makes_the_nan_is_drawn_again_by_the_replay(jit_comp
         for i in range(0, len(x), BATCH)
     ]
     assert dropped[report.step] == report.born_inf_count > 0 and not any(dropped[:report.step])
+

@@ -178,11 +178,11 @@ def _check_against_numpy(moments, histograms, tensors):
 
 def test_under_xla_the_careful_branch_summarizes_tensors_of_several_blocks_exactly():
     # Under XLA the careful branch stacks every tensor in blocks of
-    # `stats._BLOCK` elements: tensors of one element, of exactly two blocks,
+    # `stats.BLOCK` elements: tensors of one element, of exactly two blocks,
     # of a block and a bit with NaN/Inf in its last block, and empty ones
     # (one at the end), traced with unknown shapes as a Keras step is.
     rng = np.random.default_rng(6)
-    block = stats._BLOCK
+    block = stats.BLOCK
     straddling = rng.normal(size=(block + 37,)).astype(np.float32)
     straddling[[3, block + 5, block + 36]] = [NAN, INF, -INF]
     tensors = {
@@ -207,7 +207,7 @@ def test_the_xla_careful_program_does_not_grow_with_the_number_of_tensors():
     # and memory. In blocks, a tensor adds its padding and little else.
     def hlo_lines(count):
         tensors = [tf.ones([50 + i]) for i in range(count)]
-        summarize = tf.function(lambda ts: stats._exact_summaries_in_blocks(ts, 5), jit_compile=True)
+        summarize = tf.function(lambda ts: stats.exact_summaries_in_blocks(ts, 5), jit_compile=True)
         return len(summarize.experimental_get_compiler_ir(tensors)(stage="hlo").splitlines())
 
     assert hlo_lines(30) - hlo_lines(3) < 10 * 27

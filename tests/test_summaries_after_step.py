@@ -64,7 +64,7 @@ def _fit(steps_per_execution, monkeypatch=None, contexts=None):
         summarize_many = stats.summarize_many
 
         def recording(tensors, bucket_count=None):
-            contexts.append(stats._in_xla())
+            contexts.append(stats.in_xla())
             return summarize_many(tensors, bucket_count)
 
         monkeypatch.setattr(stats, "summarize_many", recording)

@@ -12,6 +12,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 import kgrad
 from kgrad.logs import layout, writer as tensorboard
+from kgrad.plan.tag_names import describe_tag
 
 # The tag scheme, spelled out here on purpose: it is the users' TensorBoard
 # layout, so a change must show up as a failing test.
@@ -271,7 +272,7 @@ def test_layout_is_written_once_from_the_first_record_with_layers(tmp_path):
     ],
 )
 def test_describe_tag(tag, description):
-    assert tensorboard.describe_tag(tag) == description
+    assert describe_tag(tag) == description
 
 
 def test_writer_round_trip_across_reopened_event_files(tmp_path):

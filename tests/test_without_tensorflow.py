@@ -144,3 +144,34 @@ def test_the_tensorboard_plugin_loads_and_serves_its_routes(tmp_path, log_dir):
     assert "run1" in json.dumps(served["runs"])
     assert served["layers"] == ["hidden", "out"]
     assert served["script"] > 0 and served["summary"]
+
+
+def test_the_sinks_and_the_html_report_they_attach_run_without_a_backend(tmp_path, log_dir):
+    code = f"""
+        import json, sys
+        import numpy as np
+        from kgrad.logs.record import ProbeRecord
+        from kgrad.sinks.base import Sink
+        from kgrad.sinks.fanout import SinkSet
+        from kgrad.sinks.json_lines import JsonLinesSink
+
+        class Pages(Sink):
+            def attach_html_report(self, html, step, label):
+                self.page = (step, label, html)
+
+        pages = Pages()
+        sinks = SinkSet((JsonLinesSink("out.jsonl"), pages), "GradientProbe")
+        sinks.open()
+        histogram = np.array([[0.0, 1.0, 4.0]])
+        sinks.write(ProbeRecord(3, {{"grad_norm/hidden": 0.5}}, {{"grad_hist/hidden": histogram}}))
+        sinks.close(attach_report=True, log_dir=sys.argv[1], step=3)
+        step, label, html = pages.page
+        print(json.dumps([open("out.jsonl").read(), step, label, html.startswith("<!DOCTYPE html>")]))
+        {NO_BACKEND_LOADED}
+    """
+    process = run_blocked(tmp_path, code, os.path.join(log_dir, "run1"))
+    assert process.returncode == 0, process.stderr
+    line, step, label, is_page = json.loads(process.stdout)
+    assert json.loads(line) == {"record": "probe", "step": 3, "tape": None, "grad_norm/hidden": 0.5,
+                                "histograms": {"grad_hist/hidden": {"edges": [0.0, 1.0], "counts": [4]}}}
+    assert (step, label, is_page) == (3, "end_of_fit", True)

@@ -10,6 +10,7 @@ from kgrad import backends
 from kgrad.callbacks import probe_output
 from kgrad.logs.writer import ProbeWriter
 from kgrad.plan.options import ProbeConfig
+from kgrad.sinks.fanout import SinkSet, checked_sinks
 
 
 class GradientProbe(keras.callbacks.Callback):
@@ -17,11 +18,12 @@ class GradientProbe(keras.callbacks.Callback):
 
     Works on any ``keras.Model`` (Sequential, Functional or subclassed) and
     on `kgrad.ProbingModel`. A model with its own ``train_step`` (a GAN, a
-    VAE) is probed through the `kgrad.ProbeTape`s in that step: replace
-    ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or the
-    sub-model that tape differentiates); each tape is logged as a run of its
-    own, ``<log_dir>/<tape name>/kgrad``, at the ``iterations`` of the
-    optimizer that applied its gradients. When
+    VAE) is probed through the differentiations of that step: on TensorFlow
+    replace ``tf.GradientTape()`` with ``kgrad.ProbeTape(self.generator)`` (or
+    the sub-model that tape differentiates), on JAX ``jax.value_and_grad`` with
+    `kgrad.value_and_grad`; each is logged as a run of its own,
+    ``<log_dir>/<name>/kgrad``, at the ``iterations`` of the optimizer that
+    applied its gradients. When
     ``fit`` starts, the callback installs a probing ``train_step`` on the model
     instance; when ``fit`` ends it removes it, so ``evaluate``, ``predict``,
     ``save`` and later ``fit`` calls behave exactly as before. Training itself
@@ -66,7 +68,7 @@ class GradientProbe(keras.callbacks.Callback):
             moment (norm, mean, std, min, max, zero fraction, non-finite
             count) and histogram of every captured tensor, and the per-weight
             tags of biases too (306 scalar tags for the same MLP). See
-            `kgrad.backends.tensorflow.summarize.summaries` for the tags.
+            docs/tags.md (`kgrad.plan.tag_names`) for the tags.
         instruments: Extra statistics, off by default: ``["per_example"]``
             logs per-example gradient norms of the weights of Dense,
             EinsumDense, Conv1D/2D, Embedding and LayerNormalization layers
@@ -90,6 +92,8 @@ class GradientProbe(keras.callbacks.Callback):
             outlier when |g − m̂| > k·√max(v̂ − m̂², 0).
         attention_examples: How many examples of each probed batch the
             attention instrument scores (the first ones; per replica).
+        sinks: Where records also go, off the training thread: `kgrad.WandbSink`, `kgrad.MlflowSink`,
+            `kgrad.JsonLinesSink`, a `kgrad.Sink` of your own (docs/trackers.md).
         overwrite: Replace the kgrad logs of an earlier fit in ``log_dir``
             (only its ``kgrad`` folders) instead of refusing them.
 
@@ -120,6 +124,7 @@ class GradientProbe(keras.callbacks.Callback):
         instruments=(),
         outlier_sigmas=6.0,
         attention_examples=4,
+        sinks=None,
         overwrite=False,
     ):
         super().__init__()
@@ -149,14 +154,14 @@ class GradientProbe(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.overwrite = overwrite
         self.on_probe = on_probe
+        self._sinks = SinkSet(checked_sinks(sinks), "GradientProbe")
         self.latest = None
         #: In a model's own ``train_step``: ``{tape name: latest ProbeRecord}``.
         self.latest_by_tape = {}
         self._writers = {}
         self._step = None
         self._fitting = False
-        # Keras' JAX trainer may run on_train_batch_end in worker threads, and
-        # in any order (`async_safe`): what they update is updated under it.
+        # Keras' JAX trainer may run on_train_batch_end in worker threads, in any order: under it.
         self._lock = threading.RLock()
 
     # Keras dispatches on_train_batch_end asynchronously only for callbacks that say it
@@ -172,6 +177,7 @@ class GradientProbe(keras.callbacks.Callback):
         log_dir = probe_output.writable(self.log_dir) if writes else None
         if log_dir is not None:
             probe_output.claim(log_dir, self._unsynced_model, self.overwrite)
+        self._sinks.open(enabled=backend.is_chief(self.model))  # before anything is installed
         self._step = backend.attach(self.model, "probe", self.config)
         self._probing_function = self.model.train_function
         # The host knows which steps an execution runs, unless an epoch of unknown length ends short.
@@ -192,6 +198,7 @@ class GradientProbe(keras.callbacks.Callback):
         backends.current().detach(self.model, "probe")
         for writer in self._writers.values():
             writer.close()
+        self._sinks.close(attach_report=True, log_dir=self._log_dir, step=getattr(self.latest, "step", 0))
 
     def on_test_begin(self, logs=None):
         probe_output.warn_unless_fitting(self._fitting, "evaluate")
@@ -200,15 +207,14 @@ class GradientProbe(keras.callbacks.Callback):
         probe_output.warn_unless_fitting(self._fitting, "predict")
 
     def on_train_batch_begin(self, batch, logs=None):
-        # Executions without a probed step run Keras' own compiled function
-        # (or, with a NonFiniteGuard, the guard's alone): they cost exactly
-        # what they cost without the probe.
+        # Executions without a probed step run Keras' own compiled function (or, with a
+        # NonFiniteGuard, the guard's alone): they cost exactly what they cost without the probe.
         unprobed_function = self._unprobed_function()
         if unprobed_function is None:
             return
         first_step = self._steps_before_epoch + batch
         last_step = first_step + self._unsynced_model.steps_per_execution - 1
-        if _contains_probed_step(first_step, last_step, self.config.every_n_steps):
+        if self.config.schedule.probes_any(first_step, last_step):
             self._step.start_at(first_step)
             self._use_train_function(self._probing_function)
         else:
@@ -235,17 +241,14 @@ class GradientProbe(keras.callbacks.Callback):
         return self._model
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the last step of the execution that just ran: only executions
-        # that contain a probed step read device memory.
+        # `batch` is the last step of the execution that just ran: only probed executions read the device.
         steps_in_epoch = (self.params or {}).get("steps")
         if steps_in_epoch:
             # Keras reports a short last execution as a full one.
             batch = min(batch, steps_in_epoch - 1)
         with self._lock:
             steps_seen = self._steps_before_epoch + batch + 1
-            ran_probed_step = _contains_probed_step(
-                self._steps_seen, steps_seen - 1, self.config.every_n_steps
-            )
+            ran_probed_step = self.config.schedule.probes_any(self._steps_seen, steps_seen - 1)
             # An end dispatched out of order finds the count ahead of it; what it
             # would have read, the next read (at the latest the epoch's end) reads.
             self._steps_seen = max(self._steps_seen, steps_seen)
@@ -262,6 +265,7 @@ class GradientProbe(keras.callbacks.Callback):
             self._steps_seen = self._step.steps_run()
         for writer in self._writers.values():
             writer.flush()
+        self._sinks.flush()
 
     def _collect(self):
         with self._lock:
@@ -280,8 +284,10 @@ class GradientProbe(keras.callbacks.Callback):
                     record = dataclasses.replace(record, tape=name)
                     self.latest_by_tape[name] = record
                 self.latest = record
+                logged = probe_output.for_tensorboard(record)
                 if self._log_dir is not None:
-                    self._writer(name, pipeline).write(probe_output.for_tensorboard(record))
+                    self._writer(name, pipeline).write(logged)
+                self._sinks.write(logged)
                 if self.on_probe is not None:
                     self.on_probe(record)
 
@@ -292,8 +298,3 @@ class GradientProbe(keras.callbacks.Callback):
             self._writers[tape_name] = ProbeWriter(log_dir, weight_shapes=lambda: pipeline.weight_shapes)
         return self._writers[tape_name]
 
-
-def _contains_probed_step(first_step, last_step, every_n_steps):
-    """Whether a step index in ``[first_step, last_step]`` is probed."""
-    first_probed = -(-first_step // every_n_steps) * every_n_steps
-    return first_probed <= last_step

@@ -12,7 +12,8 @@ from kgrad import backends
 from kgrad.backends.common import batch_dump
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
-from kgrad.report.non_finite import NonFiniteError
+from kgrad.report.non_finite import NonFiniteError, name_in_part
+from kgrad.sinks.fanout import SinkSet, checked_sinks
 
 _ACTIONS = ("stop", "warn", "raise")
 
@@ -30,7 +31,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
     eagerly on its own batch (kept on the device, never copied on clean
     steps) from the weights before the bad update, with every layer, nested
     layer, ``keras.ops`` node and `kgrad.tap` captured, forward and
-    backward (`kgrad.backends.tensorflow.guard.replay`). The report (`kgrad.NonFiniteReport`) says
+    backward (each backend's replay; `kgrad.backends.common.locate` names the
+    place). The report (`kgrad.NonFiniteReport`) says
     where the first NaN/Inf was born: in the forward pass (the first
     operation whose inputs are finite and whose output is not), in the
     backward pass (from the loss down), with the input data (and the batch
@@ -73,6 +75,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             written there, and the report prints the three lines of Python
             that replay the step from them.
         replay: Whether a trip is replayed to locate where the NaN was born.
+        sinks: Trackers that also get each report and, with ``log_dir``, the HTML report of
+            ``log_dir`` at the trip (`kgrad.WandbSink`...; see `kgrad.GradientProbe`).
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
@@ -94,7 +98,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
     """
 
     def __init__(self, action="stop", watch=SENTINEL_KINDS, layers=None, ignore_loss_scale_skips=True,
-                 log_dir=None, dump_dir=None, replay=True):
+                 log_dir=None, dump_dir=None, replay=True, sinks=None):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
         backends.current().check_supported("guard")
@@ -126,6 +130,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay
+        self._sinks = SinkSet(checked_sinks(sinks), "NonFiniteGuard")
         self._step = None
         self._trip_pending = False
 
@@ -142,6 +147,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         return self.action != "warn"
 
     def on_train_begin(self, logs=None):
+        self._sinks.open()
         self._step = backends.current().attach(self.model, "guard", self.config)
         self.report = None
         self.reports = []
@@ -160,6 +166,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         backends.current().detach(self.model, "guard")
+        self._sinks.close()
 
     def on_train_batch_end(self, batch, logs=None):
         tripped = self._step.guard_tripped
@@ -193,8 +200,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
             if report is not None:
                 if tape is not None:  # a ProbeTape of the model's own train_step
                     report = dataclasses.replace(
-                        report, layer=f"{tape}/{report.layer}", tensor=_in_tape(report.tensor, tape),
-                        non_finite={_in_tape(name, tape): count for name, count in report.non_finite.items()},
+                        report, layer=f"{tape}/{report.layer}", tensor=name_in_part(report.tensor, tape),
+                        non_finite={
+                            name_in_part(name, tape): count for name, count in report.non_finite.items()
+                        },
                     )
                 break
         if report is None:
@@ -204,6 +213,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.report = self.report or report
         if self.log_dir is not None:
             write_guard_report(self.log_dir, report)
+        self._sinks.guard_report(report)
+        self._sinks.html_report(self.log_dir, report.step, "nonfinite")
         if self.action == "warn":
             # Every tape of the step that tripped: one report for the step.
             for state in states.values():
@@ -214,6 +225,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         if self.action == "raise":
             # Keras calls no on_train_end when a callback raises.
             backends.current().detach(self.model, "guard")
+            self._sinks.close()
             raise NonFiniteError(report)
         weights = (
             "The weights are not finite: an update with finite gradients made them so."
@@ -277,8 +289,3 @@ class NonFiniteGuard(keras.callbacks.Callback):
             tag: value for tag, value in finite[-1].scalars.items() if tag.endswith(suffix)
         }
 
-
-def _in_tape(tensor, tape):
-    """``"<kind>/<layer>"`` of a ProbeTape's check as ``"<kind>/<tape>/<layer>"``."""
-    kind, _, layer = tensor.partition("/")
-    return f"{kind}/{tape}/{layer}"

@@ -13,7 +13,8 @@ class ProbeRecord:
         histograms: ``dict`` tag -> ``numpy`` array ``[buckets, 3]`` of
             (left edge, right edge, count).
         tape: In a model's own ``train_step``, the name of the `kgrad.ProbeTape`
-            the record comes from; ``None`` for the model's own probe.
+            or `kgrad.value_and_grad` the record comes from; ``None`` for the
+            model's own probe.
 
     Example:
 

@@ -2,8 +2,9 @@
 
 Records arrive as host values (`kgrad.ProbeRecord`); histograms are the
 ``[k, 3]`` buckets computed on device, written with the histogram plugin's
-metadata, so no full tensor ever crosses to the host. The tag scheme is
-documented in `kgrad.backends.tensorflow.summarize.summaries`; the file itself is `kgrad.logs.event_file`'s.
+metadata, so no full tensor ever crosses to the host. The tags and their
+descriptions are `kgrad.plan.tag_names`' (the users' table is docs/tags.md); the
+file itself is `kgrad.logs.event_file`'s.
 """
 
 import os
@@ -19,77 +20,10 @@ from kgrad.logs.event_file import EventFile
 from kgrad.logs.layout import custom_scalar_layout
 from kgrad.logs.summary_bytes import SCALAR_SHAPE, SummaryLayout, histogram_proto, scalar_proto
 from kgrad.logs.weight_shapes import WEIGHT_SHAPES_TAG
-
-#: Tag of a tripped `kgrad.NonFiniteGuard`'s report (a text summary of JSON).
-GUARD_REPORT_TAG = "guard/report"
+from kgrad.plan.tag_names import GLOBAL_PREFIX, GUARD_REPORT_TAG, describe_tag
 
 #: Name of the run folder kgrad writes, beside Keras' ``train/`` and ``validation/``.
 RUN_NAME = "kgrad"
-
-# What each tag prefix measures; shown by TensorBoard as the chart's description.
-_KIND_DESCRIPTIONS = {
-    "activation": "the output of layer `{name}`",
-    "grad": "dJ/d(output of layer `{name}`)",
-    "pred_grad": "dJ/dŷ for output `{name}`",
-    "input_grad": "dJ/dx for input `{name}`",
-    "weight_grad": "dJ/dw for weight `{name}`",
-}
-_STAT_WORDS = {
-    "norm": "L2 norm of",
-    "mean": "mean of",
-    "std": "standard deviation of",
-    "min": "min of",
-    "max": "max of",
-    "zero_fraction": "fraction of zeros in",
-    "nonfinite": "count of NaN/Inf in",
-    "hist": "histogram of",
-}
-_OTHER_DESCRIPTIONS = {
-    "weight_norm": "‖w‖ of weight `{name}` before the update",
-    "update_ratio": "‖Δw‖ / ‖w‖ of weight `{name}` in the probed step",
-    "pred_grad_example_norm_mean": "mean over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
-    "pred_grad_example_norm_max": "max over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
-    "adam_rms": "RMS of g/(√v̂+ε) of weight `{name}`: the gradient in the units of Adam's second moment",
-    "grad_outlier_fraction": "fraction of the entries of dJ/dw of `{name}` beyond k·σ of Adam's moments",
-    "update_rms": "RMS of Δw of weight `{name}` in the probed step",
-    **{
-        f"{kind}_{stat}": f"{stat} over examples and positions of the {what} of output `{{name}}`"
-        for kind, what in (("logit_max", "max logit"), ("logit_lse", "log-sum-exp of the logits"),
-                           ("logit_entropy", "entropy of softmax(logits)"),
-                           ("logit_top1_prob", "top-1 probability"))
-        for stat in ("mean", "max")
-    },
-}
-# Tags under ``global/`` described one by one.
-_GLOBAL_DESCRIPTIONS = {
-    "global/grad_norm": "‖dJ/dw‖ over all trainable weights",
-    "global/loss": "the loss of the probed step (unscaled, of the global batch)",
-    "global/loss_scale": "loss scale of the LossScaleOptimizer in the probed step",
-    "global/loss_scale_skipped": "1 if the loss scaler skipped the update "
-    "(its scaled gradients overflowed), else 0",
-}
-
-
-def describe_tag(tag):
-    """A one-line description of a kgrad tag, for TensorBoard's tooltips.
-
-    Example:
-
-    >>> from kgrad.logs.writer import describe_tag
-    >>> describe_tag("grad_norm/dense_1")
-    'kgrad: L2 norm of dJ/d(output of layer `dense_1`)'
-    """
-    if tag in _GLOBAL_DESCRIPTIONS:
-        return "kgrad: " + _GLOBAL_DESCRIPTIONS[tag]
-    prefix, _, name = tag.partition("/")
-    if prefix in _OTHER_DESCRIPTIONS:
-        return "kgrad: " + _OTHER_DESCRIPTIONS[prefix].format(name=name)
-    for kind, what in _KIND_DESCRIPTIONS.items():
-        stat = prefix[len(kind) + 1 :]
-        if prefix.startswith(kind + "_") and stat in _STAT_WORDS:
-            return f"kgrad: {_STAT_WORDS[stat]} {what.format(name=name)}"
-    return "kgrad"
-
 
 #: The `kgrad.NonFiniteReport` fields of the replay, written with the report as they are.
 _REPLAY_FIELDS = (
@@ -101,16 +35,26 @@ _REPLAY_FIELDS = (
 def write_guard_report(log_dir, report):
     """Writes a tripped guard's `kgrad.NonFiniteReport` to ``<log_dir>/kgrad``.
 
-    One text summary at the bad step, tag `GUARD_REPORT_TAG`, holding JSON:
-    the report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
-    ``[[tensor, nan, inf], ...]``, the replay's ``born_*`` fields, no
-    ``last_summaries``) and ``"message"``,
-    the text the guard prints. The kgrad tab shows it on its NaN/Inf timeline;
+    One text summary at the bad step, tag `kgrad.plan.tag_names.GUARD_REPORT_TAG`, holding JSON:
+    `guard_report_fields`. The kgrad tab shows it on its NaN/Inf timeline;
     TensorBoard's Text tab shows it too.
     """
     import json
 
-    fields = {
+    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
+    text = json.dumps(guard_report_fields(report))
+    events.write_summary(_text_summary(GUARD_REPORT_TAG, text), report.step)
+    events.close()
+
+
+def guard_report_fields(report):
+    """A tripped guard's `kgrad.NonFiniteReport` as JSON-ready values (what TensorBoard and the sinks get).
+
+    The report's fields (``pass_`` as ``"pass"``, ``non_finite`` as
+    ``[[tensor, nan, inf], ...]``, the replay's ``born_*`` fields, no
+    ``last_summaries``) and ``"message"``, the text the guard prints.
+    """
+    return {
         "message": str(report),
         "step": report.step,
         "tensor": report.tensor,
@@ -125,9 +69,6 @@ def write_guard_report(log_dir, report):
         # Where the replay found it born, for tools that read the logs.
         **{name: getattr(report, name) for name in _REPLAY_FIELDS},
     }
-    events = EventFile(os.path.join(os.fspath(log_dir), RUN_NAME))
-    events.write_summary(_text_summary(GUARD_REPORT_TAG, json.dumps(fields)), report.step)
-    events.close()
 
 
 def layout_summary(layout):
@@ -200,7 +141,7 @@ class ProbeWriter:
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
         events = self._event_file()
-        if not self._wrote_layout and any(not tag.startswith("global/") for tag in record.scalars):
+        if not self._wrote_layout and any(not tag.startswith(GLOBAL_PREFIX) for tag in record.scalars):
             # From the first record with layers: a step the loss scaler
             # skipped holds only global/ tags. TensorBoard reads one layout.
             layout = custom_scalar_layout(record.scalars)

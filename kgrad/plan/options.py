@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from kgrad.plan.schedule import ProbeSchedule
+
 #: Everything a probe can capture; ``capture=`` takes any subset.
 CAPTURE_KINDS = (
     "activations",
@@ -22,7 +24,7 @@ INSTRUMENTS = ("per_example", "optimizer", "logits", "attention")
 
 #: What ``statistics=`` takes: ``"default"`` writes what people look at
 #: (norms, update ratios, zero fractions, non-finite counts, gradient
-#: histograms; see `kgrad.backends.tensorflow.summarize.summaries`), ``"all"`` every moment and histogram
+#: histograms; see docs/tags.md), ``"all"`` every moment and histogram
 #: of every captured tensor.
 STATISTICS = ("default", "all")
 
@@ -74,6 +76,11 @@ class ProbeConfig:
 
     def captures(self, kind):
         return kind in self.capture
+
+    @property
+    def schedule(self):
+        """The `kgrad.plan.schedule.ProbeSchedule` of ``every_n_steps``: which steps are probed."""
+        return ProbeSchedule(self.every_n_steps)
 
 
 def check_tap_name(name):

@@ -191,7 +191,7 @@ def _resolve_list(model, layers, argument, named, canonical, in_time_loop):
 
 
 def captured_layers(model, plan):
-    """What the probing step's `kgrad.ProbeTape` captures for a `kgrad.plan.step_plan.StepPlan`: ``layers=``.
+    """What the probing step captures for a plan (its ``probe`` and ``guard`` configs): ``layers=``.
 
     The probe's layers, the guard's when it checks layers, or their union.
     """

@@ -1,10 +1,16 @@
-"""The names of what kgrad writes: the moments of a tensor and the leaves of a model's inputs and outputs.
+"""The tag contract: every tag kgrad writes, each prefix with its one-line description.
 
-Backend-free: the tags a backend's step writes are these names, so that the
-logs, the report and the tab read the same tags whichever backend wrote them.
+Backend-free and written once: the steps of both backends (`kgrad.ProbeTape`
+on TensorFlow, `kgrad.value_and_grad` on JAX) write these tags, the writer
+describes them from `describe_tag` (TensorBoard's tooltips), the report and
+the tab read them, and ``docs/tags.md`` lists exactly `tag_prefixes`
+(tests/test_tag_contract.py checks it). Tag names are stable: they are the
+users' TensorBoard layout.
 
 >>> MOMENT_NAMES[0], io_names({"b": 1, "a": 2}, "input"), io_names([1, 2], "output", ["y", "z"])
 ('norm', ['a', 'b'], ['y', 'z'])
+>>> describe_tag("grad_norm/dense_1")
+'kgrad: L2 norm of dJ/d(output of layer `dense_1`)'
 """
 
 #: The columns of a tensor's summary row, as the step computes them; the
@@ -52,3 +58,94 @@ LOGIT_KINDS = ("logit_max", "logit_lse", "logit_entropy", "logit_top1_prob")
 #: and key positions; ``attention_entropy`` the mean over examples and query
 #: positions of the entropy (nats) of the attention weights.
 ATTENTION_KINDS = ("attention_logit_max", "attention_entropy")
+#: ``instruments=["per_example"]``: per weight, ``example_grad_norm_<stat>/<weight path>``.
+EXAMPLE_NORM_STATS = ("mean", "max")
+#: ``instruments=["per_example"]``: the sums of the gradient noise scale, per layer
+#: (``<kind>/<layer>``) and over the model (``global/<kind>``).
+NOISE_KINDS = ("noise_example_sq_norm_mean", "noise_batch_sq_norm")
+
+#: Tensors summarized by every moment and a histogram: scalar tags
+#: ``<kind>_<stat>/<name>`` (``<stat>`` in `MOMENT_NAMES`), histograms ``<kind>_hist/<name>``.
+TENSOR_KINDS = {
+    "activation": "the output of layer `{name}`",
+    "grad": "dJ/d(output of layer `{name}`)",
+    "pred_grad": "dJ/dŷ for output `{name}`",
+    "input_grad": "dJ/dx for input `{name}`",
+    "weight_grad": "dJ/dw for weight `{name}`",
+}
+#: How a description names each ``<stat>`` of a tensor kind.
+STAT_WORDS = {
+    "norm": "L2 norm of",
+    "mean": "mean of",
+    "std": "standard deviation of",
+    "min": "min of",
+    "max": "max of",
+    "zero_fraction": "fraction of zeros in",
+    "nonfinite": "count of NaN/Inf in",
+    "hist": "histogram of",
+}
+_LOGIT_WORDS = {"logit_max": "max logit", "logit_lse": "log-sum-exp of the logits",
+                "logit_entropy": "entropy of softmax(logits)", "logit_top1_prob": "top-1 probability"}
+#: Every other per-name prefix (``<prefix>/<name>``), and what it measures.
+PREFIXES = {
+    "weight_norm": "‖w‖ of weight `{name}` before the update",
+    "update_ratio": "‖Δw‖ / ‖w‖ of weight `{name}` in the probed step",
+    "pred_grad_example_norm_mean": "mean over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+    "pred_grad_example_norm_max": "max over the batch of per-example ‖dJ/dŷ‖, output `{name}`",
+    "adam_rms": "RMS of g/(√v̂+ε) of weight `{name}`: the gradient in the units of Adam's second moment",
+    "grad_outlier_fraction": "fraction of the entries of dJ/dw of `{name}` beyond k·σ of Adam's moments",
+    "update_rms": "RMS of Δw of weight `{name}` in the probed step",
+    **{f"{kind}_{stat}": f"{stat} over examples and positions of the {what} of output `{{name}}`"
+       for kind, what in _LOGIT_WORDS.items() for stat in ("mean", "max")},
+    "attention_logit_max": "largest pre-softmax score (scaled q·k) of attention head `{name}`",
+    "attention_entropy": "mean entropy (nats) of the attention weights of head `{name}`",
+    **{f"example_grad_norm_{stat}": f"{stat} over the batch of per-example ‖dJ/dw‖ of weight `{{name}}`"
+       for stat in EXAMPLE_NORM_STATS},
+    "example_grad_norm_hist": "histogram of per-example ‖dJ/dw‖ of weight `{name}`",
+    "noise_example_sq_norm_mean": "mean over examples of |G_i|², layer `{name}` (gradient noise scale)",
+    "noise_batch_sq_norm": "|G_B|², the batch gradient's squared norm, layer `{name}` (gradient noise scale)",
+}
+#: The folder of the tags that are of the whole model, not of a name.
+GLOBAL_PREFIX = "global/"
+#: Tags under `GLOBAL_PREFIX`, one by one.
+GLOBAL_TAGS = {
+    GRAD_NORM_TAG: "‖dJ/dw‖ over all trainable weights",
+    LOSS_TAG: "the loss of the probed step (unscaled, of the global batch)",
+    "global/loss_scale": "loss scale of the LossScaleOptimizer in the probed step",
+    "global/loss_scale_skipped": "1 if the loss scaler skipped the update "
+                                 "(its scaled gradients overflowed), else 0",
+    "global/noise_example_sq_norm_mean": "mean over examples of |G_i|² over the model (gradient noise scale)",
+    "global/noise_batch_sq_norm": "|G_B|² over the model (gradient noise scale)",
+    "global/batch_size": "examples in the probed batch (of the per-example instrument)",
+}
+#: Text tags: a tripped `kgrad.NonFiniteGuard`'s report (JSON), at the bad step.
+GUARD_REPORT_TAG = "guard/report"
+
+
+def tag_prefixes():
+    """Every tag kgrad writes, as ``<prefix>/`` (before a name) or as the whole tag (``global/``, ``guard/``).
+
+    >>> prefixes = tag_prefixes()
+    >>> "grad_norm/" in prefixes, "weight_grad_hist/" in prefixes, "global/loss" in prefixes
+    (True, True, True)
+    """
+    tensor_prefixes = [f"{kind}_{stat}/" for kind in TENSOR_KINDS for stat in (*MOMENT_NAMES, "hist")]
+    return tensor_prefixes + [f"{prefix}/" for prefix in PREFIXES] + [*GLOBAL_TAGS, GUARD_REPORT_TAG]
+
+
+def describe_tag(tag):
+    """A one-line description of a kgrad tag, for TensorBoard's tooltips (``"kgrad"`` for an unknown one).
+
+    >>> describe_tag("update_ratio/dense/kernel")
+    'kgrad: ‖Δw‖ / ‖w‖ of weight `dense/kernel` in the probed step'
+    """
+    if tag in GLOBAL_TAGS:
+        return "kgrad: " + GLOBAL_TAGS[tag]
+    prefix, _, name = tag.partition("/")
+    if prefix in PREFIXES:
+        return "kgrad: " + PREFIXES[prefix].format(name=name)
+    for kind, what in TENSOR_KINDS.items():
+        stat = prefix[len(kind) + 1 :]
+        if prefix.startswith(kind + "_") and stat in STAT_WORDS:
+            return f"kgrad: {STAT_WORDS[stat]} {what.format(name=name)}"
+    return "kgrad"

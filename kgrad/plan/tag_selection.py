@@ -24,7 +24,7 @@ dashboard and people read (58 scalar and 20 histogram tags for the demo's
 Tags of other kinds (e.g. the noise sums of the instruments) are all written. The values
 of the tags written are the same under both settings.
 
-`kgrad.backends.tensorflow.summarize.summaries.SummaryBuilder` drops the rows that are not written before
+Each backend's summary builder drops the rows that are not written before
 they enter its scalars and histograms (histograms not written are not
 computed, nor the moments of a tensor of which only the norm is written);
 `weight_tags_written` says of which weights a step computes ``weight_norm/``

@@ -5,9 +5,13 @@ Backend-free: the sentinel and the replay of each backend fill a
 """
 
 import dataclasses
+import math
 
 #: Kinds computed by the forward pass; the rest come from the backward pass.
 FORWARD_KINDS = ("input", "activation", "prediction", "loss")
+
+#: A replayed birth's ``kind``, by its ``born_in``.
+_KIND_OF_BIRTH = {"forward": "activation", "backward": "grad", "data": "input", "weights": "weight"}
 
 @dataclasses.dataclass(frozen=True)
 class NonFiniteReport:
@@ -51,7 +55,7 @@ class NonFiniteReport:
         non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
             non-finite tensor of the step, in check order.
         born_in: Where the first NaN/Inf was born, found by replaying the
-            step (`kgrad.backends.tensorflow.guard.replay`): ``"forward"``, ``"backward"``, ``"data"``
+            step (`kgrad.backends.common.locate`): ``"forward"``, ``"backward"``, ``"data"``
             (it arrived with the inputs, targets or sample weights) or
             ``"weights"`` (an earlier update made a weight non-finite);
             ``None`` when not replayed (see ``replay_note``).
@@ -69,8 +73,9 @@ class NonFiniteReport:
             first seen non-finite, or ``None``.
         born_step: For ``born_in="weights"``, the step whose update made
             the weight non-finite (the last update applied); else ``step``.
-        born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape`
-            (its logged name) whose pass the value was born in; else ``None``.
+        born_tape: In a model's own ``train_step``, the `kgrad.ProbeTape` or
+            `kgrad.value_and_grad` (its logged name) whose pass the value was
+            born in; else ``None``.
         batch_index: The batch within the epoch (``None`` when unknown: with
             ``steps_per_execution > 1`` and a batch that variables cannot
             hold, ragged or strings).
@@ -160,6 +165,85 @@ class NonFiniteError(RuntimeError):
     def __init__(self, report):
         super().__init__(str(report))
         self.report = report
+
+
+def report_of_counts(non_finite, step, last_finite_step=None, last_finite_norm=None, last_summaries_for=None):
+    """The `NonFiniteReport` of a step whose check counted NaN/Inf, or ``None`` if it counted none.
+
+    Written once for every backend's sentinel and for `kgrad.first_non_finite`.
+
+    Args:
+        non_finite: ``dict`` tensor name -> ``(nan, inf)`` in check order
+            (forward, then backward); tensors with none are left out.
+        step: The step checked.
+        last_finite_step: The latest step on which everything was finite,
+            or ``None`` (a negative value, a device's "none yet", too).
+        last_finite_norm: ``fn(tensor name) -> float or None``, that tensor's
+            L2 norm on ``last_finite_step``; a norm that overflowed is ``None``.
+        last_summaries_for: ``fn(layer, last_finite_step) -> dict`` of the
+            latest probed summaries of that layer (default: none).
+
+    Example:
+
+    >>> report = report_of_counts({"activation/a": (0, 0), "grad/b": (2, 0)}, step=7, last_finite_step=6,
+    ...                           last_finite_norm=lambda name: float("inf"))
+    >>> report.tensor, report.layer, report.pass_, report.nan_count, report.last_finite_norm
+    ('grad/b', 'b', 'backward', 2, None)
+    >>> report.non_finite  # the tensors without NaN/Inf are left out
+    {'grad/b': (2, 0)}
+    """
+    bad = {name: (int(nan), int(inf)) for name, (nan, inf) in non_finite.items() if nan or inf}
+    if not bad:
+        return None
+    first = next(iter(bad))
+    kind, layer = split_name(first)
+    if last_finite_step is not None and last_finite_step < 0:
+        last_finite_step = None
+    norm = None if last_finite_step is None or last_finite_norm is None else last_finite_norm(first)
+    return NonFiniteReport(
+        step=step, tensor=first, layer=layer, kind=kind,
+        pass_="forward" if kind in FORWARD_KINDS else "backward",
+        nan_count=bad[first][0], inf_count=bad[first][1], last_finite_step=last_finite_step,
+        last_finite_norm=float(norm) if norm is not None and math.isfinite(norm) else None,
+        last_summaries=last_summaries_for(layer, last_finite_step) if last_summaries_for is not None else {},
+        non_finite=bad,
+    )
+
+
+def report_of_birth(born, step=None):
+    """The `NonFiniteReport` of a replay that found where the first NaN/Inf was born.
+
+    Args:
+        born: The ``born_*`` fields of `kgrad.backends.common.locate.locate`
+            (and a ``replay_note``, if any).
+        step: The step replayed, for the report.
+
+    Example:
+
+    >>> born = {"born_in": "forward", "born_at": "log", "born_type": "Lambda", "born_path": "log",
+    ...         "born_nan_count": 0, "born_inf_count": 1, "born_input_range": (0.0, 1.0)}
+    >>> report = report_of_birth(born, step=3)
+    >>> report.tensor, report.pass_, report.inf_count, report.replayed
+    ('activation/log', 'forward', 1, True)
+    """
+    kind = _KIND_OF_BIRTH[born["born_in"]]
+    return NonFiniteReport(
+        step=step, tensor=f"{kind}/{born['born_at']}", layer=born["born_at"], kind=kind,
+        pass_="backward" if born["born_in"] == "backward" else "forward",
+        nan_count=born["born_nan_count"], inf_count=born["born_inf_count"], last_finite_step=None,
+        last_finite_norm=None, last_summaries={}, non_finite={}, replayed=True, **born,
+    )
+
+
+def name_in_part(tensor_name, part):
+    """``"<kind>/<layer>"`` of a part's checked tensor (a `kgrad.ProbeTape`, a `kgrad.value_and_grad`)
+    as ``"<kind>/<part>/<layer>"``.
+
+    >>> name_in_part("grad/dense", "generator")
+    'grad/generator/dense'
+    """
+    kind, _, layer = tensor_name.partition("/")
+    return f"{kind}/{part}/{layer}"
 
 
 def split_name(tensor_name):

@@ -1,5 +1,8 @@
 """`kgrad.NonFiniteGuard(watch=...)` on JAX: the cases of tests/test_non_finite_guard.py, the same reports.
 
+The cases whose expectations are the same lines on both backends are in
+tests/test_guard_watch.py (run here by test_guard_watch_shared_jax.py).
+
 Inputs, activations, dJ/dŷ and dJ/d(activation) are checked every step inside
 the jitted step (and run eagerly); the first non-finite tensor in forward,
 then backward order is reported, and the bad update is kept out.
@@ -10,30 +13,13 @@ import numpy as np
 import pytest
 
 import kgrad
+from fit_helpers import guard_data, middle_model
 
 BATCH = 4
 
 
-def _data(samples=32, features=3, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(0.5, 1.5, size=(samples, features)).astype("float32")
-    y = rng.normal(size=(samples, 1)).astype("float32")
-    return x, y
-
-
-def _model(middle, name="middle"):
-    """Dense -> `middle` (a Lambda named `name`) -> Dense."""
-    keras.utils.set_random_seed(1)
-    return keras.Sequential([
-        keras.Input((3,)),
-        keras.layers.Dense(4, name="first"),
-        keras.layers.Lambda(middle, name=name),
-        keras.layers.Dense(1, name="out"),
-    ])
-
-
 def _tanh_model():
-    return _model(lambda t: keras.ops.tanh(t))
+    return middle_model(lambda t: keras.ops.tanh(t))
 
 
 def _fit(model, x, y, callbacks, jit_compile=True, steps_per_execution=1, loss="mse"):
@@ -59,72 +45,13 @@ def _sqrt_at_zero_loss(y_true, y_pred):
     )
 
 
-JIT = pytest.mark.parametrize("jit_compile", [True, False], ids=["jit", "no_jit"])
-# Run eagerly too where a birth in each pass is found; jitted only elsewhere (CI's time).
+# Jitted only (CI's time); the cases run eagerly too are tests/test_guard_watch.py's, run on both backends.
 ONLY_JIT = pytest.mark.parametrize("jit_compile", [True], ids=["jit"])
-
-
-@JIT
-def test_nan_from_log_of_negative_names_the_middle_layer(jit_compile):
-    x, y = _data()
-    model = _model(lambda t: keras.ops.log(t))
-    model.build((None, 3))
-    # `first` outputs x - 2 after this kernel and bias: negative from the start.
-    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), -2 * np.ones(4, "float32")])
-    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
-    _fit(model, x, y, [guard], jit_compile)
-    report = guard.report
-    assert (report.step, report.layer, report.kind, report.pass_) == (0, "middle", "activation", "forward")
-    assert report.nan_count == BATCH * 4 and report.inf_count == 0
-    assert report.last_finite_step is None
-    assert report.born_at == "middle"  # the replay agrees
-
-
-@ONLY_JIT
-def test_inf_from_an_overflowing_exp_with_the_last_finite_norm_of_that_activation(jit_compile):
-    x, y = _data()
-    x[8:12] *= 200.0  # batch 2 overflows exp in float32
-    make = lambda: _model(lambda t: keras.ops.exp(t), name="exp")  # noqa: E731
-    model = make()
-    model.build((None, 3))
-    model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), np.zeros(4, "float32")])
-    initial = model.get_weights()
-    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
-    _fit(model, x, y, [guard], jit_compile)
-    report = guard.report
-    assert (report.step, report.layer, report.kind, report.pass_) == (2, "exp", "activation", "forward")
-    assert report.inf_count > 0 and report.last_finite_step == 1
-    # The reference: exp's output on batch 1 after one plain step on batch 0.
-    reference = make()
-    reference.set_weights(initial)
-    _fit(reference, x[:4], y[:4], [], jit_compile)
-    activation = keras.Model(reference.inputs[0], reference.get_layer("exp").output)(x[4:8])
-    assert report.last_finite_norm == pytest.approx(float(np.linalg.norm(activation)), rel=1e-5)
-
-
-@JIT
-def test_nan_born_in_the_backward_pass_of_sqrt_at_zero_is_the_gradient_of_the_layer_before(jit_compile):
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([
-        keras.Input((3,)),
-        keras.layers.Dense(4, name="first"),
-        keras.layers.Lambda(lambda t: keras.ops.relu(t) * 0.0, name="zeros"),
-        keras.layers.Lambda(lambda t: keras.ops.sqrt(t), name="root"),
-        keras.layers.Dense(1, name="out"),
-    ])
-    x, y = _data()
-    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
-    _fit(model, x, y, [guard], jit_compile)
-    report = guard.report
-    # Forward is finite (sqrt(0) = 0); d sqrt/dt at 0 is infinite, so the first
-    # non-finite tensor from the loss down is dJ/d(output of `zeros`).
-    assert (report.step, report.pass_, report.kind, report.layer) == (0, "backward", "grad", "zeros")
-    assert "grad/root" not in report.non_finite
 
 
 @ONLY_JIT
 def test_nan_born_in_the_loss_gradient_is_reported_as_the_prediction_gradient(jit_compile):
-    x, y = _data()
+    x, y = guard_data()
     y[8:12] = 1000.0  # batch 2 turns on the sqrt-at-zero term of the loss
     guard = kgrad.NonFiniteGuard(watch="all")
     _fit(_tanh_model(), x, y, [guard], jit_compile, loss=_sqrt_at_zero_loss)
@@ -138,7 +65,7 @@ def test_nan_born_in_the_loss_gradient_is_reported_as_the_prediction_gradient(ji
 
 @ONLY_JIT
 def test_a_bad_batch_is_reported_as_the_input_and_its_update_skipped(jit_compile):
-    x, y = _data()
+    x, y = guard_data()
     x[13, 1] = np.nan  # batch 3
     model = _tanh_model()
     initial = model.get_weights()
@@ -168,7 +95,7 @@ def _masked_log_model():
 
 
 def test_watching_every_activation_trips_on_a_masked_nan_that_the_default_lets_through():
-    x, y = _data()
+    x, y = guard_data()
     every_kind = kgrad.NonFiniteGuard(layers="all", watch="all")
     _fit(_masked_log_model(), x, y, [every_kind])
     report = every_kind.report
@@ -182,7 +109,7 @@ def test_watching_every_activation_trips_on_a_masked_nan_that_the_default_lets_t
 
 
 def test_steps_after_the_trip_in_an_execution_update_nothing():
-    x, y = _data()
+    x, y = guard_data()
     x[21, 0] = np.inf  # batch 5, inside the second execution of 4 steps
     model = _tanh_model()
     initial = model.get_weights()
@@ -194,7 +121,7 @@ def test_steps_after_the_trip_in_an_execution_update_nothing():
 
 
 def test_a_clean_fit_watching_everything_trains_like_plain_fit():
-    x, y = _data()
+    x, y = guard_data()
     model = _tanh_model()
     initial = model.get_weights()
     guard = kgrad.NonFiniteGuard(layers="all", watch="all")
@@ -211,7 +138,7 @@ def _report_fields(report):
 
 
 def _bad_log_model():
-    model = _model(lambda t: keras.ops.log(t))
+    model = middle_model(lambda t: keras.ops.log(t))
     model.build((None, 3))
     # `first` outputs x - 2 for these inputs above 1.5 only: a NaN from the 3rd batch on.
     model.get_layer("first").set_weights([np.eye(3, 4, dtype="float32"), -1.5 * np.ones(4, "float32")])
@@ -227,12 +154,12 @@ def _bad_prediction_gradient_model():
 def test_watch_with_a_gradient_probe_reports_what_it_reports_alone(case, every_n_steps, tmp_path):
     # The probed steps tap the guard's watched tensors in their own pass: the same rows, so the
     # same report as the guard alone, whether the tripped step is probed or not.
-    x, y = _data()
+    x, y = guard_data()
     x[2 * BATCH :] += 1.0  # from the 3rd batch on, `first` - 1.5 goes negative under log
     loss, make = "mse", _bad_log_model
     if case == "backward_prediction_gradient":
         y[2 * BATCH + 1] = 500.0  # a NaN in dJ/dŷ at step 2 (`_sqrt_at_zero_loss`)
-        loss, make, x = _sqrt_at_zero_loss, _bad_prediction_gradient_model, _data()[0]
+        loss, make, x = _sqrt_at_zero_loss, _bad_prediction_gradient_model, guard_data()[0]
     reports, weights = {}, {}
     for probed in (False, True):
         model = make()
@@ -248,7 +175,7 @@ def test_watch_with_a_gradient_probe_reports_what_it_reports_alone(case, every_n
 
 
 def test_a_clean_fit_watching_everything_with_a_probe_trains_like_plain_fit(tmp_path):
-    x, y = _data()
+    x, y = guard_data()
     model = _tanh_model()
     initial = model.get_weights()
     guard = kgrad.NonFiniteGuard(layers="all", watch="all")

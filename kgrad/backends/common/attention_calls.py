@@ -32,8 +32,8 @@ import sys
 
 import keras
 from keras import ops
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from kgrad.backends.common import keras_internals
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.plan import selection
@@ -116,12 +116,12 @@ def _keras_arguments(layer, arguments):
             "attention over one sequence axis only"
         )
     mask, causal = arguments.get("attention_mask"), arguments.get("use_causal_mask", False)
-    scale = getattr(layer, "_inverse_sqrt_key_dim", None) or layer._inverse_sqrt_head_dim
+    scale = keras_internals.attention_scale(layer)
 
     def mask_of(query, key, examples):
         given = None if mask is None else _rank_4(mask)[:examples]
         # `call` leaves the causal mask to the kernel when it is the only one.
-        return _both(given, _rank_4(layer._compute_causal_mask(query, key)) if causal else None)
+        return _both(given, _rank_4(keras_internals.causal_mask(layer, query, key)) if causal else None)
 
     return query, key, scale, None, mask_of
 
@@ -140,7 +140,7 @@ def _gemma_arguments(layer, arguments):
             return None
         sub_mask = ops.cast(mask[:examples], "bool")
         if layer.use_sliding_window_attention:
-            sub_mask = layer._mask_sliding_window(sub_mask, cache_update_index=update_index)
+            sub_mask = keras_internals.mask_sliding_window(layer, sub_mask, update_index)
         return _rank_4(sub_mask)
 
     return query, key, 1.0 / float(head_size) ** 0.5, layer.logit_soft_cap, mask_of
@@ -202,7 +202,8 @@ def attention_layers(model):
     scored = {id(layer) for layer, _ in supported.values()}
     return supported, {
         name: reason for name, reason in reasons.items()
-        if not any(id(inner) in scored for inner in layers[name]._flatten_layers(include_self=False))
+        if not any(id(inner) in scored
+                   for inner in keras_internals.flatten_layers(layers[name], include_self=False))
     }
 
 
@@ -212,7 +213,7 @@ def _recording(capture, name, adapter, layer, recording):
         count = [0]
 
         def compute_attention(*args, **kwargs):
-            if not in_symbolic_scope() and recording():
+            if not keras_internals.in_symbolic_scope() and recording():
                 arguments = signature.bind(*args, **kwargs)
                 arguments.apply_defaults()
                 count[0] += 1

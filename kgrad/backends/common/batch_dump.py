@@ -9,8 +9,10 @@ import re
 
 import numpy as np
 
+from kgrad.backends.common import keras_internals
+
 #: Key of the step's batch in the outputs of a guarded train step;
-#: `kgrad.backends.tensorflow.differentiate.step.ProbingStep.take_outputs` keeps it for the replay.
+#: the backend's probing step keeps it for the replay.
 BATCH_OUTPUT = "_kgrad_guard_batch"
 
 
@@ -119,7 +121,7 @@ def _rebuild_problem(model, path, x):
     except Exception as error:  # noqa: BLE001 - said in the report, the batch is kept
         reason = _first_cause(error)
     inline = [
-        layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
+        layer.name for layer in keras_internals.flatten_layers(model, include_self=False)
         if isinstance(layer, keras.layers.Lambda) and getattr(layer.function, "__name__", "") == "<lambda>"
     ]
     if inline:

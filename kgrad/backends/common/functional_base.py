@@ -7,8 +7,7 @@ same with a ``Functional`` subclass of its own, so that Keras' rewrite never
 reaches ``ProbingModel`` itself (it would change every class built on it).
 """
 
-from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
+from kgrad.backends.common.keras_internals import Functional, functional_init_arguments
 
 
 def use_functional_base(cls, base, functional_base):

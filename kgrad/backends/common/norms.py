@@ -11,7 +11,7 @@ median CPU-time ratio keras.ops / TensorFlow over 11 interleaved pairs, 2-core C
 of 2000 norms 0.83 (0.73 under XLA). A plain sum of squares is not here:
 ``keras.ops`` has no fused ``l2_loss``, and ``sum(square(x))`` of 4M floats took
 2.13x TensorFlow's one kernel without XLA (1.00 with), so each backend keeps its
-own (`kgrad.backends.tensorflow.summarize.norms.sum_of_squares`).
+own.
 """
 
 from keras import ops

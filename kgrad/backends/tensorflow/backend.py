@@ -8,6 +8,7 @@ layer and op outputs, `ProbeTape`), ``differentiate/`` (the probing
 """
 
 from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common.replay_step import replay_step  # noqa: F401
 from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
 from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
 from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
@@ -19,7 +20,7 @@ from kgrad.backends.tensorflow.differentiate.install import (  # noqa: F401
 from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
 from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
 from kgrad.backends.tensorflow.guard.first_non_finite import first_non_finite  # noqa: F401
-from kgrad.backends.tensorflow.guard.replay import replay_fields, replay_step  # noqa: F401
+from kgrad.backends.tensorflow.guard.replay import replay_fields  # noqa: F401
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.plan import selection
 

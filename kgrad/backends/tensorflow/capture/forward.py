@@ -1,7 +1,8 @@
 """The forward half of Keras' ``train_step``, as the probing step runs it inside its tape."""
 
 import tensorflow as tf
-from keras.src.losses import loss as keras_loss
+
+from kgrad.backends.tensorflow import keras_internals
 
 
 def build_if_needed(model, data):
@@ -12,22 +13,23 @@ def build_if_needed(model, data):
     # follows variable creation would pick others. Build it first,
     # symbolically and without running anything, as Keras does under a
     # distribution strategy.
-    if not all(layer.built for layer in model._flatten_layers()):
-        model._symbolic_build(data_batch=data)
+    if not all(layer.built for layer in keras_internals.flatten_layers(model)):
+        keras_internals.symbolic_build(model, data)
 
 
-def _forward(model, x):
-    if model._call_has_training_arg:
+def forward(model, x):
+    if keras_internals.call_has_training_arg(model):
         return model(x, training=True)
     return model(x)
 
 
 def forward_and_loss(model, x, y, sample_weight):
     """Keras' forward pass, loss, loss tracker and loss scaling."""
-    y_pred = _forward(model, x)
-    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-    model._loss_tracker.update_state(
-        keras_loss.unscale_loss_for_distribution(loss),
+    y_pred = forward(model, x)
+    loss = keras_internals.compute_loss(model, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                        training=True)
+    keras_internals.loss_tracker(model).update_state(
+        keras_internals.unscale_loss_for_distribution(loss),
         sample_weight=tf.shape(next(i for i in tf.nest.flatten(x) if i is not None))[0],
     )
     if model.optimizer is not None:

@@ -22,7 +22,8 @@ import functools
 import threading
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import nn as backend_nn
+
+from kgrad.backends.tensorflow import keras_internals
 
 # The op type Keras looks for in a graph, per function.
 _OP_TYPES = {
@@ -130,11 +131,11 @@ def _install_wrappers():
     with _LOCK:
         if _ORIGINALS:
             return
-        _ORIGINALS["_get_logits"] = backend_nn._get_logits
+        _ORIGINALS["_get_logits"] = keras_internals.tensorflow_nn._get_logits
         for name in _OP_TYPES:
-            original = getattr(backend_nn, name)
+            original = getattr(keras_internals.tensorflow_nn, name)
             _ORIGINALS[name] = original
-            setattr(backend_nn, name, _wrap(name, original))
+            setattr(keras_internals.tensorflow_nn, name, _wrap(name, original))
 
 
 def gradient_through_probabilities(call, value_gradient):
@@ -160,7 +161,7 @@ def has_logits_shortcut(tensor):
     """Whether Keras' cross-entropies would compute a loss of ``tensor`` from its logits."""
     if not tf.is_tensor(tensor) or not tensor.dtype.is_floating:
         return False
-    if hasattr(tensor, "_keras_logits"):
+    if keras_internals.keras_logits(tensor) is not None:
         return True
     op = getattr(tensor, "op", None) if not isinstance(tensor, tf.__internal__.EagerTensor) else None
     return op is not None and op.type in ("Softmax", "Sigmoid")

@@ -14,8 +14,8 @@ is counted as unreachable instead.
 import warnings
 
 import tensorflow as tf
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.capture import taps
 
 
@@ -68,7 +68,7 @@ class Recorder:
         set) is kept in ``layer_inputs`` under the name of the call (``name``,
         ``name#2``...), whatever its dtype (an Embedding's ids are integers).
         """
-        if in_symbolic_scope():
+        if keras_internals.in_symbolic_scope():
             # Keras traces call() in a scratch graph to infer shapes when it
             # builds a subclassed model; those tensors never reach the loss.
             return
@@ -90,7 +90,7 @@ class Recorder:
 
     def watch_model_inputs(self, inputs):
         """Called with the model's inputs before its forward pass runs."""
-        if self.model_called or in_symbolic_scope() or _current_graph() is not self._graph:
+        if self.model_called or keras_internals.in_symbolic_scope() or _current_graph() is not self._graph:
             return
         self.model_called = True
         self.inputs = inputs
@@ -128,7 +128,7 @@ class Recorder:
 
     def record_prediction(self, outputs):
         """Called with the model's outputs; the first call's are kept."""
-        if self.prediction is None and not in_symbolic_scope():
+        if self.prediction is None and not keras_internals.in_symbolic_scope():
             if _current_graph() is self._graph:
                 self.prediction = outputs
                 for tensor in taps.float_leaves(outputs):
@@ -153,7 +153,7 @@ def _embedding_hint(model):
 
     names = [
         layer.name
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in keras_internals.flatten_layers(model, include_self=False)
         if isinstance(layer, keras.layers.Embedding)
     ]
     return ", ".join(repr(name) for name in names) or "'<first layer with a float output>'"

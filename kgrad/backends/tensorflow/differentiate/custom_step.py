@@ -21,8 +21,8 @@ weights, read before the update.
 
 import keras
 import tensorflow as tf
-from keras.src import backend as keras_backend
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard import watched as guard_module
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
@@ -35,7 +35,7 @@ class TapeCollection:
 
     Args:
         model: The model whose ``train_step`` runs.
-        plan: The `kgrad.plan.step_plan.StepPlan`.
+        plan: The `kgrad.backends.tensorflow.differentiate.step_plan.StepPlan`.
         probe_now: Scalar bool tensor: whether this step is probed.
         pipeline_for: ``fn(name, tape_model, scaler) -> ProbePipeline``; ``scaler``: the
             optimizer whose ``scale_loss`` scaled the tape's loss, or ``None``.
@@ -180,7 +180,8 @@ class TapeCollection:
     def _guarded(self, optimizer, apply):
         def guarded_apply(grads, trainable_variables=None):
             variables = list(
-                optimizer._trainable_variables if trainable_variables is None else trainable_variables
+                keras_internals.optimizer_variables(optimizer) if trainable_variables is None
+                else trainable_variables
             )
             ids = {id(variable) for variable in variables}
             check = next((c for c in self._checks if any(id(w) in ids for w in c[1])), None)
@@ -188,7 +189,7 @@ class TapeCollection:
                 return apply(grads, trainable_variables)
             self._checks.remove(check)
             if not optimizer.built:  # as Keras' apply does, outside the branch below
-                with keras_backend.name_scope(optimizer.name, caller=optimizer):
+                with keras_internals.name_scope(optimizer.name, caller=optimizer):
                     optimizer.build(variables)
             _, _, state, tensors, scaler = check
             self.applied.append(state.guarded_apply(
@@ -217,8 +218,7 @@ class TapeCollection:
         # Built by now: a Keras optimizer builds on its first apply, which ran
         # in this trace if it did not run before.
         for optimizer in self._optimizers:
-            tracked = getattr(optimizer, "_trainable_variables_indices", {})
-            if any(optimizer._var_key(weight) in tracked for weight in weights):
+            if any(keras_internals.tracks(optimizer, weight) for weight in weights):
                 return optimizer
         raise ValueError(
             f"kgrad.GradientProbe: no optimizer of model '{self._model.name}' applied the "

@@ -15,9 +15,10 @@ the same options and the same compiled Keras function runs them again.
 import dataclasses
 
 
+from kgrad.backends.common import attached
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.differentiate.model import ProbingModel
-from kgrad.plan.step_plan import StepPlan
+from kgrad.backends.tensorflow.differentiate.step_plan import StepPlan
 from kgrad.backends.tensorflow.differentiate.prebuild import build_before_tracing
 from kgrad.backends.tensorflow.differentiate.step import ProbingStep
 
@@ -75,7 +76,7 @@ def _install(model, role):
     installation = _Installation(
         step, previous, model.train_function, set(), getattr(model, "history", None), parts
     )
-    object.__setattr__(model, "_kgrad_installation", installation)
+    attached.put(model, "installation", installation)
     return installation
 
 
@@ -91,7 +92,7 @@ def attach(model, role, part):
         ValueError: If the role is already attached (two probes on one model),
             or the model cannot be probed.
     """
-    installation = model.__dict__.get("_kgrad_installation")
+    installation = attached.get(model, "installation")
     if installation is not None and installation.history is not getattr(model, "history", None):
         _uninstall(model, installation, keep=False)
         installation = None
@@ -127,7 +128,7 @@ def unprobed_train_function(model):
     probe (there is no probed step), or a `ProbingModel`, which probes inside
     its own step.
     """
-    installation = model.__dict__.get("_kgrad_installation")
+    installation = attached.get(model, "installation")
     if (
         installation is None
         or isinstance(model, ProbingModel)
@@ -144,7 +145,7 @@ def unprobed_train_function(model):
 
 def detach(model, role):
     """Detaches ``role``; the last one out restores the model as it was."""
-    installation = model.__dict__.get("_kgrad_installation")
+    installation = attached.get(model, "installation")
     if installation is None or role not in installation.roles:
         return
     installation.roles.discard(role)
@@ -165,7 +166,7 @@ def _restoring_on_error(model, step):
         try:
             return train_step(data)
         except Exception:
-            installation = model.__dict__.get("_kgrad_installation")
+            installation = attached.get(model, "installation")
             if installation is not None and installation.step is step:
                 _uninstall(model, installation, keep=False)
             raise
@@ -182,16 +183,14 @@ def _uninstall(model, installation, keep=True):
         if keep and installation.train_function is not None:
             # For the next fit: valid while Keras keeps this train function
             # (compile, or a new steps_per_execution, makes another).
-            object.__setattr__(
-                model, "_kgrad_kept", (installation.step, installation.train_function)
-            )
+            attached.put(model, "kept_step", (installation.step, installation.train_function))
     model.train_function = installation.train_function
-    model.__dict__.pop("_kgrad_installation", None)
+    attached.pop(model, "installation")
 
 
 def _kept_step(model):
     """The step a previous fit left, if Keras still runs the same train function."""
-    kept = model.__dict__.pop("_kgrad_kept", None)
+    kept = attached.pop(model, "kept_step")
     if kept is None or kept[1] is not model.train_function:
         return None
     return kept[0]

@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.common.losses import as_loss, loss_metrics_paused
 
 
@@ -14,9 +15,9 @@ def _plain_tensor(tensor):
     copy = tf.identity(tensor)
     # The Keras mask, though, changes the loss (masked time steps do not
     # count): keep it, or dJ/dŷ would be that of another loss.
-    mask = getattr(tensor, "_keras_mask", None)
+    mask = keras_internals.keras_mask(tensor)
     if mask is not None:
-        copy._keras_mask = mask
+        keras_internals.set_keras_mask(copy, mask)
     return copy
 
 
@@ -94,7 +95,7 @@ def compiled_prediction_gradient(model, y_true, y_pred, sample_weight=None, argu
     With ``argument`` (the model was passed as `prediction_gradient`'s
     ``loss_fn``), a model without a compiled loss raises instead.
     """
-    compile_loss = getattr(model, "_compile_loss", None)
+    compile_loss = keras_internals.compile_loss(model)
     if compile_loss is None:
         if not argument:
             return None

@@ -1,11 +1,12 @@
 """`ProbingModel`: a `keras.Model` whose ``train_step`` captures inside its tape."""
 
 import keras
-from keras.src.models.functional import Functional
 
+from kgrad.backends.tensorflow import keras_internals
+from kgrad.backends.common import attached
 from kgrad.backends.common.functional_base import BuiltFunctionally
 from kgrad.plan.options import ProbeConfig
-from kgrad.plan.step_plan import StepPlan
+from kgrad.backends.tensorflow.differentiate.step_plan import StepPlan
 from kgrad.backends.tensorflow.differentiate.prebuild import BuiltBeforeTracing
 from kgrad.backends.tensorflow.differentiate.step import ProbingStep
 
@@ -51,31 +52,31 @@ class ProbingModel(BuiltFunctionally, keras.Model):
                 (``["per_example", "optimizer", "logits", "attention"]``),
                 ``outlier_sigmas``, ``attention_examples``.
         """
-        object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
+        attached.put(self, "probe_config", ProbeConfig(**options))
         self._set_probing_step(ProbingStep(self))
         self.train_function = None
 
     @property
     def probe_config(self):
         """The `kgrad.plan.options.ProbeConfig` set by `configure_probe` (or the default)."""
-        return self.__dict__.get("_kgrad_config") or ProbeConfig()
+        return attached.get(self, "probe_config") or ProbeConfig()
 
     def _set_probing_step(self, step):
-        # object.__setattr__: the probe's variables must stay out of the
-        # model's tracked weights (and out of saved models).
-        object.__setattr__(self, "_kgrad_step", step)
+        # Untracked (`attached`): the probe's variables must stay out of the
+        # model's weights (and out of saved models).
+        attached.put(self, "probing_step", step)
 
     def _probing_step(self):
-        if self.__dict__.get("_kgrad_step") is None:
+        if attached.get(self, "probing_step") is None:
             self._set_probing_step(ProbingStep(self))
-        return self.__dict__["_kgrad_step"]
+        return attached.get(self, "probing_step")
 
     def make_train_function(self, force=False):
         step = self._probing_step()
         step.prepare()
         if self.train_function is not None and not force:
             return self.train_function
-        if "_kgrad_installation" in self.__dict__:
+        if attached.get(self, "installation") is not None:
             # A kgrad callback is attached: its train function chose the plan.
             super().make_train_function(force=True)
             return self.train_function
@@ -111,7 +112,7 @@ class ProbingModel(BuiltFunctionally, keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="kgrad")
-class FunctionalProbingModel(ProbingModel, Functional):
+class FunctionalProbingModel(ProbingModel, keras_internals.Functional):
     """What ``kgrad.ProbingModel(inputs, outputs)`` returns.
 
     As ``keras.Model(inputs, outputs)`` returns a ``Functional``. Not public:

@@ -20,7 +20,8 @@ things a symbolic call cannot.
 """
 
 import keras
-from keras.src.models.functional import Functional
+
+from kgrad.backends.tensorflow import keras_internals
 
 
 def build_before_tracing(model, iterator):
@@ -54,7 +55,7 @@ def build_before_tracing(model, iterator):
         # In the strategy's scope, as Keras does: variables made outside it
         # would not be mirrored.
         with model.distribute_strategy.scope():
-            model._symbolic_build(data_batch=spec)
+            keras_internals.symbolic_build(model, spec)
     except Exception:
         # A metric or loss that cannot run on symbolic inputs (Keras would
         # raise this under a distribution strategy) may still run in the
@@ -64,10 +65,10 @@ def build_before_tracing(model, iterator):
 
 
 def _is_graph_of_layers(model):
-    if isinstance(model, Functional):
+    if isinstance(model, keras_internals.Functional):
         return True
     # A Sequential model given an input shape runs a Functional of its layers.
-    return isinstance(model, keras.Sequential) and model.__dict__.get("_functional") is not None
+    return isinstance(model, keras.Sequential) and keras_internals.runs_a_functional(model)
 
 
 class BuiltBeforeTracing:

@@ -1,6 +1,6 @@
 """The probing ``train_step``: Keras' own step, plus capture on probed steps.
 
-What the step computes is a `kgrad.plan.step_plan.StepPlan`, chosen before it
+What the step computes is a `kgrad.backends.tensorflow.differentiate.step_plan.StepPlan`, chosen before it
 is traced (`function_for`). Each step runs one forward pass inside a
 `ProbeTape` and one backward pass. A ``tf.cond`` on the step index picks which
 backward pass: the plain one over the weights (what Keras does), or, on probed
@@ -169,7 +169,7 @@ class ProbingStep:
             return tf.constant(False)
         if plan.probed_steps_only:
             return tf.constant(True)  # the schedule is kept on the host
-        probe_now = tf.equal(tf.math.floormod(self._counter, plan.probe.every_n_steps), 0)
+        probe_now = plan.probe.schedule.probes(self._counter)
         self._counter.assign_add(1)
         return probe_now
 

@@ -11,6 +11,7 @@ the loss that Keras' own step would.
 
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard import watched as guard_module
 from kgrad.plan import selection
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
@@ -73,7 +74,7 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     probe = tape.probe
     watched, on_trip_only = guard_module.watched_tensors(
         plan.guard, model, probe, loss,
-        prediction_gradient if model._compile_loss is not None else None,
+        prediction_gradient if keras_internals.compile_loss(model) is not None else None,
         gradients, weights, _guard_layer_names(model, plan),
     )
     current.guard_state = shared_guard_state(None, [name for name, _ in watched], on_trip_only)

@@ -1,11 +1,13 @@
 """`kgrad.first_non_finite`: the first non-finite tensor of a `kgrad.ProbeTape`'s pass, and its birth."""
 
-import numpy as np
+import dataclasses
+
 import tensorflow as tf
 
+from kgrad.backends.common.locate import counts
 from kgrad.backends.tensorflow.guard.locate import locate
 from kgrad.plan.tag_names import io_names
-from kgrad.report.non_finite import FORWARD_KINDS, NonFiniteReport, split_name
+from kgrad.report.non_finite import report_of_counts
 
 
 def first_non_finite(probe, step=None, model=None):
@@ -18,7 +20,7 @@ def first_non_finite(probe, step=None, model=None):
         probe: A `kgrad.ProbeResult` (``tape.probe``).
         step: Optional step number to put in the report.
         model: The tape's model, for the type and path of the operation
-            where the value was born (``born_*``, see `kgrad.backends.tensorflow.guard.replay.locate`;
+            where the value was born (``born_*``, see `kgrad.backends.common.locate`;
             exact with ``ProbeTape(layers="all", record_inputs=True)``).
 
     Returns:
@@ -37,32 +39,15 @@ def first_non_finite(probe, step=None, model=None):
     >>> report.kind, report.layer, report.nan_count, report.born_in, report.born_at
     ('activation', 'log', 1, 'forward', 'log')
     """
-    ordered = _probe_tensors_in_order(probe)
-    bad = {}
-    for name, tensor in ordered:
-        if not tf.executing_eagerly():
-            raise RuntimeError(
-                "`first_non_finite` reads tensor values and must run eagerly. "
-                "Return the ProbeResult's tensors from your tf.function and call "
-                "it on them outside."
-            )
-        values = np.asarray(tensor)
-        if values.dtype.kind != "f":
-            continue
-        nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-        if nan or inf:
-            bad[name] = (nan, inf)
-    if not bad:
-        return None
-    first = next(iter(bad))
-    kind, layer = split_name(first)
-    return NonFiniteReport(
-        step=step, tensor=first, layer=layer, kind=kind,
-        pass_="forward" if kind in FORWARD_KINDS else "backward",
-        nan_count=bad[first][0], inf_count=bad[first][1],
-        last_finite_step=None, last_finite_norm=None, last_summaries={}, non_finite=bad,
-        **(locate(probe, model) or {}),
-    )
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            "`first_non_finite` reads tensor values and must run eagerly. "
+            "Return the ProbeResult's tensors from your tf.function and call "
+            "it on them outside."
+        )
+    # Counts of the floating-point values, bfloat16 included.
+    report = report_of_counts({name: counts(tensor) for name, tensor in _probe_tensors_in_order(probe)}, step)
+    return None if report is None else dataclasses.replace(report, **(locate(probe, model) or {}))
 
 
 def _probe_tensors_in_order(probe):

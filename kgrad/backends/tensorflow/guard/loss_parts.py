@@ -9,6 +9,8 @@ lists the terms so that `kgrad.backends.tensorflow.guard.locate.locate` can name
 finite.
 """
 
+from kgrad.backends.tensorflow import keras_internals
+
 
 def loss_parts(model, y, y_pred, sample_weight):
     """The terms of ``model``'s training loss, in the order they arise.
@@ -47,13 +49,14 @@ def loss_parts(model, y, y_pred, sample_weight):
         if len(path) >= len(paths.get(id(operation), "")):
             paths[id(operation)] = path
     parts = []
-    for layer in model._flatten_layers(include_self=True):
+    for layer in keras_internals.flatten_layers(model):
         kind = f"add_loss of {type(layer).__name__}"
-        for index, term in enumerate(layer._get_own_losses()):
+        for index, term in enumerate(keras_internals.own_losses(layer)):
             name = layer.name if index == 0 else f"{layer.name}#{index + 1}"
             parts.append(_part(name, kind, paths.get(id(layer), layer.name), term, None))
-    if model._compile_loss is not None:
-        value = model._compile_loss(y, y_pred, sample_weight)
+    compile_loss = keras_internals.compile_loss(model)
+    if compile_loss is not None:
+        value = compile_loss(y, y_pred, sample_weight)
         if value is not None:
             parts.append(_part("loss", "loss", "loss", value, y_pred))
     for weight in model.trainable_weights:

@@ -23,7 +23,8 @@ import tensorflow as tf
 from kgrad.backends.common.batch_dump import is_dump, join_notes, unpack_batch
 from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.tensorflow.capture.active_collection import set_active_collection, unique_name
-from kgrad.backends.tensorflow.guard.locate import in_data, in_weights, locate
+from kgrad.backends.common.locate import in_data
+from kgrad.backends.tensorflow.guard.locate import in_weights, locate
 from kgrad.backends.tensorflow.summarize.loss_scale import scales_loss
 from kgrad.backends.tensorflow.guard.replay_seeds import with_the_step_seeds
 

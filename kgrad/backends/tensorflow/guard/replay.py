@@ -11,7 +11,8 @@ finite, the first operation whose backward pass turns finite dJ/d(output)
 into a non-finite dJ/d(input), from the loss down.
 """
 
-from kgrad.backends.common.batch_dump import join_notes, unpack_batch
+from kgrad.backends.tensorflow import keras_internals
+from kgrad.backends.common.batch_dump import unpack_batch
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.tensorflow.guard.locate import in_weights, locate
 from kgrad.backends.tensorflow.guard.loss_parts import loss_parts
@@ -51,9 +52,9 @@ def _replay_once(model, x, y, sample_weight):
         return born
     with ProbeTape(model, layers="all", watch_inputs=True, persistent=True,
                    record_inputs=True, _integer_inputs="skip") as tape:
-        prediction = forward._forward(model, x)
-        loss = model._compute_loss(
-            x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True
+        prediction = forward.forward(model, x)
+        loss = keras_internals.compute_loss(
+            model, x=x, y=y, y_pred=prediction, sample_weight=sample_weight, training=True
         )
     weights = model.trainable_weights
     gradients = tape.gradient(loss, weights)
@@ -62,41 +63,3 @@ def _replay_once(model, x, y, sample_weight):
                   check_weights=False,
                   loss_terms=lambda: loss_parts(model, y, prediction, sample_weight))
 
-
-def replay_step(model, batch, step=None):
-    """Replays a bad step (e.g. from a `kgrad.NonFiniteGuard` dump) and says where its NaN was born.
-
-    Args:
-        model: The model at the weights before the bad update.
-        batch: The step's data ``(x, y[, sample_weight])``, or the dict of a
-            dumped ``.npz`` (``dict(np.load(path))``).
-        step: The step, for the report.
-
-    Returns:
-        A `kgrad.NonFiniteReport`, or ``None`` when the replay is finite.
-
-    Example:
-
-    >>> import keras, kgrad, numpy as np, tensorflow as tf
-    >>> model = keras.Sequential([keras.Input((2,)),
-    ...     keras.layers.Lambda(lambda t: tf.math.log(t), name="log"),
-    ...     keras.layers.Dense(1, name="out")])
-    >>> model.compile("sgd", "mse")
-    >>> report = kgrad.replay_step(model, (np.array([[1.0, 0.0]]), np.ones((1, 1))), step=7)
-    >>> report.born_in, report.born_at, report.step
-    ('forward', 'log', 7)
-    """
-    from kgrad.report.non_finite import NonFiniteReport
-
-    born, note = replay_fields(model, batch)
-    if born is None:
-        return None
-    kinds = {"forward": "activation", "backward": "grad", "data": "input", "weights": "weight"}
-    kind = kinds[born["born_in"]]
-    return NonFiniteReport(
-        step=step, tensor=f"{kind}/{born['born_at']}", layer=born["born_at"], kind=kind,
-        pass_="backward" if born["born_in"] == "backward" else "forward",
-        nan_count=born["born_nan_count"], inf_count=born["born_inf_count"], last_finite_step=None,
-        last_finite_norm=None, last_summaries={}, non_finite={}, replayed=True,
-        **{**born, "replay_note": join_notes(born.get("replay_note"), note)},
-    )

@@ -14,13 +14,14 @@ global ``tf.random.*``, ``keras.random.*`` without a seed) cannot be
 rewound: a replay that does not reproduce the trip says so.
 """
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.common.own_step import candidate_optimizers
 
 
 def seed_generators(model):
     """The `keras.random.SeedGenerator`s of ``model``, its layers and nested models, each once."""
     found = {}
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in keras_internals.flatten_layers(model):
         for generator in getattr(layer, "_seed_generators", ()):
             found.setdefault(id(generator), generator)
     return list(found.values())
@@ -114,7 +115,7 @@ def with_the_step_seeds(model, run, seeds_after=None):
 def _layers_drawing(model, generators, drawn):
     """Names of the layers (or the model) whose generators drew, for a note."""
     owners = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in keras_internals.flatten_layers(model):
         mine = {id(generator) for generator in getattr(layer, "_seed_generators", ())}
         if any(id(g) in mine and d.any() for g, d in zip(generators, drawn)):
             owners.append(repr(layer.name))

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
-from kgrad.report.non_finite import FORWARD_KINDS, NonFiniteReport, split_name
+from kgrad.report.non_finite import report_of_counts, split_name
 from kgrad.backends.tensorflow.handover.replicas import state_variable, sum_over_replicas
 
 
@@ -154,32 +154,19 @@ class GuardState:
         """
         if not bool(self.tripped.numpy()):
             return None
-        counts = self.counts.numpy()
-        bad = {
-            name: (int(nan), int(inf))
-            for name, (nan, inf) in zip(self.names, counts)
-            if nan > 0 or inf > 0
-        }
-        first = next(iter(bad))
-        index = self.names.index(first)
-        kind, layer = split_name(first)
-        last_step = int(self.last_finite_step.numpy())
-        return NonFiniteReport(
+        half_squares = self.last_finite_half_squares.numpy()
+
+        def last_finite_norm(name):
+            if name in self.on_trip_only:
+                return None  # checked only on a tripped step
+            return np.sqrt(2.0 * half_squares[self.names.index(name)])
+
+        return report_of_counts(
+            dict(zip(self.names, self.counts.numpy())),
             step=int(self.trip_step.numpy()),
-            tensor=first,
-            layer=layer,
-            kind=kind,
-            pass_="forward" if kind in FORWARD_KINDS else "backward",
-            nan_count=bad[first][0],
-            inf_count=bad[first][1],
-            last_finite_step=last_step if last_step >= 0 else None,
-            last_finite_norm=_finite_or_none(
-                np.sqrt(2.0 * self.last_finite_half_squares.numpy()[index])
-                if last_step >= 0 and first not in self.on_trip_only
-                else None
-            ),
-            last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
-            non_finite=bad,
+            last_finite_step=int(self.last_finite_step.numpy()),
+            last_finite_norm=last_finite_norm,
+            last_summaries_for=last_summaries_for,
         )
 
     def reset(self, everything=False):
@@ -190,11 +177,6 @@ class GuardState:
             self.counts.assign(tf.zeros_like(self.counts))
             self.last_finite_step.assign(-1)
             self.last_finite_half_squares.assign(tf.zeros_like(self.last_finite_half_squares))
-
-
-def _finite_or_none(value):
-    """A norm whose sum of squares overflowed is unknown, not Inf."""
-    return float(value) if value is not None and np.isfinite(value) else None
 
 
 class SharedGuardStates:

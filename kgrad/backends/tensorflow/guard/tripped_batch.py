@@ -134,8 +134,8 @@ def keep_tripped_batch(model, traced, data, tripped):
     """Graph code, outside XLA: the batch of the step that trips, kept in ``traced.tripped_batch``.
 
     Runs after the step: under XLA the step compiles its own body and this
-    runs after it (`kgrad.plan.step_plan.StepPlan.compiles_step_inside`), since XLA
-    cannot write a batch of a new size into a variable.
+    runs after it (`kgrad.backends.tensorflow.differentiate.step_plan.StepPlan.compiles_step_inside`),
+    since XLA cannot write a batch of a new size into a variable.
 
     Args:
         tripped: The guard's flag after this step (a bool tensor).

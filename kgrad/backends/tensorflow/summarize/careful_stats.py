@@ -3,7 +3,7 @@
 `kgrad.backends.tensorflow.summarize.stats.summarize_many` computes straight-line moments of every tensor
 and takes this module's path only when one of them is not simple: centered
 variances, exact counts of the finite elements, and, under XLA, every tensor
-at once in blocks (`_exact_summaries_in_blocks`).
+at once in blocks (`exact_summaries_in_blocks`).
 """
 
 import functools
@@ -12,10 +12,10 @@ import typing
 import tensorflow as tf
 
 from kgrad.backends.tensorflow.summarize.histograms import (
-    _bucket_counts,
-    _bucket_counts_many,
-    _edges,
-    _histograms,
+    bucket_counts,
+    bucket_counts_many,
+    bucket_edges,
+    histogram_rows,
 )
 
 
@@ -32,7 +32,7 @@ class _PlainMoments(typing.NamedTuple):
     nonzeros: tf.Tensor
 
 
-def _plain_moments(flat):
+def plain_moments(flat):
     """`_PlainMoments` of flat float32 tensors: five reductions of each, no branch."""
     axis = tf.constant([0])
     size = tf.cast(tf.stack([tf.size(v) for v in flat]), tf.float32)
@@ -52,7 +52,7 @@ def _plain_moments(flat):
     return _PlainMoments(size, count, squares, mean, variance, minimum, maximum, nonzeros)
 
 
-def _moment_rows(plain, variance):
+def moment_rows(plain, variance):
     """``[n, 7]`` rows of `MOMENT_NAMES` of finite tensors, with ``variance``."""
     return tf.stack(
         [
@@ -63,17 +63,17 @@ def _moment_rows(plain, variance):
     )
 
 
-def _finite_histograms(flat, plain, bucket_count):
+def finite_histograms(flat, plain, bucket_count):
     """``[n, bucket_count, 3]`` histograms of finite flat tensors (``[n, 0, 3]`` without buckets)."""
     if bucket_count is None:
         return tf.zeros([len(flat), 0, 3])
-    edges = _edges(plain.minimum, plain.maximum, bucket_count)
+    edges = bucket_edges(plain.minimum, plain.maximum, bucket_count)
     ranges = tf.unstack(tf.stack([edges[:, 0], edges[:, -1]], axis=1))
-    counts = _bucket_counts_many(flat, ranges, bucket_count)
-    return _histograms(edges, counts)
+    counts = bucket_counts_many(flat, ranges, bucket_count)
+    return histogram_rows(edges, counts)
 
 
-def _careful_summary_function(bucket_count):
+def careful_summary_function(bucket_count):
     """``fn(flat values, plain row, simple) -> (moments, histogram or [0, 3] zeros)``.
 
     `_careful_summary` of one flat tensor, outside XLA.
@@ -122,23 +122,23 @@ def _careful_summary(values, plain_row, simple, bucket_count):
             return 2.0 * tf.nn.l2_loss(values - plain.mean[0])[tf.newaxis] / plain.count
 
         variance = tf.cond(simple, lambda: plain.variance, centered)
-        histograms = _finite_histograms([values], plain, bucket_count)
-        return _moment_rows(plain, variance)[0], histograms[0]
+        histograms = finite_histograms([values], plain, bucket_count)
+        return moment_rows(plain, variance)[0], histograms[0]
 
     return tf.cond(
         tf.math.is_finite(plain.squares[0]), finite, lambda: _exact_summary(values, bucket_count)
     )
 
 
-#: Elements per block of `_exact_summaries_in_blocks`.
-_BLOCK = 1024
+#: Elements per block of `exact_summaries_in_blocks`.
+BLOCK = 1024
 
 
-def _exact_summaries_in_blocks(flat, bucket_count):
+def exact_summaries_in_blocks(flat, bucket_count):
     """`_exact_summary` of every flat tensor at once, for XLA.
 
-    Each tensor is padded with NaN to whole blocks of `_BLOCK` elements and the
-    blocks of all tensors are stacked into one ``[blocks, _BLOCK]`` matrix:
+    Each tensor is padded with NaN to whole blocks of `BLOCK` elements and the
+    blocks of all tensors are stacked into one ``[blocks, BLOCK]`` matrix:
     every statistic is a reduction of its rows, then a segment reduction of
     the rows of each tensor, and the histograms are one segment sum into
     ``n * bucket_count`` bins. A tensor adds its padding to the program and
@@ -151,7 +151,7 @@ def _exact_summaries_in_blocks(flat, bucket_count):
         ``(moments, histograms)``: ``[n, 7]``, and ``[n, bucket_count, 3]``
         (``[n, 0, 3]`` without ``bucket_count``).
     """
-    n, block = len(flat), _BLOCK
+    n, block = len(flat), BLOCK
     sizes = tf.stack([tf.size(values) for values in flat])
     blocks_of = (sizes + (block - 1)) // block
     # Padded with NaN, which every statistic leaves out as it does the
@@ -213,17 +213,17 @@ def _exact_summaries_in_blocks(flat, bucket_count):
     )
     if bucket_count is None:
         return moments, tf.zeros([n, 0, 3])
-    edges = _edges(minimum, maximum, bucket_count)
+    edges = bucket_edges(minimum, maximum, bucket_count)
     low = edges[:, 0]
     width = (edges[:, -1] - low) / bucket_count
-    # As `_bucket_counts` computes it under XLA, each row with its tensor's range.
+    # As `bucket_counts` computes it under XLA, each row with its tensor's range.
     index = tf.cast(
         tf.floor((rows - tf.gather(low, owner)[:, tf.newaxis]) / tf.gather(width, owner)[:, tf.newaxis]),
         tf.int32,
     )
     bins = tf.clip_by_value(index, 0, bucket_count - 1) + (owner * bucket_count)[:, tf.newaxis]
     counts = tf.math.unsorted_segment_sum(tf.cast(finite, tf.int32), bins, n * bucket_count)
-    return moments, _histograms(edges, tf.reshape(counts, [n, bucket_count]))
+    return moments, histogram_rows(edges, tf.reshape(counts, [n, bucket_count]))
 
 
 def _exact_summary(values, bucket_count):
@@ -232,9 +232,9 @@ def _exact_summary(values, bucket_count):
     if bucket_count is None:
         return moments, tf.zeros([0, 3])
     finite = tf.math.is_finite(values)
-    edges = _edges(moments[3][tf.newaxis], moments[4][tf.newaxis], bucket_count)
-    counts = _bucket_counts(values, finite, edges[0, 0], edges[0, -1], bucket_count)
-    return moments, _histograms(edges, counts[tf.newaxis])[0]
+    edges = bucket_edges(moments[3][tf.newaxis], moments[4][tf.newaxis], bucket_count)
+    counts = bucket_counts(values, finite, edges[0, 0], edges[0, -1], bucket_count)
+    return moments, histogram_rows(edges, counts[tf.newaxis])[0]
 
 
 def _masked_moments(values):

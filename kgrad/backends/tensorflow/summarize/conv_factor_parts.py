@@ -8,6 +8,7 @@ groups its channels: ``Outer(patches, d)`` (see `kgrad.backends.tensorflow.summa
 import keras
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.summarize.factor_forms import (
     Explicit,
     Outer,
@@ -42,7 +43,7 @@ def _convolve(layer, a):
         z = layer.convolution_op(a, kernel)
     else:
         z = keras.ops.conv(
-            keras.ops.pad(a, layer._compute_causal_padding()), kernel, strides=list(layer.strides),
+            keras.ops.pad(a, keras_internals.causal_padding(layer)), kernel, strides=list(layer.strides),
             padding="valid", dilation_rate=list(layer.dilation_rate), data_format=layer.data_format,
         )
     if not layer.use_bias:

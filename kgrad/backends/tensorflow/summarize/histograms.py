@@ -9,11 +9,11 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 
-def _in_xla():
+def in_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-def _check_bucket_count(bucket_count):
+def check_bucket_count(bucket_count):
     if isinstance(bucket_count, bool) or not isinstance(bucket_count, int) or bucket_count < 1:
         raise ValueError(
             "`bucket_count` must be a positive Python int. Received: "
@@ -21,7 +21,7 @@ def _check_bucket_count(bucket_count):
         )
 
 
-def _edges(low, high, bucket_count):
+def bucket_edges(low, high, bucket_count):
     """``[n, bucket_count + 1]`` edges over each [low, high] (``[n]`` each), widened when empty."""
     degenerate = high <= low
     low = tf.where(degenerate, low - 0.5, low)
@@ -32,16 +32,16 @@ def _edges(low, high, bucket_count):
     return tf.concat([edges[:, :-1], high[:, tf.newaxis]], axis=1)
 
 
-def _histograms(edges, counts):
+def histogram_rows(edges, counts):
     """``[n, k, 3]`` histograms from ``[n, k + 1]`` edges and ``[n, k]`` integer counts."""
     return tf.stack([edges[:, :-1], edges[:, 1:], tf.cast(counts, tf.float32)], axis=2)
 
 
-def _bucket_counts_many(flat, ranges, bucket_count):
+def bucket_counts_many(flat, ranges, bucket_count):
     """``[n, k]`` integer counts of finite flat tensors, each in its ``[2]`` (low, high) range."""
-    if _in_xla():
+    if in_xla():
         return tf.stack([
-            _bucket_counts(values, None, value_range[0], value_range[1], bucket_count)
+            bucket_counts(values, None, value_range[0], value_range[1], bucket_count)
             for values, value_range in zip(flat, ranges)
         ])
     nbins = tf.constant(bucket_count)
@@ -51,12 +51,12 @@ def _bucket_counts_many(flat, ranges, bucket_count):
     ])
 
 
-def _bucket_counts(values, finite, low, high, bucket_count):
+def bucket_counts(values, finite, low, high, bucket_count):
     """Integer counts of the finite ``values`` in equal buckets of [low, high].
 
     ``finite`` is the mask of finite values, or ``None`` when all are.
     """
-    if not _in_xla():
+    if not in_xla():
         # Outside XLA, TensorFlow's own kernel is several times faster than a
         # scatter.
         value_range = tf.stack([low, high])

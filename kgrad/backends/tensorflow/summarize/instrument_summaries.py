@@ -12,6 +12,7 @@ compute gets no tag and one warning per trace naming what and why (never a zero)
 
 import warnings
 
+from kgrad.backends.common.instrument_warnings import by_reason, warn_instrument
 from kgrad.backends.tensorflow.summarize import model_io
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
@@ -37,7 +38,7 @@ def add_instruments(pipeline, builder, probe, gradients, weights, unscale):
 
         reasons = add_logit_summaries(builder, pipeline.model, probe.prediction)
         if reasons:
-            _warn("logits", "no logit statistics for " + _by_reason(reasons))
+            warn_instrument("logits", "no logit statistics for " + by_reason(reasons))
     if "attention" in instruments:
         _add_attention(pipeline, builder, probe.attention)
 
@@ -46,14 +47,16 @@ def _add_attention(pipeline, builder, capture):
     from kgrad.backends.tensorflow.summarize.attention import add_attention_summaries
 
     if capture is None:
-        _warn("attention", "this tape did not record the attention layers: nothing is written")
+        warn_instrument("attention", "this tape did not record the attention layers: nothing is written")
         return
     add_attention_summaries(builder, capture.calls, pipeline.config.attention_examples)
     if capture.reasons:
-        _warn("attention", "no attention statistics for layer " + _by_reason(capture.reasons))
+        warn_instrument("attention", "no attention statistics for layer " + by_reason(capture.reasons))
     elif not capture.calls:
         model = getattr(pipeline.model, "name", "the model")
-        _warn("attention", f"model '{model}' called no attention layer in its step, so nothing is written")
+        warn_instrument(
+            "attention", f"model '{model}' called no attention layer in its step, so nothing is written"
+        )
 
 
 def _add_per_example(model, builder, probe, gradients, weights, unscale):
@@ -107,17 +110,5 @@ def _add_optimizer(pipeline, builder, gradients, weights, unscale):
             pipeline.config.outlier_sigmas,
         )
     if reason is not None:
-        _warn("optimizer", reason)
+        warn_instrument("optimizer", reason)
 
-
-def _warn(instrument, message):
-    # Once per trace, not per step: the step is traced once per plan.
-    warnings.warn(f"kgrad: instruments=['{instrument}']: {message}.", stacklevel=4)
-
-
-def _by_reason(reasons):
-    """``'a', 'b': why; 'c': other`` from ``{name: reason}``."""
-    names = {}
-    for name, reason in reasons.items():
-        names.setdefault(reason, []).append(repr(name))
-    return "; ".join(f"{', '.join(group)}: {reason}" for reason, group in names.items())

@@ -23,6 +23,7 @@ global batch and batch gradients summed over replicas.
 import keras
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.plan import operations
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize.per_example import PerExampleNorms, per_example_sq_norms
@@ -58,7 +59,7 @@ def coupling_layers(model):
     """
     return [
         layer.name
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in keras_internals.flatten_layers(model, include_self=False)
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
     ]
 

@@ -20,6 +20,7 @@ entries are independent probabilities) and an output without a class axis
 
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize.norms import nan_max
 from kgrad.plan.tag_names import io_names
@@ -43,11 +44,9 @@ def output_logits(output):
     op_type = getattr(op, "type", None)
     if op_type == "Sigmoid":
         return None, "a sigmoid output: independent probabilities, not a distribution over its last axis"
-    logits = output
-    if hasattr(output, "_keras_logits"):
-        logits = output._keras_logits
-    elif op_type == "Softmax":
-        logits = op.inputs[0]
+    logits = keras_internals.keras_logits(output)
+    if logits is None:
+        logits = op.inputs[0] if op_type == "Softmax" else output
     if logits.shape.rank is None or logits.shape.rank < 2:
         return None, "no class axis (a rank below 2)"
     if logits.shape[-1] == 1:

@@ -41,6 +41,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow.handover import replicas
 
@@ -63,17 +64,23 @@ def _hyperparameters(optimizer):
     )
 
 
+def _slot_entries(optimizer, name, indices):
+    """One of the optimizer's states (`keras_internals.slots`) for these weights, concatenated."""
+    state = keras_internals.slots(optimizer, name)
+    return flat_entries([state[index] for index in indices])
+
+
 def _scaled_and_outliers(rule, optimizer, indices, gradient, hyperparameters, sigmas):
     """Elementwise over the concatenated entries: g in Adam's units, and the outlier flags (or ``None``)."""
     beta_1, beta_2, epsilon, step = hyperparameters
     one = tf.constant(1.0)
     if rule == "adamax":
-        peak = flat_entries([optimizer._u[index] for index in indices])
+        peak = _slot_entries(optimizer, "u", indices)
         peak = tf.maximum(beta_2 * peak, tf.abs(gradient))
         return gradient / (peak + epsilon), None
-    first = flat_entries([optimizer._momentums[index] for index in indices])
+    first = _slot_entries(optimizer, "momentums", indices)
     first = first + (gradient - first) * (one - beta_1)
-    second = flat_entries([optimizer._velocities[index] for index in indices])
+    second = _slot_entries(optimizer, "velocities", indices)
     second = second + (tf.square(gradient) - second) * (one - beta_2)
     second_correction = one - tf.pow(beta_2, step)
     if rule == "nadam":
@@ -81,7 +88,7 @@ def _scaled_and_outliers(rule, optimizer, indices, gradient, hyperparameters, si
     else:
         denominator = second
         if optimizer.amsgrad:
-            peaks = flat_entries([optimizer._velocity_hats[index] for index in indices])
+            peaks = _slot_entries(optimizer, "velocity_hats", indices)
             denominator = tf.maximum(peaks, second)
         scaled = gradient * tf.sqrt(second_correction) / (tf.sqrt(denominator) + epsilon)
     first_hat = first / (one - tf.pow(beta_1, step))
@@ -144,7 +151,7 @@ def moment_statistics(rule, optimizer, indices, gradients, sigmas, chunk_entries
     [1.0, 1.0]
     """
     # Static sizes, from the state's variables (shaped as their weights).
-    first = optimizer._m if rule == "adamax" else optimizer._momentums
+    first = keras_internals.slots(optimizer, "m" if rule == "adamax" else "momentums")
     sizes = [math.prod(first[index].shape) for index in indices]
     hyperparameters = _hyperparameters(optimizer)
     rms, outliers = [], []
@@ -186,13 +193,13 @@ def add_optimizer_summaries(builder, optimizer, gradients, weights, paths, unsca
     present = [(w, g) for w, g in zip(weights, gradients) if g is not None]
     applied = [replicas.sum_over_replicas(unscale(tf.convert_to_tensor(g))) for _, g in present]
     # What the optimizer applies: clipnorm, clipvalue, global_clipnorm.
-    applied = optimizer._clip_gradients(applied)
+    applied = keras_internals.clip_gradients(optimizer, applied)
     names, indices, summarized = [], [], []
     for (weight, _), gradient in zip(present, applied):
         if id(weight) not in paths:
             continue
         try:
-            index = optimizer._get_variable_index(weight)
+            index = keras_internals.variable_index(optimizer, weight)
         except KeyError:
             continue  # not among the optimizer's variables: it does not update it
         names.append(paths[id(weight)])

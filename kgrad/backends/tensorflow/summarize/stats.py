@@ -15,19 +15,19 @@ import tensorflow as tf
 
 from kgrad.plan.tag_names import MOMENT_NAMES  # noqa: F401 (stats.MOMENT_NAMES, the columns it computes)
 from kgrad.backends.tensorflow.summarize.careful_stats import (  # noqa: F401 (re-exported for tests)
-    _BLOCK,
-    _careful_summary_function,
-    _exact_summaries_in_blocks,
-    _finite_histograms,
-    _moment_rows,
-    _plain_moments,
+    BLOCK,
+    careful_summary_function,
+    exact_summaries_in_blocks,
+    finite_histograms,
+    moment_rows,
+    plain_moments,
 )
 from kgrad.backends.tensorflow.summarize.histograms import (
-    _bucket_counts,
-    _check_bucket_count,
-    _edges,
-    _histograms,
-    _in_xla,
+    bucket_counts,
+    check_bucket_count,
+    bucket_edges,
+    histogram_rows,
+    in_xla,
 )
 
 #: Names of the values returned by `moments`, in order.
@@ -122,7 +122,7 @@ def summarize_many(tensors, bucket_count=None):
     [5.0, 0.0]
     """
     if bucket_count is not None:
-        _check_bucket_count(bucket_count)
+        check_bucket_count(bucket_count)
     if not tensors:
         histograms = None if bucket_count is None else tf.zeros([0, bucket_count, 3])
         return tf.zeros([0, len(MOMENT_NAMES)]), histograms
@@ -131,7 +131,7 @@ def summarize_many(tensors, bucket_count=None):
     # costs tracing and optimizing time on the first step.
     flat_shape = tf.constant([-1])
     flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
-    plain = _plain_moments(flat)
+    plain = plain_moments(flat)
     # A finite sum of squares means no element is NaN or Inf and no square
     # overflowed. E[x²] - E[x]² keeps ~5 significant digits of the variance
     # while the mean² is up to 100x the variance; beyond, a centered pass.
@@ -140,7 +140,7 @@ def summarize_many(tensors, bucket_count=None):
     )
 
     def every_tensor_simple():
-        return _moment_rows(plain, plain.variance), _finite_histograms(flat, plain, bucket_count)
+        return moment_rows(plain, plain.variance), finite_histograms(flat, plain, bucket_count)
 
     def some_tensors_need_care():
         # Common early in training, and for as long as a classifier's softmax
@@ -151,14 +151,14 @@ def summarize_many(tensors, bucket_count=None):
         # again. A function, not a branch per tensor in the step's graph:
         # that cost the MobileNet's first probed step ~20 CPU-s of graph
         # optimization and ~350 MB of peak memory.
-        if _in_xla():
+        if in_xla():
             # XLA compiles this branch whether it runs or not. A program per
             # tensor took most of a probed step's compile time and memory
             # (the CNN's statistics alone: 19 CPU-s and 1.3-1.4 GB, against
             # 8-9 CPU-s and 1.0 GB in blocks), for a branch that runs ~1.4x
             # faster on CPU (52-55 against 70-82 ms there) when it runs.
-            return _exact_summaries_in_blocks(flat, bucket_count)
-        summary_of = _careful_summary_function(bucket_count)
+            return exact_summaries_in_blocks(flat, bucket_count)
+        summary_of = careful_summary_function(bucket_count)
         rows = tf.unstack(tf.stack(plain, axis=1))
         summaries = [summary_of(*arguments) for arguments in zip(flat, rows, tf.unstack(simple))]
         histograms = tf.stack([summary[1] for summary in summaries])
@@ -243,11 +243,11 @@ def histogram(x, bucket_count, value_range=None):
     >>> stats.histogram(tf.constant([0.0, 1.0, 1.0, 4.0]), 2).numpy().tolist()
     [[0.0, 2.0, 3.0], [2.0, 4.0, 1.0]]
     """
-    _check_bucket_count(bucket_count)
+    check_bucket_count(bucket_count)
     if value_range is None:
         return summarize(x, bucket_count)[1]
     values = tf.reshape(tf.cast(x, tf.float32), [-1])
     low, high = (tf.reshape(tf.cast(v, tf.float32), [1]) for v in value_range)
-    edges = _edges(low, high, bucket_count)
-    counts = _bucket_counts(values, tf.math.is_finite(values), edges[0, 0], edges[0, -1], bucket_count)
-    return _histograms(edges, counts[tf.newaxis])[0]
+    edges = bucket_edges(low, high, bucket_count)
+    counts = bucket_counts(values, tf.math.is_finite(values), edges[0, 0], edges[0, -1], bucket_count)
+    return histogram_rows(edges, counts[tf.newaxis])[0]

@@ -1,31 +1,8 @@
-"""Named summaries of a probed step: the tag scheme, computed on device.
+"""Named summaries of a probed step, computed on device, under the tags of `kgrad.plan.tag_names`.
 
-Tags (stable; they are the users' TensorBoard layout):
-
-=====================================  ==========================================
-``activation_<stat>/<layer>``          the layer's output
-``grad_<stat>/<layer>``                dJ/d(layer output)
-``pred_grad_<stat>/<output>``          dJ/dŷ (shadow loss, see `prediction_gradient`)
-``pred_grad_example_norm_mean/<out>``  mean over the batch of per-example ‖dJ/dŷ‖
-``pred_grad_example_norm_max/<out>``   max over the batch of per-example ‖dJ/dŷ‖
-``input_grad_<stat>/<input>``          dJ/dx
-``weight_grad_<stat>/<weight path>``   dJ/dw
-``weight_norm/<weight path>``          ‖w‖ before the update
-``update_ratio/<weight path>``         ‖Δw‖/‖w‖ of the step (‖w‖ after, if 0 before)
-``global/grad_norm``                   ‖dJ/dw‖ over all trainable weights
-``global/loss_scale``                  the loss scale (LossScaleOptimizer only)
-``global/loss_scale_skipped``          1 if the loss scaler skipped the update
-``<kind>_hist/<name>``                 histogram of the same tensor
-=====================================  ==========================================
-
-``<weight path>`` is the variable's path inside the model, without the model's
-own name (``dense_1/kernel``, ``block/conv/kernel``), so that runs of models
-named ``sequential`` and ``sequential_1`` share charts.
-
-``<stat>`` is one of `kgrad.plan.tag_names.MOMENT_NAMES`: ``norm``, ``mean``, ``std``,
-``min``, ``max``, ``zero_fraction``, ``nonfinite``.
-
-What is written depends on ``statistics=``: see `kgrad.plan.tag_selection`.
+The tags are the contract of `kgrad.plan.tag_names` (the users' table is
+docs/tags.md); which of them are written depends on ``statistics=``
+(`kgrad.plan.tag_selection`).
 """
 
 import tensorflow as tf

@@ -1,6 +1,6 @@
 """Decoding many event records that share one byte layout, with NumPy.
 
-kgrad's writer (`kgrad.logs.writer._SummaryLayout`) writes every probed step
+kgrad's writer (`kgrad.logs.summary_bytes.SummaryLayout`) writes every probed step
 of a run as the same bytes with other values: the same tags in the same
 order, each float32 scalar and each histogram's buckets at the same offset.
 Parsing 10 000 such records value by value costs ~1 µs a value (16 million

@@ -1,4 +1,8 @@
-"""What a traced probing step computes, chosen once before it is traced."""
+"""What a traced TensorFlow probing step computes, chosen once before it is traced.
+
+TensorFlow's alone: the JAX backend keeps its train functions by their
+`kgrad.plan.options.ProbeConfig`.
+"""
 
 import dataclasses
 
@@ -82,11 +86,7 @@ class StepPlan:
 
     @property
     def record_capacity(self):
-        """Records the device buffer holds: the probed steps of one execution, plus one.
-
-        The extra slot keeps the previous execution's last record, which the
-        non-finite guard reports as the last finite summaries.
-        """
+        """Records the device buffer holds (`kgrad.plan.schedule.ProbeSchedule.record_capacity`), or 0."""
         if self.probe is None:
             return 0
-        return 1 + -(-self.steps_per_execution // self.probe.every_n_steps)
+        return self.probe.schedule.record_capacity(self.steps_per_execution)

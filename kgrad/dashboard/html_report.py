@@ -18,11 +18,12 @@ import os
 import re
 
 from kgrad.dashboard import views
-from kgrad.dashboard.events import find_runs, read_run
+from kgrad.dashboard.events import read_run
+from kgrad.logs.fast_reader import find_runs
 from kgrad.report.health import is_kgrad_run
 from kgrad.report.table import GRADIENT_NAMES, named_runs, nonfinite_cell
 
-_STATIC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "dashboard", "static")
+_STATIC = os.path.join(os.path.dirname(__file__), "static")
 #: The tab's modules, in dependency order, inlined into one module script.
 _MODULES = ("common.js", "heatmap.js", "panels.js", "stability.js", "app.js")
 #: Histograms are left out past this many float32 values (about 4 bytes each, x1.33 in base64).
@@ -106,7 +107,7 @@ def script_json(value):
 
     Example:
 
-    >>> from kgrad.report.html import script_json
+    >>> from kgrad.dashboard.html_report import script_json
     >>> script_json({"layer": "</script>"})
     '{"layer": "\\\\u003c/script\\\\u003e"}'
     """

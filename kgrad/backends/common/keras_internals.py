@@ -1,0 +1,38 @@
+"""Every private Keras name the backend-free code uses, in one place.
+
+A Keras release is one file to check: what kgrad reads of Keras beyond its
+public API (``keras.src`` modules, underscored attributes of layers and
+models) is reached only through these names; each backend's own
+``keras_internals`` adds what only it uses. tests/test_import_rules.py checks
+that no other module of ``kgrad/backends/common`` or ``kgrad/backends/tensorflow``
+imports ``keras.src``.
+
+>>> import keras
+>>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
+>>> [type(layer).__name__ for layer in flatten_layers(model, include_self=False)]
+['InputLayer', 'Dense']
+"""
+
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # noqa: F401
+from keras.src.models.functional import Functional  # noqa: F401
+from keras.src.models.model import functional_init_arguments  # noqa: F401
+
+
+def flatten_layers(layer, include_self=True, recursive=True):
+    """``layer`` and every layer inside it, as Keras walks them (``Layer._flatten_layers``)."""
+    return layer._flatten_layers(include_self=include_self, recursive=recursive)
+
+
+def attention_scale(layer):
+    """The factor an attention layer multiplies q·k by: 1/√(key size) (Keras' or KerasHub's attribute)."""
+    return getattr(layer, "_inverse_sqrt_key_dim", None) or layer._inverse_sqrt_head_dim
+
+
+def causal_mask(layer, query, key):
+    """The causal mask a ``MultiHeadAttention`` builds for ``use_causal_mask=True``."""
+    return layer._compute_causal_mask(query, key)
+
+
+def mask_sliding_window(layer, mask, cache_update_index):
+    """A KerasHub attention layer's mask, limited to its sliding window."""
+    return layer._mask_sliding_window(mask, cache_update_index=cache_update_index)

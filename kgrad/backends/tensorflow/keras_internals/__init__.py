@@ -1,0 +1,119 @@
+"""Every private Keras name kgrad's TensorFlow backend uses, in one place (a folder of its own,
+imported by every stage folder and importing none of them).
+
+A Keras release is one file to check: the TensorFlow backend reaches Keras
+beyond its public API (``keras.src`` modules, underscored attributes of
+models, layers, optimizers and tensors) only through these names, the
+backend-free ones re-exported from `kgrad.backends.common.keras_internals`.
+tests/test_import_rules.py checks that no other TensorFlow module imports
+``keras.src``.
+
+>>> import keras
+>>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
+>>> model.compile("sgd", "mse")
+>>> compile_loss(model) is not None, call_has_training_arg(model)
+(True, True)
+"""
+
+from keras.src import backend as _keras_backend
+from keras.src.backend.tensorflow import nn as tensorflow_nn  # noqa: F401 (its _get_logits and losses)
+from keras.src.losses.loss import unscale_loss_for_distribution  # noqa: F401
+
+from kgrad.backends.common.keras_internals import (  # noqa: F401
+    Functional,
+    flatten_layers,
+    in_symbolic_scope,
+)
+
+#: ``name_scope(name, caller=...)``: Keras' name scope of the backend (the optimizer's variables).
+name_scope = _keras_backend.name_scope
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+def symbolic_build(model, data_batch):
+    """Builds ``model`` (and its metrics and loss) from a batch's structure, as ``fit`` does."""
+    model._symbolic_build(data_batch=data_batch)
+
+
+def call_has_training_arg(model):
+    """Whether ``model.call`` takes ``training``."""
+    return model._call_has_training_arg
+
+
+def compute_loss(model, **arguments):
+    """``model.compute_loss`` as Keras' ``train_step`` calls it (its private entry point)."""
+    return model._compute_loss(**arguments)
+
+
+def loss_tracker(model):
+    """The metric ``fit`` reports as ``loss``."""
+    return model._loss_tracker
+
+
+def compile_loss(model):
+    """The loss ``compile`` built (a callable ``(y, y_pred, sample_weight)``), or ``None``."""
+    return getattr(model, "_compile_loss", None)
+
+
+def own_losses(layer):
+    """The ``add_loss`` terms of ``layer`` itself (not of the layers inside it)."""
+    return layer._get_own_losses()
+
+
+def runs_a_functional(model):
+    """Whether a ``Sequential`` model given an input shape runs a ``Functional`` of its layers."""
+    return model.__dict__.get("_functional") is not None
+
+
+def causal_padding(layer):
+    """The padding a ``Conv1D(padding="causal")`` adds before its input."""
+    return layer._compute_causal_padding()
+
+
+# -- tensors -------------------------------------------------------------------------------------
+
+
+def keras_mask(tensor):
+    """The mask Keras attached to ``tensor``, or ``None``."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+def set_keras_mask(tensor, mask):
+    """Attaches ``mask`` to ``tensor`` as Keras does."""
+    tensor._keras_mask = mask
+
+
+def keras_logits(tensor):
+    """The logits Keras attached to a softmax or sigmoid output, or ``None``."""
+    return getattr(tensor, "_keras_logits", None)
+
+
+# -- optimizers ----------------------------------------------------------------------------------
+
+
+def optimizer_variables(optimizer):
+    """The weights ``optimizer`` was built for, in the order of its slots."""
+    return optimizer._trainable_variables
+
+
+def tracks(optimizer, weight):
+    """Whether ``optimizer`` was built for ``weight``."""
+    return optimizer._var_key(weight) in getattr(optimizer, "_trainable_variables_indices", {})
+
+
+def variable_index(optimizer, weight):
+    """The index of ``weight`` in ``optimizer``'s slots."""
+    return optimizer._get_variable_index(weight)
+
+
+def slots(optimizer, name):
+    """One list of ``optimizer``'s state, per weight: ``"momentums"``, ``"velocities"``, ``"velocity_hats"``,
+    ``"m"`` or ``"u"`` (Adam, AdamW, Adamax, Nadam...)."""
+    return getattr(optimizer, f"_{name}")
+
+
+def clip_gradients(optimizer, gradients):
+    """``gradients`` clipped as ``optimizer.apply`` clips them (``clipnorm``, ``clipvalue``...)."""
+    return optimizer._clip_gradients(gradients)
