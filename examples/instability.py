@@ -24,13 +24,41 @@ TensorFlow-only (``keras.ops``, NumPy, kgrad's TF-free readers); it runs
 wherever kgrad's three instruments run.
 """
 
+import contextlib
 import os
 import sys
+import tempfile
+
+
+@contextlib.contextmanager
+def _stderr_held_back():
+    """Holds back what is written to stderr (file descriptor 2); shows it only on an error.
+
+    KerasHub imports TensorFlow, on every backend, and TensorFlow 2.21 writes its
+    start-up lines (twice: one set per library it loads) from C++ before it reads
+    ``TF_CPP_MIN_LOG_LEVEL``.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+with _stderr_held_back():
+    import keras
+    import keras_hub
 
-import keras  # noqa: E402
-import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kgrad  # noqa: E402

@@ -1,17 +1,20 @@
 """The ``kgrad`` command: ``kgrad demo`` and ``kgrad report``.
 
 Exit status: 0 when all is well, 1 when ``kgrad report`` flags a layer,
-2 for usage errors (bad arguments, no kgrad logs where asked to look).
+2 for usage errors (bad arguments, no kgrad logs where asked to look), 130
+after Ctrl-C, 141 when the reader of stdout went away (``| head``).
 """
 
 import argparse
-import importlib
 import os
+import signal
 import sys
-import tempfile
+import threading
 import types
 
 import kgrad
+from kgrad import demo_command
+from kgrad.demo_command import import_quietly
 # Light: NumPy and TensorBoard's event reader. `kgrad demo` imports Keras
 # (TensorFlow, ~3 s) when it runs, so that `--help` and `report` answer at once.
 from kgrad.report import health as report, table as report_table
@@ -23,6 +26,9 @@ EXIT_FLAGGED = 1
 EXIT_USAGE = 2
 #: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
+#: Exit status when the reader of stdout went away (``| head``): 128 + SIGPIPE, as
+#: shells report a command that a closed pipe ended; never 1, which means "flagged".
+EXIT_CLOSED_PIPE = 128 + 13
 
 DEFAULT_DEMO_DIR = os.path.join("logs", "kgrad-demo")
 
@@ -81,7 +87,7 @@ def build_parser():
         "deep ReLU MLP (it trains) on data made locally, and writes TensorBoard logs "
         "with kgrad's gradient probes. About 20 seconds on 2 CPU cores.",
     )
-    demo_parser.set_defaults(run=_demo, parser=demo_parser)
+    demo_parser.set_defaults(run=demo_command.run, parser=demo_parser)
     demo_parser.add_argument("--log-dir", default=DEFAULT_DEMO_DIR, help=f"default: {DEFAULT_DEMO_DIR}")
     demo_parser.add_argument("--epochs", type=_positive_int, default=10, help="per model; default: 10")
     demo_parser.add_argument("--overwrite", action="store_true", help="replace earlier demo logs")
@@ -122,61 +128,6 @@ def build_parser():
     return parser
 
 
-#: The package each Keras backend imports, and how to install it.
-_BACKEND_INSTALLS = {
-    "jax": 'pip install jax, or pip install -e ".[jax]" in kgrad\'s folder',
-    "tensorflow": "pip install tensorflow",
-    "torch": "pip install torch; kgrad does not run on PyTorch yet",
-}
-
-
-def _demo(args):
-    try:
-        demo = _import_quietly("kgrad.demo")
-    except ModuleNotFoundError as error:
-        if error.name not in _BACKEND_INSTALLS:
-            raise
-        backend = os.environ.get("KERAS_BACKEND")
-        chosen = f"KERAS_BACKEND={backend}" if backend else "Keras' default backend"
-        args.parser.error(
-            f"{chosen} needs {error.name!r}, which is not installed. Install it "
-            f"({_BACKEND_INSTALLS[error.name]}), or set KERAS_BACKEND to a backend that is installed "
-            "(tensorflow or jax)."
-        )
-    try:
-        demo.main(args.log_dir, epochs=args.epochs, overwrite=args.overwrite)
-    except OSError as error:  # earlier logs, or a folder that cannot be written
-        args.parser.error(str(error))
-    return 0
-
-
-def _import_quietly(name):
-    """Imports module ``name`` without TensorFlow's start-up lines on stderr.
-
-    TensorFlow 2.21 writes them from C++ before its logging is set up, where
-    ``TF_CPP_MIN_LOG_LEVEL`` does not reach, so stderr goes to a temporary
-    file during the import; it is shown only if the import fails.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            module = importlib.import_module(name)
-        except BaseException:
-            os.dup2(saved, 2)
-            captured.seek(0)
-            sys.stderr.write(captured.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-    import absl.logging  # Python-side warnings of TensorFlow and Keras
-
-    absl.logging.set_verbosity(absl.logging.ERROR)
-    return module
-
-
 def _use_file_systems_for(log_dir, parser):
     """Reads local logs without TensorFlow, and others (``gs://``) through it.
 
@@ -188,7 +139,7 @@ def _use_file_systems_for(log_dir, parser):
     """
     if "://" in log_dir:
         try:
-            _import_quietly("tensorflow")
+            import_quietly("tensorflow")
         except ImportError:
             parser.error(
                 f"LOG_DIR={log_dir!r} is on a file system that kgrad reads through TensorFlow, "
@@ -250,11 +201,33 @@ def main(argv=None):
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    demo_command.INTERRUPTED.clear()
+    previous = signal.signal(signal.SIGINT, _on_ctrl_c) if _in_main_thread() else None
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except KeyboardInterrupt:
+        status = None
+    except BrokenPipeError:
+        # Python's advice: point stdout at devnull, so that the flush at exit fails no more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if status is None or demo_command.INTERRUPTED.is_set():
         print(f"\nkgrad {args.command}: interrupted.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    return status
+
+
+def _in_main_thread():
+    return threading.current_thread() is threading.main_thread()
+
+
+def _on_ctrl_c(signum, frame):
+    demo_command.INTERRUPTED.set()
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from kgrad import cli, demo
+from kgrad import cli, demo, demo_command
 
 
 def write_run(run_dir, norms):
@@ -107,7 +107,7 @@ def test_demo_command_runs_the_demo_and_says_how_to_look(tmp_path, capsys, monke
     # Training is tested in test_demo.py; here, what the command adds to it.
     calls = []
 
-    def fake_run_demo(log_dir, epochs, overwrite, out):
+    def fake_run_demo(log_dir, epochs, overwrite, out, interrupted):
         calls.append((log_dir, epochs, overwrite))
         return {"sigmoid_deep": 0.5, "relu_deep": 0.97}
 
@@ -121,19 +121,20 @@ def test_demo_command_runs_the_demo_and_says_how_to_look(tmp_path, capsys, monke
     assert f"kgrad report '{log_dir}'" in out
 
 
-def test_demo_command_names_a_backend_that_is_not_installed(capsys, monkeypatch):
+def test_demo_command_names_a_backend_that_is_not_installed(tmp_path, capsys, monkeypatch):
     # KERAS_BACKEND=jax without JAX: Keras' import fails; the command says what to install.
     def missing_jax(name):
         raise ModuleNotFoundError("No module named 'jax'", name="jax")
 
-    monkeypatch.setattr(cli, "_import_quietly", missing_jax)
+    monkeypatch.setattr(demo_command, "import_quietly", missing_jax)
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["demo"])
+        cli.main(["demo", "--log-dir", str(tmp_path / "logs")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "KERAS_BACKEND=jax needs 'jax', which is not installed. Install it (pip install jax" in err
     assert "Traceback" not in err
+    assert not (tmp_path / "logs").exists()  # no empty folder left
 
 
 def test_demo_command_keeps_earlier_logs(tmp_path, capsys):
@@ -233,7 +234,8 @@ def test_ctrl_c_ends_the_demo_with_one_line_and_status_130(tmp_path):
         while "[1/2]" not in process.stdout.readline():  # training has started
             assert process.poll() is None, process.stderr.read()
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        # Waits for the process to end (the timeout only keeps a hung one from hanging CI).
+        _, err = process.communicate(timeout=900)
     finally:
         process.kill()
     assert process.returncode == cli.EXIT_INTERRUPTED == 130

@@ -63,3 +63,20 @@ def test_data_is_made_locally_and_balanced():
     x, y = demo.make_circle_data(2000, seed=3)
     assert x.shape == (2000, 2) and y.shape == (2000, 1)
     assert 0.45 < float(y.mean()) < 0.55
+
+
+@pytest.mark.slow
+def test_the_stated_shrink_per_layer_is_the_demos(tmp_path):
+    """The docs' "about N× per layer": the geometric mean of ‖dJ/dw‖'s ratio, output down to hidden_1,
+    in the demo as `kgrad demo` runs it (10 epochs; 2 epochs give 4.9)."""
+    import pathlib
+    import re
+
+    demo.run_demo(str(tmp_path), out=io.StringIO())
+    sigmoid = {run.run: run for run in report.health_report(kgrad.read_logs(str(tmp_path)))}["sigmoid_deep/kgrad"]
+    norms = [layer.grad_norm for layer in sigmoid.layers]  # forward order: hidden_1 .. hidden_8, output
+    measured = (norms[-1] / norms[0]) ** (1 / (len(norms) - 1))
+    guide = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "report-and-tab.md").read_text()
+    for stated in (re.search(r"shrink about ([\d.]+)× per layer", guide)[1],
+                   re.search(r"shrink by about\s+([\d.]+)x per layer", demo.__doc__)[1]):
+        assert float(stated) == pytest.approx(measured, rel=0.05)

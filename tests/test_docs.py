@@ -77,8 +77,8 @@ RUNNABLE_PAGES = [
 ]
 
 
-@pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_python_blocks_of_the_page_run(page, tmp_path):
+def _run_blocks(page, tmp_path, work):
+    """Runs the page's python blocks in folder ``work``; returns the finished process."""
     blocks = [
         (f"{_relative(page)}:{line}", source)
         for line, language, source, reason in code_blocks(page)
@@ -86,8 +86,7 @@ def test_python_blocks_of_the_page_run(page, tmp_path):
     ]
     blocks_file = tmp_path / "blocks.json"
     blocks_file.write_text(json.dumps(blocks))
-    work = tmp_path / "cwd"
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run(
@@ -99,6 +98,86 @@ def test_python_blocks_of_the_page_run(page, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, f"a ```python block of {_relative(page)} failed:\n{result.stderr[-4000:]}"
+    return result
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_python_blocks_of_the_page_run(page, tmp_path):
+    _run_blocks(page, tmp_path, tmp_path / "cwd")
+
+
+# Each python block but a page's first (which the test above runs first, in a fresh folder).
+LATER_BLOCKS = [
+    pytest.param(page, line, id=f"{_relative(page)}:{line}", marks=[pytest.mark.slow])
+    for page in PAGES
+    for line, _, _, _ in [block for block in code_blocks(page) if block[1] == "python" and not block[3]][1:]
+]
+
+
+# A block that reads what the page's first block writes (a NonFiniteGuard's dump) says so.
+AFTER_FIRST = re.compile(r"^<!--\s*runs after the page's first block:\s*\S.*-->$")
+
+
+def _runs_after_first(page, line):
+    """Whether the comment before the block at ``line`` (its first line of code) is an `AFTER_FIRST` marker."""
+    before = [text for text in page.read_text(encoding="utf-8").splitlines()[: line - 2] if text.strip()]
+    return bool(before) and bool(AFTER_FIRST.match(before[-1].strip()))
+
+
+@pytest.mark.parametrize("page, line", LATER_BLOCKS)
+def test_each_block_runs_on_its_own_in_a_fresh_folder(page, line, tmp_path):
+    # A reader may copy one block: it must not need what an earlier block defined or wrote,
+    # unless it says it runs after the page's first block (which then runs before it).
+    blocks = [(first, source) for first, language, source, reason in code_blocks(page)
+              if language == "python" and not reason]
+    chosen = [block for block in blocks if block[0] == line]
+    if _runs_after_first(page, line):
+        chosen = [blocks[0]] + chosen
+    blocks_file = tmp_path / "block.json"
+    blocks_file.write_text(json.dumps([(f"{_relative(page)}:{first}", source) for first, source in chosen]))
+    (tmp_path / "cwd").mkdir()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", RUNNER, str(blocks_file)], cwd=tmp_path / "cwd", env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{_relative(page)}:{line} failed on its own:\n{result.stderr[-4000:]}"
+
+
+def test_the_readmes_examples_run_twice_in_one_folder_without_mixing(tmp_path):
+    # A second run writes into the folders of the first: each prints what it printed alone
+    # (README example 1: the first probed steps [0 8 16], not a mix of two fits' steps).
+    first = _run_blocks(ROOT / "README.md", tmp_path, tmp_path / "cwd")
+    second = _run_blocks(ROOT / "README.md", tmp_path, tmp_path / "cwd")
+    assert "[ 0  8 16]" in first.stdout
+    assert second.stdout.splitlines()[:2] == first.stdout.splitlines()[:2]
+    import kgrad
+
+    logs = kgrad.read_logs(str(tmp_path / "cwd" / "logs" / "run1"))
+    assert logs["kgrad"]["scalars"]["weight_grad_norm/hidden/kernel"].steps.tolist() == [0, 8, 16, 24]
+
+
+def test_every_probe_of_the_docs_that_writes_a_fixed_folder_is_safe_to_run_twice():
+    # A log_dir that holds an earlier fit's logs is refused unless overwrite=True.
+    for page in PAGES:
+        for line, language, source, reason in code_blocks(page):
+            if language != "python" or reason:
+                continue
+            for call in _calls("GradientProbe", source):
+                if re.match(r"GradientProbe\(\s*[\"']", call):  # a fixed folder
+                    assert "overwrite=True" in call, f"{_relative(page)}:{line}: {call}"
+
+
+def _calls(name, source):
+    """The text of each call ``name(...)`` in ``source``, up to its matching parenthesis."""
+    calls = []
+    for start in (match.start() for match in re.finditer(rf"\b{name}\(", source)):
+        depth, end = 0, start + len(name)
+        for end in range(start + len(name), len(source)):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+        calls.append(source[start:end + 1])
+    return calls
 
 
 def test_every_page_with_python_has_its_blocks_run():

@@ -200,3 +200,10 @@ def test_report_without_whole_model_sums_says_so():
     assert critical.layers == {"dense": (pytest.approx(10.0), pytest.approx(1.0))}
     assert "no whole-model estimate" in noise_scale.describe(critical)
     assert noise_scale.critical_batch({"grad_norm/dense": Series(steps, steps * 1.0)}) is None
+
+
+def test_a_layer_without_an_estimate_is_named_with_the_reason():
+    critical = noise_scale.CriticalBatch(812.0, 32.0, 10, 0.04, {"dense": (812.0, 0.04), "dense_2": (None, None)})
+    line = noise_scale.describe(critical)
+    assert line.endswith("(per layer 0.04 dense; no estimate for 1 of 2 layers, dense_2: its smoothed |G|² or "
+                         "tr(Σ) estimate is not positive)")

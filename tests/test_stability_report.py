@@ -138,7 +138,7 @@ def test_describe_words_the_spikes():
     assert stability.describe(stability.stability_report(scalars)) == [
         "stability: spikes (above mean + 6σ of the previous 128 probes):",
         "  loss spike at step 30: 9 (mean 1 ± 0.00816); first, within 16 probes: "
-        "dense adam_rms at step 27 (3 probes ahead)",
+        "at step 27 (3 probes ahead): dense adam_rms",
         "  global/grad_norm: 2 spikes, at steps 12, 30",
         "  adam_rms/dense/kernel: 1 spike, at step 27",
     ]
@@ -183,4 +183,35 @@ def test_kgrad_report_flags_a_planted_learning_rate_blow_up(tmp_path):
     with contextlib.redirect_stdout(printed):
         main(["report", str(tmp_path)])
     assert "  loss spike at step 51: " in printed.getvalue()
-    assert "first, within 16 probes: hidden adam_rms at step 51 (the same probe)" in printed.getvalue()
+    assert "first, within 16 probes: at step 51 (the same probe), " in printed.getvalue()
+    assert " at once: hidden adam_rms, " in printed.getvalue()
+
+
+def test_leaders_at_one_probe_are_told_as_a_tie_with_its_size():
+    # Five layers spike together 2 probes before the loss, one alone 3 probes before it.
+    scalars = {"global/loss": _series(_with_spikes(40, {30: 9.0})),
+               "adam_rms/early/kernel": _series(_with_spikes(40, {27: 5.0}))}
+    for index in range(5):
+        scalars[f"adam_rms/layer_{index}/kernel"] = _series(_with_spikes(40, {28: 5.0}))
+    (line,) = [line for line in stability.describe(stability.stability_report(scalars), named=3)
+               if "loss spike" in line]
+    assert line.endswith("first, within 16 probes: at step 27 (3 probes ahead): early adam_rms; "
+                         "at step 28 (2 probes ahead), 5 at once: layer_0 adam_rms, layer_1 adam_rms, "
+                         "layer_2 adam_rms and 2 more")
+    assert "→" not in line
+
+
+def test_the_verdict_under_a_loss_spike_counts_it_instead_of_saying_ok(tmp_path, capsys):
+    import tensorflow as tf
+
+    loss = _with_spikes(40, {30: 9.0})
+    writer = tf.summary.create_file_writer(str(tmp_path / "run" / "kgrad"))
+    with writer.as_default():
+        for step, value in enumerate(loss):
+            tf.summary.scalar("grad_norm/first", 0.5, step=step)
+            tf.summary.scalar("grad_norm/last", 1.0, step=step)
+            tf.summary.scalar("global/loss", float(value), step=step)
+    writer.close()
+    assert main(["report", str(tmp_path)]) == 0  # a loss spike is no layer flag
+    verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert verdict == "No layer flagged in 1 run; 1 loss spike (stability, above)."

@@ -14,8 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "kgrad"
 #: Folders (and modules) that never import a backend: they read and write logs,
 #: plan what a step computes, report, draw, and run the command line.
 BACKEND_FREE = (
-    "plan", "logs", "report", "dashboard", "callbacks", "sinks", "cli.py", "demo.py", "__init__.py",
-    "backends/common",
+    "plan", "logs", "report", "dashboard", "callbacks", "sinks", "cli.py", "demo.py", "demo_folders.py",
+    "demo_command.py", "__init__.py", "backends/common",
 )
 BACKEND_PACKAGES = ("tensorflow", "jax", "torch")
 

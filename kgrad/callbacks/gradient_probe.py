@@ -38,7 +38,10 @@ class GradientProbe(keras.callbacks.Callback):
     Args:
         log_dir: TensorBoard log directory; events go to ``<log_dir>/kgrad``.
             ``None`` logs nothing (use ``latest`` or ``on_probe``). Under
-            ``MultiWorkerMirroredStrategy`` only the chief writes.
+            ``MultiWorkerMirroredStrategy`` only the chief writes. A folder
+            that holds the kgrad logs of an earlier fit is refused before
+            ``fit`` starts (their steps would mix), unless ``overwrite``; a
+            later fit of the same model in this process continues its run.
         layers: Which layers to capture: ``None`` (every leaf layer with
             weights), ``"all"``, a list of names or layer objects, or a
             predicate ``fn(layer) -> bool``. The cell of a recurrent layer
@@ -74,9 +77,6 @@ class GradientProbe(keras.callbacks.Callback):
             (``noise_*/<layer>``, ``global/noise_*``), from the same backward
             pass. Layers where it is not defined (a model with a trainable
             BatchNormalization) or not supported get no tags and a warning.
-            Their cheapest probe: ``capture=["weight_gradients"],
-            histograms=False, instruments=["per_example"]`` (1.04-1.06x plain
-            ``fit`` at ``every_n_steps=16`` on the CPU benchmarks).
             ``["optimizer"]``, from the optimizer's own state (Adam, AdamW,
             Adamax, Nadam): ``adam_rms/<weight path>``, RMS of g/(√v̂+ε), and
             ``grad_outlier_fraction/<weight path>``; with any optimizer
@@ -94,6 +94,8 @@ class GradientProbe(keras.callbacks.Callback):
             attention instrument scores (the first ones; per replica).
         sinks: Where records also go, off the training thread: `kgrad.WandbSink`, `kgrad.MlflowSink`,
             `kgrad.JsonLinesSink`, a `kgrad.Sink` of your own (docs/trackers.md).
+        overwrite: Replace the kgrad logs of an earlier fit in ``log_dir``
+            (only its ``kgrad`` folders) instead of refusing them.
 
     Example:
 
@@ -123,6 +125,7 @@ class GradientProbe(keras.callbacks.Callback):
         outlier_sigmas=6.0,
         attention_examples=4,
         sinks=None,
+        overwrite=False,
     ):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
@@ -146,7 +149,10 @@ class GradientProbe(keras.callbacks.Callback):
             raise TypeError(
                 f"`log_dir` must be a path (str or os.PathLike) or None. Received: log_dir={log_dir!r}."
             )
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"`overwrite` must be True or False. Received: overwrite={overwrite!r}.")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.overwrite = overwrite
         self.on_probe = on_probe
         self._sinks = SinkSet(checked_sinks(sinks), "GradientProbe")
         self.latest = None
@@ -154,31 +160,27 @@ class GradientProbe(keras.callbacks.Callback):
         self.latest_by_tape = {}
         self._writers = {}
         self._step = None
-        # Keras' JAX trainer may run on_train_batch_end in worker threads, and
-        # in any order (`async_safe`): what they update is updated under it.
+        self._fitting = False
+        # Keras' JAX trainer may run on_train_batch_end in worker threads, in any order: under it.
         self._lock = threading.RLock()
 
-    # Keras dispatches on_train_batch_end asynchronously only for callbacks that
-    # say it is safe (JAX; TensorFlow's trainer never does): this one reads the
-    # device only after executions that probed, and holds `_lock` meanwhile.
+    # Keras dispatches on_train_batch_end asynchronously only for callbacks that say it
+    # is safe (JAX): this one reads the device only after probed executions, under `_lock`.
     async_safe = True
 
-    # -- installing the probing step ------------------------------------------------
-
     def on_train_begin(self, logs=None):
-        # Checked before anything is installed: Keras calls no on_train_end
-        # when this raises, so a bad name must leave the model untouched.
+        # Checked before anything is installed: Keras calls no on_train_end when this raises.
         backend = backends.current()
         backend.check_layers(self.model, self.config.layers)
-        # Under a multi-worker strategy every worker runs the probe (its
-        # collectives need all of them) but only the chief writes events.
+        # Every worker runs the probe (its collectives need all of them); only the chief writes.
         writes = self.log_dir is not None and backend.is_chief(self.model)
         log_dir = probe_output.writable(self.log_dir) if writes else None
+        if log_dir is not None:
+            probe_output.claim(log_dir, self._unsynced_model, self.overwrite)
         self._sinks.open(enabled=backend.is_chief(self.model))  # before anything is installed
         self._step = backend.attach(self.model, "probe", self.config)
         self._probing_function = self.model.train_function
-        # The host knows exactly which steps an execution runs, unless an
-        # epoch of unknown length ends in a short execution of several steps.
+        # The host knows which steps an execution runs, unless an epoch of unknown length ends short.
         self._exact_count = self.model.steps_per_execution == 1 or bool(
             (self.params or {}).get("steps")
         )
@@ -188,20 +190,25 @@ class GradientProbe(keras.callbacks.Callback):
         self.latest_by_tape = {}
         self._steps_before_epoch = 0
         self._steps_seen = 0
+        self._fitting = True  # fit's validation runs evaluate with its callbacks: no warning then
 
     def on_train_end(self, logs=None):
+        self._fitting = False
         self._collect()
         backends.current().detach(self.model, "probe")
         for writer in self._writers.values():
             writer.close()
         self._sinks.close(attach_report=True, log_dir=self._log_dir, step=getattr(self.latest, "step", 0))
 
-    # -- choosing the train function ------------------------------------------------
+    def on_test_begin(self, logs=None):
+        probe_output.warn_unless_fitting(self._fitting, "evaluate")
+
+    def on_predict_begin(self, logs=None):
+        probe_output.warn_unless_fitting(self._fitting, "predict")
 
     def on_train_batch_begin(self, batch, logs=None):
-        # Executions without a probed step run Keras' own compiled function
-        # (or, with a NonFiniteGuard, the guard's alone): they cost exactly
-        # what they cost without the probe.
+        # Executions without a probed step run Keras' own compiled function (or, with a
+        # NonFiniteGuard, the guard's alone): they cost exactly what they cost without the probe.
         unprobed_function = self._unprobed_function()
         if unprobed_function is None:
             return
@@ -214,8 +221,7 @@ class GradientProbe(keras.callbacks.Callback):
             self._use_train_function(unprobed_function)
 
     def _use_train_function(self, function):
-        # Only on a change: a Keras model's __setattr__ tracks what it is given,
-        # which cost ~4% of a small JAX model's plain steps when done every batch.
+        # Only on a change: a Keras model's __setattr__ tracking cost ~4% of small JAX steps.
         model = self._unsynced_model
         if model.train_function is not function:
             model.train_function = function
@@ -234,12 +240,8 @@ class GradientProbe(keras.callbacks.Callback):
         """The model without `Callback.model`'s JAX state sync (a read of every weight): per-batch code."""
         return self._model
 
-    # -- delivering probed steps -----------------------------------------------------
-
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the last step of the execution that just ran; the steps
-        # it covered are known on the host, so only executions that contain a
-        # probed step read device memory.
+        # `batch` is the last step of the execution that just ran: only probed executions read the device.
         steps_in_epoch = (self.params or {}).get("steps")
         if steps_in_epoch:
             # Keras reports a short last execution as a full one.
@@ -259,9 +261,7 @@ class GradientProbe(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._collect()
         if self._unprobed_function() is None:
-            # Keras reports a short last execution of an epoch as a full one,
-            # so the host count can run ahead of the steps that ran; the device
-            # counter, which every step advances here, is exact.
+            # Keras reports a short last execution as a full one: the device counter is exact.
             self._steps_seen = self._step.steps_run()
         for writer in self._writers.values():
             writer.flush()

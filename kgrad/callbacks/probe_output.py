@@ -2,6 +2,9 @@
 
 import dataclasses
 import os
+import shutil
+import warnings
+import weakref
 
 
 def for_tensorboard(record):
@@ -39,3 +42,79 @@ def writable(log_dir):
             "Pass a directory you can write to, e.g. log_dir='logs/run1'."
         )
     return log_dir
+
+
+def warn_unless_fitting(fitting, method):
+    """Warns that a probe passed to ``evaluate`` or ``predict`` probes nothing (unless in fit's validation)."""
+    if not fitting:
+        warnings.warn(
+            f"kgrad.GradientProbe was passed to model.{method}(), where no gradient is computed: it "
+            f"probes nothing and writes no logs. Pass it to model.fit(callbacks=[...]); to see the "
+            "gradients of a batch outside fit, use kgrad.ProbeTape or kgrad.prediction_gradient.",
+            stacklevel=2,
+        )
+
+
+#: Per run folder (its real path): the model whose fit last wrote there in this process.
+_WRITTEN_BY = weakref.WeakValueDictionary()
+
+
+def claim(log_dir, model, overwrite):
+    """Checks, before ``fit`` starts, that ``log_dir`` holds no kgrad run of an earlier fit.
+
+    A second fit's steps would mix with the first's in TensorBoard, `kgrad.read_logs`
+    and ``kgrad report`` (steps 0, 8, 16, 0, 8, 16). A later fit of the same model
+    object in this process continues its run (its steps continue with the
+    optimizer's ``iterations``); with ``overwrite`` the earlier runs are removed
+    (only their ``kgrad`` folders). Folders on other file systems (``gs://``) are
+    not checked.
+
+    Raises:
+        FileExistsError: Naming the folder, if it holds an earlier fit's kgrad run.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> log_dir = tempfile.mkdtemp()
+    >>> os.makedirs(os.path.join(log_dir, "kgrad"))
+    >>> open(os.path.join(log_dir, "kgrad", "events.out.tfevents.1"), "w").close()
+    >>> claim(log_dir, model=None, overwrite=False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    FileExistsError: `log_dir` already holds the kgrad logs of an earlier fit: '.../kgrad'. ...
+    >>> claim(log_dir, model=None, overwrite=True)
+    >>> os.listdir(log_dir)
+    []
+    """
+    if "://" in log_dir:
+        return
+    key = os.path.realpath(log_dir)
+    earlier = earlier_runs(log_dir)
+    continues = model is not None and _WRITTEN_BY.get(key) is model
+    if earlier and not continues:
+        if not overwrite:
+            raise FileExistsError(
+                "`log_dir` already holds the kgrad logs of an earlier fit: "
+                f"{', '.join(repr(run) for run in earlier)}. This fit's steps would mix with them "
+                "(in TensorBoard, kgrad.read_logs and kgrad report). Pass a new log_dir for each "
+                "run (e.g. log_dir=f\"logs/{time.strftime('%Y%m%d-%H%M%S')}\"), or "
+                f"GradientProbe({log_dir!r}, ..., overwrite=True) to replace them."
+            )
+        for run in earlier:
+            shutil.rmtree(run)
+    if model is not None:
+        _WRITTEN_BY[key] = model
+
+
+def earlier_runs(log_dir):
+    """The kgrad run folders under ``log_dir`` that hold event files: ``kgrad`` and ``<tape>/kgrad``."""
+    if not os.path.isdir(log_dir):
+        return []
+    candidates = [os.path.join(log_dir, "kgrad")] + [
+        os.path.join(log_dir, name, "kgrad") for name in sorted(os.listdir(log_dir)) if name != "kgrad"
+    ]
+    return [
+        run
+        for run in candidates
+        if os.path.isdir(run) and any(name.startswith("events.out.tfevents") for name in os.listdir(run))
+    ]

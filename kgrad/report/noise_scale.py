@@ -275,8 +275,11 @@ gradient SNR at this batch 0.04 (per layer 0.04 dense)
     if snrs:
         (low, low_name), (high, high_name) = min(snrs), max(snrs)
         parts.append(f"{low:.2g} {low_name}" + ("" if len(snrs) == 1 else f" .. {high:.2g} {high_name}"))
-    if len(snrs) < len(critical.layers):
-        parts.append(f"no estimate for {len(critical.layers) - len(snrs)} of {len(critical.layers)} layers")
+    missing = [name for name, (_, snr) in critical.layers.items() if snr is None]
+    if missing:
+        named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        parts.append(f"no estimate for {len(missing)} of {len(critical.layers)} layers, {named}: "
+                     "its smoothed |G|² or tr(Σ) estimate is not positive")
     per_layer = f" (per layer {'; '.join(parts)})" if parts else ""
     if critical.probes == 0:
         return (

@@ -255,13 +255,8 @@ def describe(report, named=5):
         line = f"  loss spike at step {loss.step}: {_value(loss.value)} (mean {_value(loss.mean)}"
         line += f" ± {_value(loss.std)})"
         if loss.leaders:
-            shown = ", ".join(
-                f"{lead.layer} {lead.signal} at step {lead.step} ({_ahead(lead.probes_ahead)})"
-                for lead in loss.leaders[:named]
-            )
-            more = len(loss.leaders) - named
-            line += f"; first, within {report.window} probes: {shown}"
-            line += f" and {more} more" if more > 0 else ""
+            groups = "; ".join(_tie_text(tie, named) for tie in ties(loss.leaders))
+            line += f"; first, within {report.window} probes: {groups}"
         else:
             line += f"; no layer signal spiked within {report.window} probes before it"
         lines.append(line)
@@ -273,6 +268,27 @@ def describe(report, named=5):
             plural = "s" if len(found) > 1 else ""
             lines.append(f"  {tag}: {len(found)} spike{plural}, {at} {steps}{more}")
     return lines
+
+
+def ties(leaders):
+    """A loss spike's ``leaders`` grouped by their step, earliest first: a tie is not a chain of causes.
+
+    >>> lead = lambda layer, step: Lead(layer, "adam_rms", f"adam_rms/{layer}", step, 52 - step)
+    >>> [[spike.layer for spike in tie] for tie in ties([lead("a", 49), lead("b", 51), lead("c", 51)])]
+    [['a'], ['b', 'c']]
+    """
+    groups = {}
+    for lead in leaders:
+        groups.setdefault(lead.step, []).append(lead)
+    return [groups[step] for step in sorted(groups)]
+
+
+def _tie_text(tie, named):
+    first = tie[0]
+    at = f"at step {first.step} ({_ahead(first.probes_ahead)})"
+    shown = ", ".join(f"{lead.layer} {lead.signal}" for lead in tie[:named])
+    more = f" and {len(tie) - named} more" if len(tie) > named else ""
+    return f"{at}: {shown}" if len(tie) == 1 else f"{at}, {len(tie)} at once: {shown}{more}"
 
 
 def _ahead(probes):

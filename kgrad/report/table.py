@@ -72,7 +72,12 @@ def format_report(runs, thresholds):
         problems = "; ".join(f"{run.run}: {_problems(run.flagged)}" for run in flagged)
         parts.append(f"PROBLEMS in {len(flagged)} of {len(runs)} runs. {problems}")
     else:
-        parts.append(f"OK: no layer flagged in {len(runs)} run{'s' if len(runs) != 1 else ''}.")
+        verdict = f"no layer flagged in {len(runs)} run{'s' if len(runs) != 1 else ''}"
+        # Not "OK" right under a loss spike: the spike is what the stability lines above are about.
+        spikes = sum(len(getattr(getattr(run, "stability", None), "loss_spikes", ())) for run in runs)
+        if spikes:
+            verdict += f"; {spikes} loss spike{'s' if spikes != 1 else ''} (stability, above)"
+        parts.append(f"OK: {verdict}." if not spikes else f"{verdict[0].upper()}{verdict[1:]}.")
     return "\n\n".join(parts)
 
 

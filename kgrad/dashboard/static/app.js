@@ -6,7 +6,7 @@
 // fetched, so that a resize redraws at once, without asking the server again.
 import { el, sharedScale, formatNumber } from "./common.js";
 import { heatmapView, legendView, LABEL_WIDTH } from "./heatmap.js";
-import { healthTable, timelineView, histogramView, showTip } from "./panels.js";
+import { flagSummary, healthTable, timelineView, histogramView, showTip } from "./panels.js";
 import { stabilityView } from "./stability.js";
 
 const MAX_SIDE_BY_SIDE = 4;
@@ -108,6 +108,19 @@ function neededWidth(body, tables) {
   return Math.max(LABEL_WIDTH + MIN_PLOT, Math.ceil(widest) + 2);
 }
 
+// The tooltip after a redraw (a colour changed by keyboard, the live refresh) under a
+// pointer that did not move: the value now under it, or none; never the old cell's.
+function refreshTip(state) {
+  if (state.tip.hidden) return;
+  const target = state.pointer && document.elementFromPoint(...state.pointer);
+  if (target && target.tagName === "CANVAS" && target.closest(".heatmap")) {
+    const [clientX, clientY] = state.pointer;
+    target.dispatchEvent(new MouseEvent("mousemove", { clientX, clientY, bubbles: true }));
+  } else {
+    state.tip.hidden = true;
+  }
+}
+
 function layout(state, body) {
   const { heatmaps, summaries, stabilities } = state.loaded;
   const total = body.clientWidth || 1200;
@@ -140,6 +153,7 @@ function layout(state, body) {
   const grid = el("div", { class: "columns", "data-per-row": perRow }, columns);
   grid.style.gridTemplateColumns = `repeat(${perRow}, minmax(0, 1fr))`;
   body.replaceChildren(
+    heatmaps.length ? flagSummary(summaries) : null,
     legendView(scale, quantity.label, quantity.unit),
     el("p", {
       class: "hint",
@@ -149,6 +163,7 @@ function layout(state, body) {
     heatmaps.length ? grid : el("p", { text: "Tick a run above." }),
   );
   body.dataset.layoutWidth = String(total);
+  refreshTip(state);
 }
 
 async function draw(state, body) {
@@ -238,10 +253,14 @@ export async function startApp(root, source, title = "kgrad · gradient flow") {
     histograms: null,
     drawTicket: 0,
     histogramTicket: 0,
+    pointer: null, // [clientX, clientY] of the pointer over the view
     tip: el("div", { class: "tooltip", role: "tooltip", hidden: true }),
     detail: el("section", { class: "detail" }),
   };
   const body = el("div", { class: "body" });
+  // Where the pointer is, for the tooltip after a redraw under it (refreshTip).
+  root.addEventListener("mousemove", (event) => { state.pointer = [event.clientX, event.clientY]; });
+  root.addEventListener("mouseleave", () => { state.pointer = null; });
   const redraw = () => draw(state, body).catch((error) => showError(body, error));
   let bar = controls(state, redraw);
   root.replaceChildren(el("h1", { text: title }), bar, body, state.detail, state.tip);

@@ -87,3 +87,33 @@ export function formatNumber(value, digits = 3) {
   if (magnitude >= 1e-2 && magnitude < 1e4) return String(Number(value.toPrecision(digits)));
   return value.toExponential(digits - 1);
 }
+
+// Row labels: 12 px text (style.css' .row-label), measured on a canvas, nothing drawn.
+export const LABEL_FONT = '12px Roboto, "Helvetica Neue", Arial, sans-serif';
+const measuring = document.createElement("canvas").getContext("2d");
+
+export function textWidth(text, font = LABEL_FONT) {
+  measuring.font = font;
+  return measuring.measureText(text).width;
+}
+
+// `text` within `px`: whole, else its path shortened where rows differ least: the middle
+// parts first ("transformer_layer_0/…/query"), then the middle of its first part
+// ("transfo…layer_0/feedforward_intermediate_dense"), its last part whole. An ellipsis at
+// the end made 16 of 19 rows read "transformer_layer_0/self…".
+export function fitText(text, px, font = LABEL_FONT) {
+  const fits = (candidate) => textWidth(candidate, font) <= px;
+  if (fits(text)) return text;
+  const parts = text.split("/");
+  const last = parts[parts.length - 1];
+  const first = parts.length > 1 ? parts[0] : "";
+  const joint = parts.length > 2 ? "/…/" : "/";
+  if (parts.length > 2 && fits(first + joint + last)) return first + joint + last;
+  for (let kept = first.length - 1; kept >= 4; kept--) {
+    const head = `${first.slice(0, Math.ceil(kept / 2))}…${first.slice(first.length - Math.floor(kept / 2))}`;
+    if (fits(head + joint + last)) return head + joint + last;
+  }
+  let tail = last; // the last part alone does not fit: its end, which tells rows apart
+  while (tail.length > 1 && !fits(`…${tail}`)) tail = tail.slice(1);
+  return `…${tail}`;
+}

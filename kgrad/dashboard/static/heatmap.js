@@ -1,7 +1,14 @@
 // The layer x step heatmap of one run, drawn on a <canvas>, and its legend.
-import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, NONFINITE_RGB, ZERO_RGB, formatNumber } from "./common.js";
+import { decodeFloats, el, colorAt, scalePosition, MISSING_RGB, NONFINITE_RGB, ZERO_RGB, formatNumber, fitText, textWidth } from "./common.js";
 
-export const LABEL_WIDTH = 150; // px of the row labels: .row-labels in style.css
+export const LABEL_WIDTH = 150; // px of the row labels at the least: .row-labels in style.css
+
+// px of the row labels of `names` in a column `width` px wide: the longest name whole
+// where it fits in 45% of the column (at least LABEL_WIDTH); longer ones are shortened.
+export function labelWidthFor(names, width) {
+  const widest = Math.max(0, ...names.map((name) => textWidth(name))) + 14; // + padding, a gap
+  return Math.round(Math.max(LABEL_WIDTH, Math.min(widest, 0.45 * width)));
+}
 
 function rowHeight(layers) {
   if (layers <= 24) return 22;
@@ -60,17 +67,19 @@ export function stepAxis(steps, width) {
   return axis;
 }
 
-// The heatmap of one run. handlers: {hover(info | null, event), click(info)}.
-export function heatmapView(heatmap, scale, width, handlers) {
+// The heatmap of one run. handlers: {hover(info | null, event), click(info) or null};
+// a click on a cell or on a row's label opens that layer. labelWidth: px of the labels.
+export function heatmapView(heatmap, scale, width, handlers, labelWidth = labelWidthFor(heatmap.layers, width)) {
   const values = decodeFloats(heatmap.values);
   const layers = heatmap.layers.length;
   const steps = heatmap.steps.length;
   const height = rowHeight(layers) * Math.max(1, layers);
-  const plotWidth = Math.max(120, width - LABEL_WIDTH);
+  const plotWidth = Math.max(120, width - labelWidth);
   // Rows thinner than a line of text: every few rows a label, drawn at full
   // size over its neighbours' (empty) rows rather than clipped to its own.
   const labels = el("div", { class: "row-labels" + (rowHeight(layers) < 12 ? " dense" : "") });
   labels.style.height = `${height}px`;
+  labels.style.width = `${labelWidth}px`;
   const every = Math.max(1, Math.ceil(12 / rowHeight(layers)));
   heatmap.layers.forEach((layer, index) => {
     const flags = heatmap.flags[index];
@@ -82,8 +91,26 @@ export function heatmapView(heatmap, scale, width, handlers) {
       title: flags.length ? `${layer}: ${flags.join(", ")}` : layer,
     });
     label.style.height = `${height / layers}px`;
-    label.append(el("span", { class: "name", text: layer }));
-    if (flags.length && rowHeight(layers) >= 12) label.append(el("span", { class: "badge", text: flags.join(" ") }));
+    const badge = flags.length && rowHeight(layers) >= 12 ? el("span", { class: "badge", text: flags.join(" ") }) : null;
+    // Room left of the badge (9 px capitals, ~7 px a letter) and the padding.
+    const room = labelWidth - 10 - (badge ? 7 * badge.textContent.length + 10 : 0);
+    const name = el("span", { class: "name", text: fitText(layer, room) });
+    name.style.maxWidth = `${labelWidth - 6}px`;
+    label.append(name);
+    if (badge) label.append(badge);
+    if (handlers.click) {
+      // The label opens its layer as its cells do (by keyboard too).
+      label.classList.add("clickable");
+      label.tabIndex = 0;
+      label.setAttribute("role", "button");
+      const open = () => handlers.click({ run: heatmap.run, row: index, layer, flags, histogramTags: heatmap.histogram_tags[index] });
+      label.addEventListener("click", open);
+      label.addEventListener("keydown", (event) => {
+        if (event.key !== "Enter" && event.key !== " ") return;
+        event.preventDefault();
+        open();
+      });
+    }
     labels.append(label);
   });
   const canvas = el("canvas", { class: "heatmap-canvas", "data-run": heatmap.run });
@@ -111,12 +138,12 @@ export function heatmapView(heatmap, scale, width, handlers) {
   canvas.addEventListener("mouseleave", (event) => handlers.hover(null, event));
   canvas.addEventListener("click", (event) => {
     const cell = cellAt(event);
-    if (cell) handlers.click(cell);
+    if (cell && handlers.click) handlers.click(cell);
   });
   const body = el("div", { class: "heatmap-body" }, [labels, canvas]);
   const axis = stepAxis(heatmap.steps, plotWidth);
-  axis.style.marginLeft = `${LABEL_WIDTH}px`;
-  return el("div", { class: "heatmap" }, [body, axis]);
+  axis.style.marginLeft = `${labelWidth}px`;
+  return el("div", { class: "heatmap", "data-label-width": labelWidth }, [body, axis]);
 }
 
 // The colour legend in real units, shared by every heatmap on the page.

@@ -1,4 +1,4 @@
-// The health table, the NaN/Inf timeline and the histogram view of a run.
+// The first screen's flag summary; the health table, the NaN/Inf timeline and the histogram view of a run.
 import { decodeFloats, el, colorAt, formatNumber } from "./common.js";
 
 const COLUMNS = [
@@ -56,6 +56,33 @@ export function healthTable(summary) {
     text: `${summary.probes} probes, steps ${summary.first_step ?? "–"}..${summary.last_step ?? "–"}; ${summary.gradient_name} = ${summary.gradient}` + (summary.comparison ? `; ${summary.comparison}` : ""),
   });
   return el("table", { class: "health", "data-run": summary.run }, [caption, el("thead", {}, head), el("tbody", {}, rows)]);
+}
+
+// Which runs shown have flagged layers, and how many per flag, before any heatmap: where
+// the runs stack (<= 1100 px) a flagged run may start below the fold, under an all-green
+// one. Flagged runs first; a click scrolls to the run.
+export function flagSummary(summaries) {
+  const lines = summaries.map((summary) => {
+    const counts = new Map();
+    for (const row of summary.health) for (const flag of row.flags) counts.set(flag, (counts.get(flag) || 0) + 1);
+    const parts = [...counts].map(([flag, count]) => `${count} layer${count === 1 ? "" : "s"} ${flag.toUpperCase()}`);
+    return { run: summary.run, flagged: parts.length > 0, text: `${summary.run}: ${parts.length ? parts.join(", ") : "no layer flagged"}` };
+  });
+  lines.sort((a, b) => Number(b.flagged) - Number(a.flagged));
+  return el("div", { class: "flag-summary", "data-role": "flag-summary" }, lines.map((line) => {
+    const button = el("button", {
+      type: "button",
+      class: "flag-line" + (line.flagged ? " flagged" : ""),
+      "data-run": line.run,
+      title: `Go to ${line.run}`,
+      text: line.flagged ? `⚠ ${line.text}` : line.text,
+    });
+    button.addEventListener("click", () => {
+      const column = [...document.querySelectorAll("section.run-column")].find((node) => node.dataset.run === line.run);
+      if (column) column.scrollIntoView({ block: "start" });
+    });
+    return button;
+  }));
 }
 
 // Which layers had NaN/Inf, when; the NonFiniteGuard's report when one tripped.

@@ -4,10 +4,12 @@
 // first. Every spike comes from the server (kgrad/report/stability.py): the rule is
 // not written again here.
 import { el, formatNumber } from "./common.js";
-import { heatmapView, legendView, stepAxis, LABEL_WIDTH } from "./heatmap.js";
+import { heatmapView, legendView, stepAxis, labelWidthFor } from "./heatmap.js";
 
 const CHART_PX = 84; // px height of a line chart
 const CHART_PAD = 7; // px above and below the lines: a spike's ring stays inside
+const LOG_SPAN = 100; // highest / lowest value from which a chart's y-axis is logarithmic
+const TIE_SHOWN = 4; // leaders of a tie named at once; the others behind "and N more"
 // Tableau's categorical colours (the lines of one chart), then again.
 const LINE_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
 const HINT = 'No stability signals logged: GradientProbe(..., instruments=["optimizer", "logits", "attention"]) logs them.';
@@ -27,7 +29,7 @@ function aggregateText(rms) {
 
 // The adam_rms heatmap (the tab's heatmap, without its own axis) with a ring on every
 // cell whose layer spiked there; `leaders`: "layer@step" of what moved first.
-function rmsTrack(view, scale, width, handlers, leaders) {
+function rmsTrack(view, scale, width, labelWidth, handlers, leaders) {
   const { rms } = view;
   const matrix = {
     ...rms,
@@ -35,7 +37,7 @@ function rmsTrack(view, scale, width, handlers, leaders) {
     flags: rms.layers.map(() => []),
     histogram_tags: rms.layers.map(() => []),
   };
-  const node = heatmapView(matrix, scale, width, { hover: handlers.hover, click: () => {} });
+  const node = heatmapView(matrix, scale, width, { hover: handlers.hover, click: null }, labelWidth);
   node.classList.add("stability-heatmap");
   node.querySelector(".step-axis").remove(); // one axis for the whole view, at its foot
   const canvas = node.querySelector("canvas");
@@ -96,17 +98,24 @@ function svgNode(tag, attributes) {
   return node;
 }
 
-// One chart of lines on a linear y-axis from the lowest to the highest logged value.
-function lineTrack(view, part, title, what, width, leaders) {
+// One chart of lines on a y-axis from the lowest to the highest logged value: logarithmic
+// where the values span LOG_SPAN or more (attention scores from 0.04 to 2390: on a linear
+// axis the first spikes, at 51σ, lay flat on the floor), else linear. With values <= 0 too,
+// sign(v)·log10(1 + |v|): log-like beyond ±1, linear near 0 (scores are O(1) numbers).
+function lineTrack(view, part, title, what, width, labelWidth, leaders) {
   const lines = view[part];
   const steps = view.steps.length;
   const finite = lines.flatMap((line) => line.values.filter((v) => v !== null));
   let low = finite.length ? Math.min(...finite) : 0;
   let high = finite.length ? Math.max(...finite) : 1;
   if (high === low) [low, high] = [low - 0.5, high + 0.5];
+  const positive = low > 0;
+  const log = Math.max(Math.abs(low), Math.abs(high)) / (positive ? low : 1) >= LOG_SPAN;
+  const symmetricLog = (value) => Math.sign(value) * Math.log10(1 + Math.abs(value));
+  const axis = !log ? (value) => value : positive ? Math.log10 : symmetricLog;
   const x = (column) => xOf(column, steps, width);
-  const y = (value) => CHART_PAD + (1 - (value - low) / (high - low)) * (CHART_PX - 2 * CHART_PAD);
-  const svg = svgNode("svg", { class: "chart", width, height: CHART_PX, "data-part": part });
+  const y = (value) => CHART_PAD + (1 - (axis(value) - axis(low)) / (axis(high) - axis(low))) * (CHART_PX - 2 * CHART_PAD);
+  const svg = svgNode("svg", { class: "chart", width, height: CHART_PX, "data-part": part, "data-scale": !log ? "linear" : positive ? "log" : "symlog" });
   svg.style.width = `${width}px`;
   svg.style.height = `${CHART_PX}px`;
   lines.forEach((line, index) => {
@@ -139,10 +148,11 @@ function lineTrack(view, part, title, what, width, leaders) {
   });
   const label = el("div", { class: "chart-label", title: what }, [
     el("span", { class: "chart-high", text: formatNumber(high) }),
-    el("span", { class: "chart-title", text: title }),
+    el("span", { class: "chart-title", text: log ? `${title} (log)` : title }),
     el("span", { class: "chart-low", text: formatNumber(low) }),
   ]);
   label.style.height = `${CHART_PX}px`;
+  label.style.width = `${labelWidth}px`;
   const keys = el(
     "div",
     { class: "chart-keys" },
@@ -153,16 +163,46 @@ function lineTrack(view, part, title, what, width, leaders) {
       return el("span", { class: "chart-key", "data-name": line.name, title: line.tags.join(", ") }, [swatch, el("span", { text: line.name + heads })]);
     }),
   );
-  keys.style.marginLeft = `${LABEL_WIDTH}px`;
+  keys.style.marginLeft = `${labelWidth}px`;
   return el("div", { class: "chart-track", "data-part": part }, [el("div", { class: "chart-row" }, [label, svg]), keys]);
 }
 
-function leaderText(lead) {
-  const ahead = lead.probes_ahead === 0 ? "same probe" : `${lead.probes_ahead} probe${lead.probes_ahead === 1 ? "" : "s"} ahead`;
-  return `${lead.layer} ${lead.signal} @${lead.step} (${ahead})`;
+function aheadText(probes) {
+  return probes === 0 ? "same probe" : `${probes} probe${probes === 1 ? "" : "s"} ahead`;
 }
 
-// Each loss spike on one line: its step and value, then what spiked first, earliest first.
+// The leaders of a loss spike grouped by their step: signals that spiked at one probe are
+// a tie (which moved first is not known), not a chain of causes.
+function ties(leaders) {
+  const groups = [];
+  for (const lead of leaders) {
+    const last = groups[groups.length - 1];
+    if (last && last[0].step === lead.step) last.push(lead);
+    else groups.push([lead]);
+  }
+  return groups;
+}
+
+function leadChip(lead) {
+  return el("span", { class: "lead", "data-layer": lead.layer, "data-signal": lead.signal, "data-step": lead.step, text: `${lead.layer} ${lead.signal}` });
+}
+
+// One tie: "at step 51 (1 probe ahead), 22 at once:" and its first few signals; the others
+// folded under "and 18 more".
+function tieView(tie) {
+  const { step, probes_ahead: ahead } = tie[0];
+  const head = `at step ${step} (${aheadText(ahead)})` + (tie.length > 1 ? `, ${tie.length} at once: ` : ": ");
+  const parts = [el("span", { class: "tie-head", text: head }), ...tie.slice(0, TIE_SHOWN).map(leadChip)];
+  if (tie.length > TIE_SHOWN) {
+    parts.push(el("details", { class: "tie-more" }, [
+      el("summary", { text: `and ${tie.length - TIE_SHOWN} more` }),
+      ...tie.slice(TIE_SHOWN).map(leadChip),
+    ]));
+  }
+  return el("span", { class: "tie", "data-step": step, "data-size": tie.length }, parts);
+}
+
+// Each loss spike on one line: its step and value, then what spiked first, tie by tie, earliest first.
 function lossSpikeList(view) {
   if (!view.loss) return null;
   if (!view.loss_spikes.length) {
@@ -173,9 +213,9 @@ function lossSpikeList(view) {
     const parts = [el("strong", { text: `step ${spike.step}` }), el("span", { text: ` loss ${value} (mean ${formatNumber(spike.mean)} ± ${formatNumber(spike.std)}) ` })];
     if (spike.leaders.length) {
       parts.push(el("span", { class: "first", text: "first: " }));
-      spike.leaders.forEach((lead, index) => {
-        if (index) parts.push(el("span", { class: "arrow", text: " → " }));
-        parts.push(el("span", { class: "lead", "data-layer": lead.layer, "data-signal": lead.signal, "data-step": lead.step, text: leaderText(lead) }));
+      ties(spike.leaders).forEach((tie, index) => {
+        if (index) parts.push(el("span", { class: "tie-separator", text: "; " }));
+        parts.push(tieView(tie));
       });
     } else {
       parts.push(el("span", { class: "first", text: `no layer signal spiked within ${view.window} probes before it` }));
@@ -190,10 +230,10 @@ function lossSpikeList(view) {
 
 // A dashed line down the whole view at each loss spike, labelled with its step where
 // there is room beside the previous label.
-function spikeLines(view, width, plot) {
+function spikeLines(view, width, labelWidth, plot) {
   let lastLabel = -Infinity;
   for (const spike of view.loss_spikes) {
-    const left = LABEL_WIDTH + xOf(spike.column, view.steps.length, width);
+    const left = labelWidth + xOf(spike.column, view.steps.length, width);
     const line = el("span", { class: "loss-spike-line", "data-step": spike.step, title: `loss spike at step ${spike.step}` });
     line.style.left = `${left}px`;
     plot.append(line);
@@ -214,7 +254,10 @@ export function stabilityView(view, scale, columnWidth, handlers) {
     box.append(el("p", { class: "hint stability-hint", text: HINT }));
     return box;
   }
-  const width = Math.max(120, columnWidth - LABEL_WIDTH); // the tab heatmap's plot width
+  // Labels wide enough for the layer paths of a transformer (cut at 150 px, 16 of 19 read
+  // "transformer_layer_0/self…"), the same for every track: one step axis.
+  const labelWidth = labelWidthFor(view.rms ? view.rms.layers : [], columnWidth);
+  const width = Math.max(120, columnWidth - labelWidth);
   const leaders = new Set(view.loss_spikes.flatMap((spike) => spike.leaders.map((lead) => `${lead.signal} ${lead.layer}@${lead.step}`)));
   const missing = view.missing.map((part) => `${part.what} (instruments=["${part.instrument}"])`);
   if (missing.length) box.append(el("p", { class: "hint stability-missing", text: `Not logged: ${missing.join(", ")}.` }));
@@ -230,14 +273,14 @@ export function stabilityView(view, scale, columnWidth, handlers) {
     box.append(legend);
   }
   const plot = el("div", { class: "stability-plot" });
-  if (view.rms) plot.append(rmsTrack(view, scale, columnWidth, handlers, leaders));
+  if (view.rms) plot.append(rmsTrack(view, scale, columnWidth, labelWidth, handlers, leaders));
   for (const [part, title, what] of CHARTS) {
-    if (view[part]) plot.append(lineTrack(view, part, title, what, width, leaders));
+    if (view[part]) plot.append(lineTrack(view, part, title, what, width, labelWidth, leaders));
   }
-  spikeLines(view, width, plot);
+  spikeLines(view, width, labelWidth, plot);
   const axis = stepAxis(view.steps, width);
   axis.classList.add("stability-axis");
-  axis.style.marginLeft = `${LABEL_WIDTH}px`;
+  axis.style.marginLeft = `${labelWidth}px`;
   box.append(
     plot,
     axis,

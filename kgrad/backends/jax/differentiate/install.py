@@ -19,7 +19,7 @@ with the same options does not compile its step again.
 
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common import attached
-from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.common.own_step import check_stateless_train_step, has_own_train_step
 from kgrad.backends.jax.differentiate.step import ProbedStep
 from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
 from kgrad.backends.jax.guard.run import GuardRun
@@ -45,6 +45,8 @@ def attached_guard(model):
 def attach_guard(model, config, probing_function=None):
     """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
     check_guard(model, config)
+    if has_own_train_step(model):
+        check_stateless_train_step(model, "NonFiniteGuard")
     keras_function = keras_train_function(model)
     kept = attached.setdefault(model, "kept_guard_runs", [])
     same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
@@ -144,3 +146,5 @@ def _check(model, role):
     check_supported(role)
     if model.optimizer is None:
         raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
+    if has_own_train_step(model):
+        check_stateless_train_step(model, "GradientProbe")

@@ -24,9 +24,11 @@ class ProbeResult:
             the gradients of the float inputs, in ``tf.nest.flatten`` order.
         prediction: The model's output.
         prediction_gradient: dJ/dŷ from the same backward pass, like
-            ``prediction``; ``None`` when the target does not reach it on the
-            tape (under Keras' logits shortcut, see ``gradients``) or an
-            output is not float.
+            ``prediction``, also for a softmax/sigmoid output whose Keras
+            cross-entropy was computed inside the block (as ``gradients``);
+            ``None`` when the target does not reach it (with a warning when
+            such a loss was computed outside the block) or an output is not
+            float.
         layer_inputs: ``dict`` name -> input of each captured layer (its
             ``call``'s first argument), with ``ProbeTape(record_inputs=True)``.
         unconnected: Names of the activations the differentiated target does

@@ -123,8 +123,7 @@ class ProbeTape(tf.GradientTape):
         self._replaying = False
         collection = active_collection.active_collection()
         if collection is not None:
-            # A probed train_step traces both backward passes in a tf.cond
-            # (the probed and the plain one): the tape must allow two.
+            # A probed train_step traces both backward passes (probed, plain) in a tf.cond.
             self._persistent = True
             self._record_inputs = self._record_inputs or collection.records_layer_inputs
             if collection.captures_everything:
@@ -189,8 +188,7 @@ class ProbeTape(tf.GradientTape):
             self._recorder, self._model, self._layers, self._explicit_layers, self._operations
         )
 
-    # Not converted by AutoGraph when called in a user's tf.function: plain
-    # graph-safe Python, whose `super()` calls AutoGraph would mangle.
+    # Not converted by AutoGraph (in a user's tf.function): it would mangle the `super()` calls.
     @tf.autograph.experimental.do_not_convert
     def gradient(
         self,
@@ -229,19 +227,18 @@ class ProbeTape(tf.GradientTape):
         captured = [self._recorder.activations[name] for name in names]
         inputs = self._recorder.watched_inputs()
         position = {id(tensor): index for index, tensor in enumerate(captured)}
-        shortcuts = [call for call in self._shortcut_calls if id(call.output) in position]
-        # dJ/d(logits) of each captured output whose cross-entropy took the
-        # shortcut: the backward pass computes it on its way to the weights,
-        # so a pre-activation gradient (`kgrad.instruments`) need not be
-        # chained back through the probabilities (a softmax the plain step
-        # never computes).
+        # dJ/dŷ from the same pass, also when the output layer is not captured (the recorder watched it).
+        predictions = taps.float_leaves(self._recorder.prediction)
+        predicted = {id(tensor): index for index, tensor in enumerate(predictions)}
+        reached = position.keys() | predicted.keys()  # outputs whose shortcut counts: captured, or ŷ
+        shortcuts = [call for call in self._shortcut_calls if id(call.output) in reached]
+        # dJ/d(logits) of each captured output whose cross-entropy took the shortcut, from the pass
+        # itself: not chained back through the probabilities (a softmax the plain step never computes).
         logits = {}
         for call in shortcuts:
-            logits.setdefault(position[id(call.output)], call.logits)
+            if id(call.output) in position:
+                logits.setdefault(position[id(call.output)], call.logits)
         logits_indices = sorted(logits)
-        # dJ/dŷ from the same pass, also when the output layer is not captured
-        # (a generator ending in Reshape): the recorder watched the prediction.
-        predictions = taps.float_leaves(self._recorder.prediction)
         every_gradient = super().gradient(
             target,
             flat_sources + captured + inputs + [call.value for call in shortcuts]
@@ -250,7 +247,7 @@ class ProbeTape(tf.GradientTape):
             unconnected_gradients=unconnected_gradients,
         )
         split = len(every_gradient) - len(predictions)
-        every_gradient, prediction_part = every_gradient[:split], every_gradient[split:]
+        every_gradient, prediction_part = every_gradient[:split], list(every_gradient[split:])
         user_part = every_gradient[: len(flat_sources)]
         probe_part = every_gradient[len(flat_sources) : len(flat_sources) + len(captured) + len(inputs)]
         shortcut_part = every_gradient[len(flat_sources) + len(captured) + len(inputs) :]
@@ -263,14 +260,21 @@ class ProbeTape(tf.GradientTape):
         for call, value_gradient in zip(shortcuts, value_gradients):
             if value_gradient is None:
                 continue  # that loss is not part of the target
-            index = position[id(call.output)]
-            activation_gradients[index] += logits_shortcut.gradient_through_probabilities(
-                call, value_gradient
-            )
-            hidden.discard(index)
+            through = logits_shortcut.gradient_through_probabilities(call, value_gradient)
+            if id(call.output) in position:
+                index = position[id(call.output)]
+                activation_gradients[index] += through
+                hidden.discard(index)
+            if id(call.output) in predicted:  # dJ/dŷ: the shortcut's part, plus any other path's
+                index = predicted[id(call.output)]
+                direct = prediction_part[index]
+                prediction_part[index] = through if direct is None else direct + through
         for index in sorted(hidden):
             activation_gradients[index] = None
             tape_checks.warn_hidden_gradient(names[index])
+        for tensor, gradient in zip(predictions, prediction_part):
+            if gradient is None and logits_shortcut.has_logits_shortcut(tensor):
+                tape_checks.warn_hidden_gradient(self._model.name, "tape.probe.prediction_gradient")
         logits_gradients = {
             names[index]: gradient
             for index, gradient in zip(logits_indices, logits_part)

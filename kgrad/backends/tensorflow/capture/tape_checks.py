@@ -53,11 +53,12 @@ def check_forward_pass(recorder, model, layers, explicit_layers, operations):
         )
 
 
-def warn_hidden_gradient(name):
+def warn_hidden_gradient(name, where=None):
     """Warns that dJ/d(output of ``name``) is unknown: Keras' logits shortcut cut it from the tape."""
+    where = where or f"tape.probe.gradients[{name!r}]"
     warnings.warn(
-        f"kgrad.ProbeTape: dJ/d(output of {name!r}) is unknown, so tape.probe.gradients"
-        f"[{name!r}] is None. {name!r} ends in a softmax or sigmoid, and the loss did "
+        f"kgrad.ProbeTape: dJ/d(output of {name!r}) is unknown, so {where}"
+        f" is None. {name!r} ends in a softmax or sigmoid, and the loss did "
         "not reach it on the tape: Keras computes cross-entropies from the logits "
         "behind such outputs, and no such Keras loss was computed inside this "
         "ProbeTape's `with` block. Compute the loss inside the block, or get dJ/dŷ "
