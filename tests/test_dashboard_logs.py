@@ -1,7 +1,8 @@
 """The logs the dashboard tests look at, and what the dashboard reads from them.
 
-`dashboard_logs` builds, once per test session (in pytest's base temp
-folder, shared by the dashboard test modules), a log directory holding:
+`dashboard_logs` builds, once per test run (in pytest's base temp folder,
+shared by the dashboard test modules and, under ``-n 2``, by both xdist
+workers), a log directory holding:
 
 - ``sigmoid_deep/`` and ``relu_deep/``: `kgrad demo` with 2 epochs;
 - ``xss/kgrad``: a synthetic run whose layer names hold HTML;
@@ -19,6 +20,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from filelock import FileLock
 
 import kgrad
 from kgrad import demo
@@ -69,17 +71,25 @@ def build_dashboard_logs(base):
     """The log directory described in the module docstring, built once under ``base``."""
     log_dir = os.path.join(base, "kgrad_dashboard_logs")
     done = os.path.join(log_dir, ".complete")
-    if not os.path.exists(done):
-        demo.run_demo(log_dir, epochs=2, overwrite=True, out=io.StringIO())
-        _xss_run(log_dir)
-        _guard_run(log_dir)
-        open(done, "w").close()
+    # The lock: under `-n 2` the second worker waits for the first one's build
+    # (about 20 s of training) instead of training the same runs again.
+    with FileLock(os.path.join(base, "kgrad_dashboard_logs.lock")):
+        if not os.path.exists(done):
+            demo.run_demo(log_dir, epochs=2, overwrite=True, out=io.StringIO())
+            _xss_run(log_dir)
+            _guard_run(log_dir)
+            open(done, "w").close()
     return log_dir
 
 
 @pytest.fixture(scope="session")
 def dashboard_logs(tmp_path_factory):
-    return build_dashboard_logs(str(tmp_path_factory.getbasetemp()))
+    base = tmp_path_factory.getbasetemp()
+    # Each xdist worker has its own base temp folder inside the run's one: the
+    # logs go there, so that both workers read the same (read-only) directory.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    return build_dashboard_logs(str(base))
 
 
 @pytest.fixture(scope="session")

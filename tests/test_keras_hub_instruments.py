@@ -17,14 +17,15 @@ RTOL = 1e-4
 B, T, V = 4, 6, 20
 
 
-def _causal_lm(kind):
+def _causal_lm(kind, num_layers=2):
     keras.utils.set_random_seed(0)
     if kind == "gpt2":
-        backbone = keras_hub.models.GPT2Backbone(vocabulary_size=V, num_layers=2, num_heads=2, hidden_dim=32,
-                                                 intermediate_dim=64, max_sequence_length=16, dropout=0.0)
+        backbone = keras_hub.models.GPT2Backbone(vocabulary_size=V, num_layers=num_layers, num_heads=2,
+                                                 hidden_dim=32, intermediate_dim=64, max_sequence_length=16,
+                                                 dropout=0.0)
         model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     else:
-        backbone = keras_hub.models.GemmaBackbone(vocabulary_size=V, num_layers=2, num_query_heads=4,
+        backbone = keras_hub.models.GemmaBackbone(vocabulary_size=V, num_layers=num_layers, num_query_heads=4,
                                                   num_key_value_heads=2, hidden_dim=16, intermediate_dim=32,
                                                   head_dim=8)
         model = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
@@ -140,10 +141,13 @@ def test_optimizer_and_logit_statistics_of_a_causal_lm(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["gpt2", "gemma"])
 def test_training_a_causal_lm_is_unchanged_by_the_instruments(tmp_path, kind):
+    # One transformer layer holds every kind of weight and tap the instruments
+    # read (embedding, attention, MLP, norms, head); a second one only doubled
+    # the tracing (8.7 -> 5.2 CPU-s for GPT-2's two fits).
     inputs, targets, weights = _data()
-    plain = _causal_lm(kind)
+    plain = _causal_lm(kind, num_layers=1)
     plain.fit(inputs, targets, sample_weight=weights, batch_size=B, shuffle=False, verbose=0)
-    probed = _causal_lm(kind)
+    probed = _causal_lm(kind, num_layers=1)
     probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, instruments=["optimizer", "logits", "attention"])
     probed.fit(inputs, targets, sample_weight=weights, batch_size=B, shuffle=False, verbose=0,
                callbacks=[probe])
