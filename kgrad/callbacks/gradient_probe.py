@@ -50,7 +50,14 @@ class GradientProbe(keras.callbacks.Callback):
             "activation_gradients", "prediction_gradient", "input_gradient",
             "weight_gradients")``.
         histograms: Whether to log histograms besides the scalars.
-        bucket_count: Buckets per histogram.
+        histogram_buckets: ``"log"`` (default): fixed buckets by sign and
+            decade of magnitude, two per decade from 1e-12 to 1e4, one for
+            exact zeros (beyond the range: the outermost bucket of the
+            side); the same edges for every tensor, step and run.
+            ``"linear"``: ``bucket_count`` equal buckets between each
+            tensor's min and max, the earlier kind (see docs/tags.md).
+        bucket_count: Buckets per histogram with ``histogram_buckets="linear"``
+            (default 30); log-magnitude buckets are fixed.
         on_probe: Optional ``fn(record)`` called with each probed step's
             `kgrad.ProbeRecord`, for logging elsewhere than TensorBoard (one
             per tape and step in a model's own ``train_step``; its ``tape``
@@ -116,13 +123,14 @@ class GradientProbe(keras.callbacks.Callback):
         every_n_steps=100,
         capture="all",
         histograms=True,
-        bucket_count=30,
+        bucket_count=None,
         on_probe=None,
         statistics="default",
         instruments=(),
         outlier_sigmas=6.0,
         attention_examples=4,
         sinks=None,
+        histogram_buckets="log",
     ):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
@@ -133,6 +141,7 @@ class GradientProbe(keras.callbacks.Callback):
             capture=capture,
             histograms=histograms,
             bucket_count=bucket_count,
+            histogram_buckets=histogram_buckets,
             statistics=statistics,
             instruments=instruments,
             outlier_sigmas=outlier_sigmas,

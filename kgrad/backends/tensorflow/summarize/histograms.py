@@ -2,11 +2,22 @@
 
 TensorFlow's histogram op has no XLA kernel; these compile under XLA and run
 with TensorFlow's kernels elsewhere. A histogram is TensorBoard's ``[k, 3]``
-tensor of (left edge, right edge, count), over the finite elements.
+tensor of (left edge, right edge, count), over the finite elements: equal
+buckets between the min and max (linear), or fixed log-magnitude buckets
+(`log_magnitude_histograms`).
 """
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
+
+from kgrad.plan.histogram_buckets import (
+    BUCKETS_PER_DECADE,
+    BUCKETS_PER_SIDE,
+    LOWEST_DECADE,
+    MAGNITUDE_EDGES,
+    log_magnitude_edges,
+)
 
 
 def in_xla():
@@ -74,3 +85,33 @@ def bucket_counts(values, finite, low, high, bucket_count):
     # Integer counts: a float32 count stops growing at 2**24 elements.
     ones = tf.ones_like(index) if finite is None else tf.cast(finite, tf.int32)
     return tf.math.unsorted_segment_sum(ones, index, bucket_count)
+
+
+def log_magnitude_histograms(flat):
+    """``[n, LOG_BUCKET_COUNT, 3]`` log-magnitude histograms of flat float32 tensors.
+
+    The edges are fixed (`kgrad.plan.histogram_buckets`): no min/max pass,
+    no branch on non-finite values, and the same program under XLA or not.
+    """
+    edges = tf.constant(log_magnitude_edges())[tf.newaxis]
+    counts = tf.stack([log_magnitude_counts(values) for values in flat])
+    return histogram_rows(tf.tile(edges, [len(flat), 1]), counts)
+
+
+def log_magnitude_counts(values):
+    """``[LOG_BUCKET_COUNT]`` integer counts of the finite flat ``values`` by sign and magnitude."""
+    magnitude_edges = tf.constant(MAGNITUDE_EDGES)
+    side = BUCKETS_PER_SIDE
+    magnitude = tf.abs(values)
+    # The decade from a logarithm, then one step either way against the float32
+    # edges themselves: a logarithm off by an ulp never moves a value at an edge.
+    estimate = tf.math.log(magnitude) * (BUCKETS_PER_DECADE / np.log(10.0)) - LOWEST_DECADE * BUCKETS_PER_DECADE
+    # NaN and Inf give any index here; their weight below is 0.
+    index = tf.clip_by_value(tf.cast(tf.floor(tf.where(tf.math.is_finite(estimate), estimate, 0.0)), tf.int32), 0, side - 1)
+    index += tf.cast((index < side - 1) & (magnitude >= tf.gather(magnitude_edges, index + 1)), tf.int32)
+    index -= tf.cast((index > 0) & (magnitude < tf.gather(magnitude_edges, index)), tf.int32)
+    bucket = tf.where(values > 0, side + 1 + index, side - 1 - index)
+    bucket = tf.where(values == 0, side, bucket)
+    finite = tf.cast(tf.math.is_finite(values), tf.int32)
+    # Integer counts: a float32 count stops growing at 2**24 elements.
+    return tf.math.unsorted_segment_sum(finite, bucket, 2 * side + 1)

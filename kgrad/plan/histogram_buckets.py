@@ -1,0 +1,122 @@
+"""The two kinds of histogram buckets, and the fixed edges of the log-magnitude kind.
+
+``histogram_buckets="log"`` buckets every finite element by its sign and the
+decade of its magnitude, on edges fixed once for all layers, steps and runs:
+
+- ``BUCKETS_PER_DECADE`` buckets per decade of |x|, from ``1e-12`` to
+  ``1e4`` (``MAGNITUDE_EDGES``), on each side of zero;
+- one bucket in the middle, ``[-1e-12, 1e-12]``, for the elements exactly 0;
+- magnitudes beyond the range go to the outermost bucket on their side: a
+  |x| ≥ 1e4 to ``[1e4/√10, 1e4]`` and a |x| < 1e-12 that is not 0 to
+  ``[1e-12, 1e-12·√10]`` (negated for negative values).
+
+NaN, +Inf and −Inf are in no bucket: the non-finite count (``*_nonfinite/``)
+counts them, as for the linear kind. An element ``v`` with ``E[j] ≤ |v| <
+E[j + 1]`` (``E = MAGNITUDE_EDGES``, compared in float32) is in bucket
+``j`` of its side. With no min/max pass, a step's counts of two shards or
+replicas add exactly to the counts of the whole tensor.
+
+``histogram_buckets="linear"`` is the earlier kind: ``bucket_count`` equal
+buckets between the finite min and max of each tensor, each step.
+
+Example:
+
+>>> LOG_BUCKET_COUNT, float(log_magnitude_edges()[LOG_BUCKET_COUNT // 2 + 1])
+(65, 1e-12)
+>>> is_log_magnitude(log_magnitude_edges()), is_log_magnitude([0.0, 1.0, 2.0])
+(True, False)
+"""
+
+import numpy as np
+
+#: What ``histogram_buckets=`` takes.
+HISTOGRAM_BUCKETS = ("log", "linear")
+
+#: Buckets per decade of magnitude (each spans a factor of √10).
+BUCKETS_PER_DECADE = 2
+#: The smallest and largest magnitude with buckets of their own, as powers of ten.
+LOWEST_DECADE, HIGHEST_DECADE = -12, 4
+
+#: ``[H + 1]`` float32 magnitudes 1e-12, 10**-11.5, ..., 1e4 bounding each side's ``H`` buckets.
+MAGNITUDE_EDGES = np.power(
+    10.0,
+    np.arange(LOWEST_DECADE * BUCKETS_PER_DECADE, HIGHEST_DECADE * BUCKETS_PER_DECADE + 1) / BUCKETS_PER_DECADE,
+).astype(np.float32)
+#: Buckets on each side of zero.
+BUCKETS_PER_SIDE = len(MAGNITUDE_EDGES) - 1
+
+
+class LogMagnitudeBucketCount(int):
+    """The bucket count of a log-magnitude histogram: an ``int`` that also says the kind.
+
+    It travels where a linear histogram's ``bucket_count`` does (array shapes
+    use it as the ``int`` it is), so a backend tells the two kinds apart
+    where the histogram is computed, and nowhere else. It never equals a
+    linear count of the same value.
+    """
+
+    def __eq__(self, other):
+        return isinstance(other, LogMagnitudeBucketCount) and int(self) == int(other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash(("log_magnitude", int(self)))
+
+    def __repr__(self):
+        return f"LogMagnitudeBucketCount({int(self)})"
+
+
+#: Buckets of a log-magnitude histogram: each side's, and the zero bucket.
+LOG_BUCKET_COUNT = LogMagnitudeBucketCount(2 * BUCKETS_PER_SIDE + 1)
+
+
+def is_log_magnitude_count(bucket_count):
+    """Whether ``bucket_count`` (an ``int`` or ``None``) asks for log-magnitude buckets."""
+    return isinstance(bucket_count, LogMagnitudeBucketCount)
+
+
+def log_magnitude_edges():
+    """The ``[LOG_BUCKET_COUNT + 1]`` float32 edges, from −1e4 to 1e4 (the zero bucket ±1e-12)."""
+    return np.concatenate([-MAGNITUDE_EDGES[::-1], MAGNITUDE_EDGES])
+
+
+def is_log_magnitude(edges):
+    """Whether a histogram's ``[k + 1]`` edges are the log-magnitude kind's (else linear).
+
+    The edges identify the kind in the event files: a linear histogram's
+    edges are equally spaced, these are not.
+    """
+    edges = np.asarray(edges, np.float32)
+    expected = log_magnitude_edges()
+    return edges.shape == expected.shape and bool(np.array_equal(edges, expected))
+
+
+def resolve_bucket_count(histogram_buckets, bucket_count):
+    """The bucket count a step computes: ``LOG_BUCKET_COUNT``, or ``bucket_count`` (30 when ``None``).
+
+    Raises:
+        ValueError: If ``histogram_buckets`` is not one of `HISTOGRAM_BUCKETS`,
+            or ``bucket_count`` is given with ``"log"`` (its buckets are fixed).
+    """
+    if not (isinstance(histogram_buckets, str) and histogram_buckets in HISTOGRAM_BUCKETS):
+        raise ValueError(
+            f"`histogram_buckets` must be one of {list(HISTOGRAM_BUCKETS)}. Received: "
+            f"histogram_buckets={histogram_buckets!r}. 'log' buckets each element by its sign and the "
+            "decade of its magnitude (1e-12 to 1e4); 'linear' uses `bucket_count` equal buckets "
+            "between each tensor's min and max."
+        )
+    if histogram_buckets == "log":
+        if bucket_count is not None and not is_log_magnitude_count(bucket_count):
+            raise ValueError(
+                "`bucket_count` applies to histogram_buckets='linear' only: log-magnitude buckets "
+                f"are fixed ({int(LOG_BUCKET_COUNT)}). Received: bucket_count={bucket_count!r} with "
+                "histogram_buckets='log'. Pass histogram_buckets='linear' to choose a bucket count."
+            )
+        return LOG_BUCKET_COUNT
+    if bucket_count is None:
+        return 30
+    if is_log_magnitude_count(bucket_count):
+        return int(bucket_count)
+    return bucket_count
