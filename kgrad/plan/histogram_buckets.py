@@ -96,10 +96,16 @@ def is_log_magnitude(edges):
 def resolve_bucket_count(histogram_buckets, bucket_count):
     """The bucket count a step computes: ``LOG_BUCKET_COUNT``, or ``bucket_count`` (30 when ``None``).
 
+    ``histogram_buckets=None`` is ``"log"``, or ``"linear"`` when a
+    ``bucket_count`` is given (code written before the log kind keeps its
+    linear histograms).
+
     Raises:
         ValueError: If ``histogram_buckets`` is not one of `HISTOGRAM_BUCKETS`,
             or ``bucket_count`` is given with ``"log"`` (its buckets are fixed).
     """
+    if histogram_buckets is None:
+        histogram_buckets = "log" if bucket_count is None or is_log_magnitude_count(bucket_count) else "linear"
     if not (isinstance(histogram_buckets, str) and histogram_buckets in HISTOGRAM_BUCKETS):
         raise ValueError(
             f"`histogram_buckets` must be one of {list(HISTOGRAM_BUCKETS)}. Received: "

@@ -44,7 +44,8 @@ class ProbeConfig:
         histogram_buckets: ``"log"`` (fixed buckets by sign and decade of
             magnitude, 1e-12 to 1e4, and one for exact zeros) or
             ``"linear"`` (``bucket_count`` equal buckets between each
-            tensor's min and max); see `kgrad.plan.histogram_buckets`.
+            tensor's min and max); ``None``: ``"log"``, or ``"linear"``
+            when ``bucket_count`` is given. See `kgrad.plan.histogram_buckets`.
         bucket_count: Buckets per linear histogram (``None``: 30). Once
             validated, the count a step computes (``LOG_BUCKET_COUNT``, 65,
             for ``"log"``).
@@ -63,7 +64,7 @@ class ProbeConfig:
     capture: tuple = CAPTURE_KINDS
     histograms: bool = True
     bucket_count: object = None
-    histogram_buckets: str = "log"
+    histogram_buckets: object = None
     statistics: str = "default"
     instruments: tuple = ()
     outlier_sigmas: float = 6.0
