@@ -5,7 +5,9 @@ decade of its magnitude, on edges fixed once for all layers, steps and runs:
 
 - ``BUCKETS_PER_DECADE`` buckets per decade of |x|, from ``1e-12`` to
   ``1e4`` (``MAGNITUDE_EDGES``), on each side of zero;
-- one bucket in the middle, ``[-1e-12, 1e-12]``, for the elements exactly 0;
+- one bucket in the middle, ``[-1e-12, 1e-12]``, for the elements exactly 0
+  (and the subnormal float32 values, |x| < 1.2e-38, which TensorFlow's CPU
+  kernels and XLA flush to 0 in arithmetic: counted as 0 on every device);
 - magnitudes beyond the range go to the outermost bucket on their side: a
   |x| ≥ 1e4 to ``[1e4/√10, 1e4]`` and a |x| < 1e-12 that is not 0 to
   ``[1e-12, 1e-12·√10]`` (negated for negative values).
@@ -42,6 +44,8 @@ MAGNITUDE_EDGES = np.power(
     10.0,
     np.arange(LOWEST_DECADE * BUCKETS_PER_DECADE, HIGHEST_DECADE * BUCKETS_PER_DECADE + 1) / BUCKETS_PER_DECADE,
 ).astype(np.float32)
+#: The smallest normal float32: magnitudes below it (subnormals) count as 0.
+SMALLEST_NORMAL = np.finfo(np.float32).tiny
 #: Buckets on each side of zero.
 BUCKETS_PER_SIDE = len(MAGNITUDE_EDGES) - 1
 

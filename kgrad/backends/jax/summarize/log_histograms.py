@@ -23,6 +23,7 @@ from kgrad.plan.histogram_buckets import (
     LOG_BUCKET_COUNT,
     LOWEST_DECADE,
     MAGNITUDE_EDGES,
+    SMALLEST_NORMAL,
     log_magnitude_edges,
 )
 
@@ -50,7 +51,8 @@ def log_magnitude_counts(values):
     index += ((index < side - 1) & (magnitude >= magnitude_edges[jnp.minimum(index + 1, side)])).astype(jnp.int32)
     index -= ((index > 0) & (magnitude < magnitude_edges[index])).astype(jnp.int32)
     bucket = jnp.where(values > 0, side + 1 + index, side - 1 - index)
-    bucket = jnp.where(values == 0, side, bucket)
+    # Subnormals count as 0, as on TensorFlow, whose CPU kernels and XLA flush them to 0.
+    bucket = jnp.where(magnitude < SMALLEST_NORMAL, side, bucket)
     # Integer counts: a float32 count stops growing at 2**24 elements.
     finite = jnp.isfinite(values).astype(jnp.int32)
     return jnp.zeros([int(LOG_BUCKET_COUNT)], jnp.int32).at[bucket].add(finite, mode="promise_in_bounds")

@@ -16,6 +16,7 @@ from kgrad.plan.histogram_buckets import (
     BUCKETS_PER_SIDE,
     LOWEST_DECADE,
     MAGNITUDE_EDGES,
+    SMALLEST_NORMAL,
     log_magnitude_edges,
 )
 
@@ -111,7 +112,9 @@ def log_magnitude_counts(values):
     index += tf.cast((index < side - 1) & (magnitude >= tf.gather(magnitude_edges, index + 1)), tf.int32)
     index -= tf.cast((index > 0) & (magnitude < tf.gather(magnitude_edges, index)), tf.int32)
     bucket = tf.where(values > 0, side + 1 + index, side - 1 - index)
-    bucket = tf.where(values == 0, side, bucket)
+    # Subnormals count as 0: TensorFlow's CPU kernels and XLA flush them to 0,
+    # some kernels and not others, so `values == 0` would depend on the kernel.
+    bucket = tf.where(magnitude < SMALLEST_NORMAL, side, bucket)
     finite = tf.cast(tf.math.is_finite(values), tf.int32)
     # Integer counts: a float32 count stops growing at 2**24 elements.
     return tf.math.unsorted_segment_sum(finite, bucket, 2 * side + 1)
