@@ -7,14 +7,11 @@ buckets between the min and max (linear), or fixed log-magnitude buckets
 (`log_magnitude_histograms`).
 """
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from kgrad.plan.histogram_buckets import (
-    BUCKETS_PER_DECADE,
     BUCKETS_PER_SIDE,
-    LOWEST_DECADE,
     MAGNITUDE_EDGES,
     SMALLEST_NORMAL,
     log_magnitude_edges,
@@ -101,20 +98,20 @@ def log_magnitude_histograms(flat):
 
 def log_magnitude_counts(values):
     """``[LOG_BUCKET_COUNT]`` integer counts of the finite flat ``values`` by sign and magnitude."""
-    magnitude_edges = tf.constant(MAGNITUDE_EDGES)
     side = BUCKETS_PER_SIDE
     magnitude = tf.abs(values)
-    # The decade from a logarithm, then one step either way against the float32
-    # edges themselves: a logarithm off by an ulp never moves a value at an edge.
-    estimate = tf.math.log(magnitude) * (BUCKETS_PER_DECADE / np.log(10.0)) - LOWEST_DECADE * BUCKETS_PER_DECADE
-    # NaN and Inf give any index here; their weight below is 0.
-    index = tf.clip_by_value(tf.cast(tf.floor(tf.where(tf.math.is_finite(estimate), estimate, 0.0)), tf.int32), 0, side - 1)
-    index += tf.cast((index < side - 1) & (magnitude >= tf.gather(magnitude_edges, index + 1)), tf.int32)
-    index -= tf.cast((index > 0) & (magnitude < tf.gather(magnitude_edges, index)), tf.int32)
+    # How many edges are <= |v|, by one binary search in float32 (exact at every edge;
+    # compiles under XLA): 3x cheaper on CPU than a logarithm corrected by gathers.
+    found = tf.raw_ops.Bucketize(input=magnitude, boundaries=[float(edge) for edge in MAGNITUDE_EDGES])
+    index = tf.clip_by_value(found - 1, 0, side - 1)
     bucket = tf.where(values > 0, side + 1 + index, side - 1 - index)
     # Subnormals count as 0: TensorFlow's CPU kernels and XLA flush them to 0,
     # some kernels and not others, so `values == 0` would depend on the kernel.
     bucket = tf.where(magnitude < SMALLEST_NORMAL, side, bucket)
-    finite = tf.cast(tf.math.is_finite(values), tf.int32)
-    # Integer counts: a float32 count stops growing at 2**24 elements.
-    return tf.math.unsorted_segment_sum(finite, bucket, 2 * side + 1)
+    # NaN and Inf go to one more bucket, dropped. Integer counts: a float32 count
+    # stops growing at 2**24 elements.
+    bucket = tf.where(tf.math.is_finite(values), bucket, 2 * side + 1)
+    if in_xla():
+        return tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, 2 * side + 2)[:-1]
+    # Several times faster than a scatter on CPU.
+    return tf.math.bincount(bucket, minlength=2 * side + 2, maxlength=2 * side + 2, dtype=tf.int32)[:-1]
