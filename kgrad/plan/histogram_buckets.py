@@ -23,8 +23,8 @@ buckets between the finite min and max of each tensor, each step.
 
 Example:
 
->>> LOG_BUCKET_COUNT, float(log_magnitude_edges()[LOG_BUCKET_COUNT // 2 + 1])
-(65, 1e-12)
+>>> int(LOG_BUCKET_COUNT), f"{log_magnitude_edges()[LOG_BUCKET_COUNT // 2 + 1]:.3g}"
+(65, '1e-12')
 >>> is_log_magnitude(log_magnitude_edges()), is_log_magnitude([0.0, 1.0, 2.0])
 (True, False)
 """
@@ -84,6 +84,26 @@ def is_log_magnitude_count(bucket_count):
 def log_magnitude_edges():
     """The ``[LOG_BUCKET_COUNT + 1]`` float32 edges, from −1e4 to 1e4 (the zero bucket ±1e-12)."""
     return np.concatenate([-MAGNITUDE_EDGES[::-1], MAGNITUDE_EDGES])
+
+
+def signed_boundaries():
+    """``[LOG_BUCKET_COUNT - 1]`` float32 boundaries: a finite ``v``'s bucket is how many are ≤ ``v``.
+
+    One binary search (``tf.raw_ops.Bucketize``, ``jnp.searchsorted(...,
+    side="right")``) then gives the bucket of the rule above, in float32
+    comparisons only: a positive side's boundary is its edge, a negative
+    side's is the float32 just above −edge (|v| = edge belongs outward), and
+    the zero bucket is (−SMALLEST_NORMAL, SMALLEST_NORMAL). The outermost
+    edges bound nothing: beyond them is the outermost bucket.
+
+    >>> bounds = signed_boundaries()
+    >>> int(np.searchsorted(bounds, np.float32(-1e-12), side="right"))  # innermost negative bucket
+    31
+    """
+    up = np.float32(np.inf)
+    negative = np.nextafter(-MAGNITUDE_EDGES[BUCKETS_PER_SIDE - 1:0:-1], up)
+    middle = np.array([np.nextafter(-SMALLEST_NORMAL, up), SMALLEST_NORMAL], np.float32)
+    return np.concatenate([negative, middle, MAGNITUDE_EDGES[1:BUCKETS_PER_SIDE]]).astype(np.float32)
 
 
 def is_log_magnitude(edges):
