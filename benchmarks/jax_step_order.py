@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 import kgrad  # noqa: E402
 from benchmarks.models import MODELS, build_model, make_data  # noqa: E402
-from kgrad.backends.jax.differentiate.install import ProbingTrainFunction  # noqa: E402
+from kgrad.backends.jax.differentiate.install import probing_train_function  # noqa: E402
 
 _BATCHES = 20
 
@@ -53,7 +53,7 @@ def _steps(spec):
                for i in range(_BATCHES)]
     config = kgrad.GradientProbe(tempfile.mkdtemp(), every_n_steps=1).config
     plain = jax.jit(model.train_step, donate_argnums=0)
-    return state, batches, plain, ProbingTrainFunction(model, config)._probed
+    return state, batches, plain, probing_train_function(model, config, model.train_function)._probed
 
 
 def _run(steps, pattern, synchronize=False):

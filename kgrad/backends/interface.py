@@ -8,7 +8,8 @@ report and the kgrad tab read its runs as they read TensorFlow's.
 
 These protocols are documentation and a checklist, not base classes: the
 TensorFlow backend's ``backend`` module is checked against them in
-``tests/test_backend_seam.py``.
+``tests/test_backend_seam.py``, the JAX backend's (and what its ``attach``
+returns) in ``tests/jax/test_backend_seam_jax.py``.
 """
 
 import typing

@@ -193,12 +193,12 @@ class NonFiniteGuard(keras.callbacks.Callback):
     def _report_trip(self, batch):
         """Reads the trip's report, replays it and acts (``batch``: Keras' index, ``None`` if unknown)."""
         report = None
-        # One state for the model, or one per ProbeTape of its own train_step.
+        # One state for the model, or one per ProbeTape (kgrad.value_and_grad on JAX) of its own train_step.
         states = self._step.guard_states()
         for tape, candidate in states.items():
             report = candidate.read_report(functools.partial(self._latest_summaries, tape))
             if report is not None:
-                if tape is not None:  # a ProbeTape of the model's own train_step
+                if tape is not None:  # a ProbeTape or kgrad.value_and_grad of its own train_step
                     report = dataclasses.replace(
                         report, layer=f"{tape}/{report.layer}", tensor=name_in_part(report.tensor, tape),
                         non_finite={

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import kgrad
+from kgrad.backends.common import attached
 from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, initial_record
 from kgrad.dashboard import events
 from kgrad.dashboard.events import guard_reports
@@ -470,8 +471,8 @@ def test_a_second_fit_reuses_the_guard_and_counts_afresh():
     clean_x, clean_y = _nan_data(3, None)
     model.fit(clean_x, clean_y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
     assert guard.report is None
-    run = model.__dict__["_kgrad_jax_guard_runs"][-1]
+    run = attached.get(model, "kept_guard_runs")[-1]
     x, y = _nan_data(4, 1)
     model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
     assert (guard.report.step, guard.report.batch_index, guard.report.last_finite_step) == (4, 1, 3)
-    assert model.__dict__["_kgrad_jax_guard_runs"][-1] is run  # its compiled step, kept
+    assert attached.get(model, "kept_guard_runs")[-1] is run  # its compiled step, kept

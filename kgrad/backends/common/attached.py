@@ -33,6 +33,8 @@ KEYS = {
     "probing_step": "a `kgrad.ProbingModel`'s own probing step",
     "probing_function": "a `kgrad.ProbingModel`'s function traced for its options (JAX)",
     "latest_record": "a `kgrad.ProbingModel`'s latest record, read once (JAX)",
+    "installed_guard": "the `kgrad.NonFiniteGuard`'s run of the current fit (JAX), removed at its end",
+    "kept_guard_runs": "the guard's runs of earlier fits, reused by a later fit of the same options (JAX)",
 }
 
 #: The one attribute of an owner that holds its entries (absent when it has none).

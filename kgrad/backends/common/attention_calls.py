@@ -108,7 +108,7 @@ def _keras_arguments(layer, arguments):
     Or why not, as a string.
     """
     query, key = arguments["query"], arguments["key"]
-    axes = getattr(layer, "_attention_axes", (1,))
+    axes = keras_internals.attention_axes(layer)
     rank = ops.ndim(query)
     if rank != 4 or tuple(axes) != (1,):
         return (

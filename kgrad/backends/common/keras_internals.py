@@ -13,6 +13,8 @@ imports ``keras.src``.
 ['InputLayer', 'Dense']
 """
 
+import contextlib
+
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # noqa: F401
 from keras.src.models.functional import Functional  # noqa: F401
 from keras.src.models.model import functional_init_arguments  # noqa: F401
@@ -36,3 +38,29 @@ def causal_mask(layer, query, key):
 def mask_sliding_window(layer, mask, cache_update_index):
     """A KerasHub attention layer's mask, limited to its sliding window."""
     return layer._mask_sliding_window(mask, cache_update_index=cache_update_index)
+
+
+def attention_axes(layer):
+    """The axes a ``MultiHeadAttention`` attends over (``(1,)``, a sequence, by default)."""
+    return getattr(layer, "_attention_axes", (1,))
+
+
+def seed_generators(layer):
+    """The ``keras.random.SeedGenerator``s ``layer`` owns (its dropout's, its noise's...)."""
+    return getattr(layer, "_seed_generators", ())
+
+
+@contextlib.contextmanager
+def compile_loss_metrics_paused(compile_loss):
+    """Within it, Keras' ``CompileLoss`` updates none of its per-output loss metrics."""
+    # One `None` per metric, not an empty list: CompileLoss zips its losses
+    # with its metrics, and an empty list stands for a single output, which
+    # would drop every loss but the first.
+    saved = compile_loss.__dict__.get("_metrics")
+    if saved is not None:
+        object.__setattr__(compile_loss, "_metrics", [None] * len(saved))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            object.__setattr__(compile_loss, "_metrics", saved)

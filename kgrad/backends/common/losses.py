@@ -9,9 +9,9 @@ the extra evaluation.
 1.0
 """
 
-import contextlib
-
 import keras
+
+from kgrad.backends.common import keras_internals
 
 
 def as_loss(loss_fn):
@@ -35,18 +35,7 @@ def as_loss(loss_fn):
     return loss_fn
 
 
-@contextlib.contextmanager
 def loss_metrics_paused(compile_loss):
-    # Keras' CompileLoss updates per-output loss metrics when called; the
-    # shadow evaluation for dJ/dŷ must not count twice in the logged metrics.
-    # One `None` per metric, not an empty list: CompileLoss zips its losses
-    # with its metrics, and an empty list stands for a single output, which
-    # would drop every loss but the first.
-    saved = compile_loss.__dict__.get("_metrics")
-    if saved is not None:
-        object.__setattr__(compile_loss, "_metrics", [None] * len(saved))
-    try:
-        yield
-    finally:
-        if saved is not None:
-            object.__setattr__(compile_loss, "_metrics", saved)
+    """Keras' CompileLoss updates per-output loss metrics when called; the
+    shadow evaluation for dJ/dŷ must not count twice in the logged metrics."""
+    return keras_internals.compile_loss_metrics_paused(compile_loss)

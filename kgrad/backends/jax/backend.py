@@ -7,26 +7,28 @@ function of probed executions), ``summarize/`` (moments and histograms in
 ``jax.numpy``) and ``handover/`` (device records read after probed steps).
 ``own_step/`` probes a model's own ``train_step`` through `kgrad.value_and_grad`.
 ``guard/`` runs `kgrad.NonFiniteGuard`: the sentinel, its train function, the replay.
-The TensorFlow-only names say so when used.
+The TensorFlow-only names say so when used: `kgrad.ProbeTape` is a
+``tf.GradientTape``; on JAX gradients come from ``jax.value_and_grad`` inside
+a pure ``train_step``, where a tape has no meaning. The JAX counterpart of
+`kgrad.ProbeTape` in a model's own ``train_step`` is `kgrad.value_and_grad`
+(a drop-in for ``jax.value_and_grad``); with Keras' own ``train_step``,
+`kgrad.GradientProbe` alone.
 """
 
 import jax
 
+from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common.replay_step import replay_step  # noqa: F401
+from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
 from kgrad.backends.jax.differentiate.install import (  # noqa: F401
     attach,
     check_supported,
     detach,
     unprobed_train_function,
 )
-from kgrad.backends.jax.guard.replay import replay_fields, replay_step  # noqa: F401
-from kgrad.backends.jax.unavailable import (  # noqa: F401
-    ProbeResult,
-    ProbeTape,
-    first_non_finite,
-)
-from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
 from kgrad.backends.jax.differentiate.model import ProbingModel  # noqa: F401
 from kgrad.backends.jax.differentiate.prediction_gradient import prediction_gradient  # noqa: F401
+from kgrad.backends.jax.guard.replay import replay_fields  # noqa: F401
 from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401
 from kgrad.plan import selection
 
@@ -43,3 +45,45 @@ def is_chief(model):
     del model
     return jax.process_index() == 0
 
+
+_JAX_COUNTERPART = (
+    "On JAX, pass kgrad.GradientProbe(...) to model.fit: with Keras' own train_step it needs "
+    "nothing else; in a train_step of your own, replace `jax.value_and_grad(...)` with "
+    "`kgrad.value_and_grad(...)` (the JAX counterpart). Or set KERAS_BACKEND=tensorflow to use "
+)
+
+
+def _unavailable(name, what):
+    def refuse(*args, **kwargs):
+        raise UnsupportedBackendError(
+            f"kgrad.{name} {what}, so it does not run on Keras' JAX backend. {_JAX_COUNTERPART}"
+            f"kgrad.{name}."
+        )
+
+    refuse.__name__ = name
+    refuse.__doc__ = (
+        f"Not on JAX: kgrad.{name} {what}. Raises `UnsupportedBackendError` when called; "
+        "the JAX counterpart is `kgrad.value_and_grad` in a model's own train_step."
+    )
+    return refuse
+
+
+ProbeTape = _unavailable("ProbeTape", "is a tf.GradientTape (JAX differentiates with jax.value_and_grad)")
+ProbeResult = _unavailable("ProbeResult", "is what a ProbeTape returns")
+
+
+def first_non_finite(*args, **kwargs):
+    """Not on JAX: kgrad.first_non_finite reads a ProbeTape's result. Raises `UnsupportedBackendError`.
+
+    Where a NaN/Inf was born, on JAX: `kgrad.NonFiniteGuard` passed to ``fit``
+    (its report), or `kgrad.replay_step` on a step's batch; in a model's own
+    ``train_step``, with `kgrad.value_and_grad` in place of ``jax.value_and_grad``.
+    """
+    raise UnsupportedBackendError(
+        "kgrad.first_non_finite reads a ProbeTape's result, so it does not run on Keras' JAX backend. "
+        "On JAX, pass kgrad.NonFiniteGuard() to model.fit (guard.report says where the first NaN/Inf "
+        "was born), or call kgrad.replay_step(model, (x, y)) on the step's batch; in a train_step of "
+        "your own, replace `jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` (the JAX "
+        "counterpart) and the guard checks each of its calls. Or set KERAS_BACKEND=tensorflow to use "
+        "kgrad.first_non_finite."
+    )

@@ -12,13 +12,11 @@ with several float outputs ``name/0``, ``name/1``.
 
 import contextlib
 
-import jax
-
 from keras import tree
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float
+from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.capture import user_taps
 
 
@@ -45,7 +43,7 @@ class Taps:
         return name if count == 1 else f"{name}#{count}"
 
     def layer_output(self, name, operation, outputs):
-        if in_symbolic_scope() or (self._keep is not None and not self._keep(operation)):
+        if keras_internals.in_symbolic_scope() or (self._keep is not None and not self._keep(operation)):
             return outputs
         return self.tapped(name, outputs)
 
@@ -63,14 +61,14 @@ class Taps:
         return tree.pack_sequence_as(outputs, leaves)
 
     def model_inputs(self, inputs):
-        if self._model_called or in_symbolic_scope():
+        if self._model_called or keras_internals.in_symbolic_scope():
             return inputs
         return tree.map_structure(
             lambda leaf: self._tap(None, "input", leaf) if is_float(leaf) else leaf, inputs
         )
 
     def model_outputs(self, outputs):
-        if self._model_called or in_symbolic_scope():
+        if self._model_called or keras_internals.in_symbolic_scope():
             return outputs
         self._model_called = True  # the first call is the step's; later ones (a metric's) are not
         return tree.map_structure(
@@ -124,26 +122,6 @@ class KeyedTaps(Taps):
             return tap(name, kind, tensor)
 
         super().__init__(keyed, keep)
-
-
-def trace_taps(model, operations, keep, record, trainable, non_trainable, x):
-    """Traces ``model``'s forward pass for shapes only (`jax.eval_shape`), each tap through ``record``.
-
-    ``record(key, kind, tensor)`` sees every tap of one forward pass, in
-    order, with `KeyedTaps`' keys: what a step must know (its carriers, its
-    rows' names) before the pass it differentiates is traced.
-    """
-
-    def forward(trainable, non_trainable, x):
-        def seen(key, kind, tensor):
-            record(key, kind, tensor)
-            return tensor
-
-        kwargs = {"training": True} if model._call_has_training_arg else {}
-        with intercept(model, operations, KeyedTaps(seen, keep)):
-            return model.stateless_call(trainable, non_trainable, x, **kwargs)[0]
-
-    jax.eval_shape(forward, trainable, non_trainable, x)
 
 
 def union_selection(*selections):

@@ -11,8 +11,7 @@ nothing else done.
 import contextlib
 import threading
 
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
-
+from kgrad.backends.jax import keras_internals
 from kgrad.plan.options import check_tap_name
 
 # The Taps of the probed step being traced, innermost last. Tracing happens on
@@ -68,6 +67,6 @@ def tap(name, x):
     """
     check_tap_name(name)
     stack = getattr(_ACTIVE, "stack", None)
-    if not stack or in_symbolic_scope():
+    if not stack or keras_internals.in_symbolic_scope():
         return x
     return stack[-1].tapped(name, x)

@@ -1,130 +1,117 @@
-"""Installing the probed JAX step for one ``fit``: kgrad's train function in place of Keras'.
+"""Installing kgrad's JAX train function for one ``fit``, in place of Keras'.
 
-Keras' JAX ``fit`` calls ``model.train_function(state, iterator)`` for each
-execution of ``steps_per_execution`` steps, a Python loop over a jitted
-``train_step``. While a `kgrad.GradientProbe` is attached, executions that
-hold a probed step run `ProbingTrainFunction` instead, which runs the same
-steps, each either Keras' own ``train_step`` or the probed one
-(`kgrad.backends.jax.differentiate.step.ProbedStep`): which one is known on
-the host, so neither holds a branch. Executions without a probed step run
-Keras' own function untouched.
+While a `kgrad.GradientProbe` is attached, executions that hold a probed
+step run a `kgrad.backends.jax.handover.train_function.TrainFunction`, whose
+probed step is Keras' own step with capture (`ProbedStep`) or, for a model
+with its own ``train_step``, that step with its `kgrad.value_and_grad` calls
+capturing (`OwnProbedStep`). Executions without a probed step run Keras' own
+function untouched.
+
+With a `kgrad.NonFiniteGuard` alone, every execution runs the guard's
+`TrainFunction` (each step Keras' own, guarded). With a `kgrad.GradientProbe` too, the probe's train
+function runs its steps through the same `GuardRun` (probed steps with the
+sentinel inside their one backward pass), and executions without a probed
+step run the guard's function: both share one record, so the trip flag and
+the last finite step are one. Whichever callback attaches first, the other
+joins it. The `GuardRun` is kept on the model after ``fit``: a later ``fit``
+with the same options does not compile its step again.
 """
 
-import jax
-
+from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common import attached
 from kgrad.backends.common.own_step import has_own_train_step
-from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.differentiate.step import ProbedStep
-from kgrad.backends.jax.guard.install import (
-    attach_guard,
-    attached_guard,
-    detach_guard,
-    keras_train_function,
-)
-from kgrad.backends.jax.handover.records import RecordBuffer
-from kgrad.backends.jax.own_step.train_function import OwnStepTrainFunction
+from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
+from kgrad.backends.jax.guard.run import GuardRun
+from kgrad.backends.jax.handover.train_function import TrainFunction
+from kgrad.backends.jax.own_step.parts import OwnProbedStep
 
-_INSTALLATION = "_kgrad_jax_installation"
-# Functions of earlier fits, kept on the model: tracing and compiling the probed
-# step takes seconds, and a later fit with the same options runs them again.
-_KEPT = "_kgrad_jax_train_functions"
+# The model's entries (`kgrad.backends.common.attached`). Functions of earlier fits are kept on
+# the model: tracing and compiling the probed step takes seconds, and a later fit with the same
+# options runs them again.
 
 
-class ProbingTrainFunction:
-    """``model.train_function`` for executions with a probed step (an `interface.TrainingStep`)."""
+def keras_train_function(model):
+    """Keras' own train function of ``model``, also while a kgrad function stands in for it."""
+    function = model.train_function
+    return getattr(function, "keras_train_function", function)
 
-    def __init__(self, model, config, keras_train_function=None):
-        self.model, self.config = model, config
-        self.guard = None  # the attached NonFiniteGuard's `GuardRun`: every step guarded
-        self.every_n_steps = config.every_n_steps
-        self.probed_step = ProbedStep(model, config)
-        self.buffer = RecordBuffer(lambda: self.probed_step.names, self.probed_step.weight_shapes)
-        compile_steps = model.jit_compile and not model.run_eagerly
-        self._state_shardings = state_shardings(model)
-        self._probed = (
-            jax.jit(self.probed_step, donate_argnums=0, out_shardings=(None, self._state_shardings, None))
-            if compile_steps
-            else self.probed_step
+
+def attached_guard(model):
+    """The `GuardRun` attached to ``model`` for this ``fit``, or ``None``."""
+    return attached.get(model, "installed_guard")
+
+
+def attach_guard(model, config, probing_function=None):
+    """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
+    check_guard(model, config)
+    keras_function = keras_train_function(model)
+    kept = attached.setdefault(model, "kept_guard_runs", [])
+    same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
+    # A model with its own train_step is guarded through its kgrad.value_and_grad calls.
+    kind = OwnStepGuardRun if has_own_train_step(model) else GuardRun
+    run = same[0] if same else kind(model, config, keras_function)
+    if not same:
+        kept[:] = [r for r in kept if r.keras_train_function is keras_function][-3:] + [run]
+    run.reset(everything=True)
+    attached.put(model, "installed_guard", run)
+    if probing_function is not None:
+        probing_function.guard = run
+    else:
+        model.train_function = run.train_function
+    return run
+
+
+def detach_guard(model, probing_function=None):
+    """Takes the guard out: the probe's function runs unguarded, or Keras' own comes back."""
+    run = attached.pop(model, "installed_guard")
+    if probing_function is not None:
+        probing_function.guard = None
+    if run is not None and model.train_function is run.train_function:
+        model.train_function = run.keras_train_function if probing_function is None else probing_function
+
+
+def check_guard(model, config):
+    """Raises, before anything is installed, for what the guard does not do on JAX yet."""
+    if model.optimizer is None:
+        raise ValueError("NonFiniteGuard needs a compiled model: call model.compile(...) before fit.")
+    unsupported = None
+    if callable(getattr(model, "configure_probe", None)):  # a kgrad.ProbingModel
+        unsupported = (
+            f"model '{model.name}' is a kgrad.ProbingModel, which keeps only its latest probed record; "
+            "after a trip the steps Keras' loop runs before it stops apply nothing and their records "
+            "would replace it. Guard a plain keras.Model and pass kgrad.GradientProbe(...) to fit instead"
         )
-        self._plain = None  # Keras' own step, jitted on first use (executions of several steps)
-        self._compile = compile_steps
-        self.keras_train_function = keras_train_function or model.train_function
-        self.latest_record = None
-        self.guard_tripped = None
-        self._next_step = 0
+    if unsupported is not None:
+        raise UnsupportedBackendError(
+            f"kgrad.NonFiniteGuard cannot guard this fit on Keras' JAX backend: {unsupported}. "
+            "Set KERAS_BACKEND=tensorflow, where it is supported."
+        )
 
-    def __call__(self, state, iterator):
-        logs, state = self._run(state, next(iterator))
-        for _ in range(self.model.steps_per_execution - 1):
-            try:
-                data = next(iterator)
-            except StopIteration:
-                break
-            logs, state = self._run(state, data)
-        return logs, state
 
-    def _run(self, state, data):
-        index, self._next_step = self._next_step, self._next_step + 1
-        if index % self.every_n_steps == 0:
-            if self.guard is not None:
-                logs, state, record = self.guard.run_probed(self.probed_step, state, data)
-            else:
-                logs, state, record = self._probed(state, data)
-            self.buffer.append(record)
-            return logs, state
-        if self.guard is not None:
-            return self.guard.run_plain(state, data)
-        if self._plain is None:
-            step = self.model.train_step
-            self._plain = (
-                jax.jit(step, donate_argnums=0, out_shardings=(None, self._state_shardings))
-                if self._compile
-                else step
-            )
-        return self._plain(state, data)
-
-    # -- what the callbacks ask (kgrad.backends.interface.TrainingStep) ---------------
-
-    def start_at(self, first_step):
-        self._next_step = first_step
-
-    def start_epoch(self):
-        pass
-
-    def steps_run(self):
-        return self._next_step
-
-    def pipelines(self):
-        return {None: self.buffer}
-
-    def guard_states(self):
-        return {}
-
-    def tripped_batch(self):
-        return None
-
-    def batch_not_kept(self):
-        return None
+def probing_train_function(model, config, keras_function):
+    """The `TrainFunction` probing ``model`` as ``config`` says."""
+    # A model with its own train_step is probed through its kgrad.value_and_grad calls.
+    kind = OwnProbedStep if has_own_train_step(model) else ProbedStep
+    return TrainFunction(model, config, keras_function, kind(model, config))
 
 
 def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``: ``role`` ``"probe"`` or ``"guard"``."""
     if role == "guard":
-        return attach_guard(model, config, model.__dict__.get(_INSTALLATION))
+        return attach_guard(model, config, attached.get(model, "installation"))
     _check(model, role)
     keras_function = keras_train_function(model)
-    kept = model.__dict__.setdefault(_KEPT, [])
+    kept = attached.setdefault(model, "kept_train_functions", [])
     same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
     function = same[0] if same else None
     if function is None:
-        # A model with its own train_step is probed through its kgrad.value_and_grad calls.
-        kind = OwnStepTrainFunction if has_own_train_step(model) else ProbingTrainFunction
-        function = kind(model, config, keras_function)
+        function = probing_train_function(model, config, keras_function)
         kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [function]
     function.guard = attached_guard(model)
     function.start_at(0)
-    function.buffer.clear()  # what a fit that raised left unread is not this fit's
-    object.__setattr__(model, _INSTALLATION, function)
+    function.clear()  # what a fit that raised left unread is not this fit's
+    attached.put(model, "installation", function)
     model.train_function = function
     return function
 
@@ -132,8 +119,8 @@ def attach(model, role, config):
 def detach(model, role):
     """Gives the model back Keras' own train function (or the guard's, while a guard stays attached)."""
     if role == "guard":
-        return detach_guard(model, model.__dict__.get(_INSTALLATION))
-    function = model.__dict__.pop(_INSTALLATION, None)
+        return detach_guard(model, attached.get(model, "installation"))
+    function = attached.pop(model, "installation")
     if function is not None and model.train_function is function:
         guard = attached_guard(model)
         model.train_function = function.keras_train_function if guard is None else guard.train_function
@@ -141,7 +128,7 @@ def detach(model, role):
 
 def unprobed_train_function(model):
     """The function for executions without a probed step: the guard's, else Keras' own."""
-    function = model.__dict__.get(_INSTALLATION)
+    function = attached.get(model, "installation")
     guard = attached_guard(model)
     if function is None:
         return None

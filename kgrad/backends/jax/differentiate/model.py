@@ -1,15 +1,15 @@
 """`ProbingModel` on JAX: a `keras.Model` whose train function probes Keras' own ``train_step``."""
 
 import keras
-from keras.src.models.functional import Functional
 
 from kgrad.backends import UnsupportedBackendError
+from kgrad.backends.common import attached
 from kgrad.backends.common.functional_base import BuiltFunctionally
 from kgrad.backends.common.own_step import has_own_train_step
-from kgrad.backends.jax.differentiate.install import ProbingTrainFunction
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.differentiate.install import probing_train_function
+from kgrad.backends.jax.handover.train_function import TrainFunction
 from kgrad.plan.options import ProbeConfig
-
-_INSTALLATION = "_kgrad_jax_installation"  # a kgrad callback's function (differentiate/install.py)
 
 
 @keras.saving.register_keras_serializable(package="kgrad")
@@ -46,20 +46,20 @@ class ProbingModel(BuiltFunctionally, keras.Model):
             **options: ``layers``, ``every_n_steps``, ``capture``,
                 ``histograms``, ``bucket_count``, ``statistics``.
         """
-        object.__setattr__(self, "_kgrad_config", ProbeConfig(**options))
-        object.__setattr__(self, "_kgrad_function", None)  # traced for the old options
-        object.__setattr__(self, "_kgrad_latest", None)
+        attached.put(self, "probe_config", ProbeConfig(**options))
+        attached.pop(self, "probing_function")  # traced for the old options
+        attached.pop(self, "latest_record")
         self.train_function = None
 
     @property
     def probe_config(self):
         """The `kgrad.plan.options.ProbeConfig` set by `configure_probe` (or the default)."""
-        return self.__dict__.get("_kgrad_config") or ProbeConfig()
+        return attached.get(self, "probe_config") or ProbeConfig()
 
     def make_train_function(self, force=False):
-        if isinstance(self.train_function, ProbingTrainFunction) and not force:
+        if isinstance(self.train_function, TrainFunction) and not force:
             return self.train_function
-        if _INSTALLATION in self.__dict__:  # a kgrad callback's function chose the options
+        if attached.get(self, "installation") is not None:  # a kgrad callback's function chose the options
             return super().make_train_function(force)
         if has_own_train_step(self):
             raise UnsupportedBackendError(
@@ -70,12 +70,12 @@ class ProbingModel(BuiltFunctionally, keras.Model):
             )
         if force or self.train_function is None:
             super().make_train_function(force=True)
-        function = self.__dict__.get("_kgrad_function")
+        function = attached.get(self, "probing_function")
         if function is None or function.keras_train_function is not self.train_function:
-            function = ProbingTrainFunction(self, self.probe_config, self.train_function)
+            function = probing_train_function(self, self.probe_config, self.train_function)
             # Nothing reads the records but `probe_results`: keep the latest only.
-            function.buffer.keep_latest_only()
-            object.__setattr__(self, "_kgrad_function", function)
+            function.buffers[None].keep_latest_only()
+            attached.put(self, "probing_function", function)
         # Continue counting where the optimizer is (a later fit): probed steps are every n-th.
         function.start_at(int(self.optimizer.iterations.numpy()) if self.optimizer.built else 0)
         self.train_function = function
@@ -87,16 +87,16 @@ class ProbingModel(BuiltFunctionally, keras.Model):
 
         Reading it copies the summaries from device memory (a host sync).
         """
-        function = self.__dict__.get("_kgrad_function")
+        function = attached.get(self, "probing_function")
         if function is not None:
-            records, _ = function.buffer.read_since(0)
+            records, _ = function.buffers[None].read_since(0)
             if records:
-                object.__setattr__(self, "_kgrad_latest", records[-1])
-        return self.__dict__.get("_kgrad_latest")
+                attached.put(self, "latest_record", records[-1])
+        return attached.get(self, "latest_record")
 
 
 @keras.saving.register_keras_serializable(package="kgrad")
-class FunctionalProbingModel(ProbingModel, Functional):
+class FunctionalProbingModel(ProbingModel, keras_internals.Functional):
     """What ``kgrad.ProbingModel(inputs, outputs)`` returns on JAX (not public: test ``isinstance``)."""
 
 

@@ -1,7 +1,7 @@
 """`kgrad.NonFiniteGuard` on a model's own JAX ``train_step``: every `kgrad.value_and_grad` call checked.
 
 Every step (not only the probed ones) the user's ``train_step`` runs with a
-`CheckedParts` active (`kgrad.backends.jax.own_step.active`): each
+`CheckedParts` active (`kgrad.backends.jax.own_step.value_and_grad`): each
 `kgrad.value_and_grad` call in it (a "part": the generator, the
 discriminator) is ``jax.value_and_grad`` (or, on a probed step, the probe's
 `PartCollection` call, which it wraps), and hands its loss and gradients to
@@ -18,19 +18,22 @@ part at), read from the state by watching each candidate optimizer's
 import jax
 import jax.numpy as jnp
 
-from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import candidate_optimizers
-from kgrad.backends.jax.differentiate.state_sharding import state_shardings
-from kgrad.backends.jax.guard.run import GuardRun, GuardTrainFunction
+from kgrad.backends.jax.capture.loss_scale import (
+    loss_scale_of,
+    skips_overflowed_steps,
+    value_and_grad_noting_scale,
+)
+from kgrad.backends.jax.guard.run import GuardRun
 from kgrad.backends.jax.guard.sentinel import guard_update, tensor_checks, update_from_checks
-from kgrad.backends.jax.guard.steps import select_keras_state
-from kgrad.backends.jax.differentiate.loss_scale import skips_overflowed_steps
+from kgrad.backends.jax.guard.steps import dropped_after_trip, select_keras_state
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
-from kgrad.backends.jax.own_step.active import activated
-from kgrad.backends.jax.own_step.loss_scale import loss_scale_of, value_and_grad_noting_scale
-from kgrad.backends.jax.own_step.part import bind_differentiated
-from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
+from kgrad.backends.jax.handover.train_function import step_jit
+from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, bind_differentiated
+from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.report.non_finite import name_in_part
+
 
 class CheckedParts:
     """The losses and gradients of the `kgrad.value_and_grad` calls of one step, for the guard.
@@ -59,9 +62,7 @@ class CheckedParts:
         self._model, self._inner, self._watch = model, inner, watch
         self._ignore_loss_scale_skips = ignore_loss_scale_skips
         self._rows = []  # ("tensors", count) or ("rows", (squares, counts)), in the order of `names`
-        self._variables = list(model.trainable_variables)
-        self._position = {id(value): index for index, value in enumerate(trainable)}
-        self._parts = {}
+        self._resolver = PartResolver(model, trainable)
         self._first = None  # ids of the first part's weight values
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
@@ -83,20 +84,17 @@ class CheckedParts:
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
         """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)`; keeps what it returns."""
-        numbers = _positions(argnums, len(args))
-        leaves = [leaf for n in numbers for leaf in jax.tree_util.tree_leaves(args[n])]
-        indices = [self._position.get(id(leaf)) for leaf in leaves]
-        weights = [self._variables[index] for index in indices if index is not None]
-        owner = _owner(self._model, weights) if weights else self._model
-        part = _unique(self._parts, name or owner.name)  # the probe's run name for the same call
-        call, values = bind_differentiated(fn, numbers, args, kwargs)
+        resolved = self._resolver.resolve(argnums, args)
+        owner, leaves, indices = resolved.owner, resolved.leaves, resolved.indices
+        part = self._resolver.run_name(resolved, name)  # the probe's run name for the same call
+        call, values = bind_differentiated(fn, resolved.numbers, args, kwargs)
         watched, watch = None, None
         if self._inner is None and self._watch is None:
             # The loss scale, if any, is noted in the pass itself: the checks come after it.
             result, gradients, scaler, inverse_scale = value_and_grad_noting_scale(
                 call, values, has_aux, self._optimizers, name or owner.name
             )
-            gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
+            gradients = as_returned(argnums, gradients)
         else:
             # The probe's pass, or the watched gradients' checks inside it, need the scale before.
             scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name or owner.name)
@@ -109,11 +107,8 @@ class CheckedParts:
             )
         elif watch is not None:
             result, gradients, watched = watch.part_value_and_grad(call, values, has_aux, inverse_scale)
-            gradients = gradients[0] if isinstance(argnums, int) else tuple(gradients)
-        paths = [
-            f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
-            for k, index in enumerate(indices)
-        ]
+            gradients = as_returned(argnums, gradients)
+        paths = resolved.paths
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
         tensors = [result[0] if has_aux else result]
@@ -127,8 +122,8 @@ class CheckedParts:
             self._rows.append(("tensors", len(tensors)))
         else:
             (before_names, before), (after_names, after) = watched
-            names = [_in_part(n, part) for n in before_names] + names[:1] + [
-                _in_part(n, part) for n in after_names
+            names = [name_in_part(n, part) for n in before_names] + names[:1] + [
+                name_in_part(n, part) for n in after_names
             ] + names[1:]
             self._rows += [("rows", decode(before)), ("tensors", 1), ("rows", decode(after)),
                            ("tensors", len(tensors) - 1)]
@@ -179,12 +174,6 @@ class CheckedParts:
         return self.step
 
 
-def _in_part(tensor_name, part):
-    """``"<kind>/<layer>"`` of a part's watched tensor as ``"<kind>/<part>/<layer>"`` (a ProbeTape's form)."""
-    kind, _, layer = tensor_name.partition("/")
-    return f"{kind}/{part}/{layer}"
-
-
 def _as_lists(state):
     """``(trainable, non-trainable, optimizer, metrics)`` as lists: the old and new state's trees match."""
     return tuple(list(values) for values in state)
@@ -199,15 +188,11 @@ class OwnStepGuardRun(GuardRun):
 
     def __init__(self, model, config, keras_train_function):
         self.model, self.config = model, config
-        self.names = None
-        self._compile = model.jit_compile and not model.run_eagerly
-        # Under a keras.distribution the state stays where Keras' own train function keeps it.
-        self._state_shardings = state_shardings(model)
-        self._plain = self._jit(self._guarded(self._own_step), outputs=4)
-        self._probed = {}  # id(OwnStepTrainFunction) -> (function, its guarded probed step)
-        self.train_function = GuardTrainFunction(self, keras_train_function)
         self.keras_train_function = keras_train_function
-        self.latest_record = None
+        self.names = None
+        self._jit = step_jit(model)
+        self._plain = self._jit(self._guarded(self._own_step), outputs=4)
+        self._start()
         self.reset(everything=True)
 
     @property
@@ -244,12 +229,7 @@ class OwnStepGuardRun(GuardRun):
                     select_keras_state,
                 )
             if probe_records is not None and self.config.halt_updates:
-                # After a trip every step keeps the state of before: its records are dropped
-                # (step -1; Keras' loop may run a few more steps before it sees the trip).
-                probe_records = {
-                    part: (jnp.where(tripped_before, -1, number), scalars, histograms)
-                    for part, (number, scalars, histograms) in probe_records.items()
-                }
+                probe_records = dropped_after_trip(probe_records, tripped_before)
             return logs, state, probe_records, record
 
         return step
@@ -275,14 +255,11 @@ class OwnStepGuardRun(GuardRun):
         self._keep(data)
         return logs, state
 
-    def run_probed(self, function, state, data):
-        """One guarded probed step of `OwnStepTrainFunction` ``function``: ``(logs, state, records)``."""
+    def run_probed(self, probed_step, state, data):
+        """One guarded `OwnProbedStep`: ``(logs, state, {run: probe record})``."""
         if self.names is None:
             self._discover(state, data)
-        kept = self._probed.get(id(function))
-        if kept is None or kept[0] is not function:
-            guarded = self._jit(self._guarded(function.guarded_probed_step), outputs=4)
-            kept = self._probed[id(function)] = (function, guarded)
-        logs, state, records, self.record = kept[1](state, self.record, data)
+        step = self._guarded_probed(probed_step, self._guarded)
+        logs, state, records, self.record = step(state, self.record, data)
         self._keep(data)
         return logs, state, records

@@ -17,19 +17,15 @@ loss scaler's signal, not where a NaN was born.
 import contextlib
 
 import jax
-import jax.numpy as jnp
 import keras
 
-from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.batch_dump import is_dump, unpack_batch
 from kgrad.backends.common.loss_scale import scales_loss
-from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import candidate_optimizers
-from kgrad.backends.jax.guard import locate
-from kgrad.backends.jax.guard.trace import _counts, _finite_range, _Recorder
-from kgrad.backends.jax.own_step.active import activated
-from kgrad.backends.jax.own_step.part import bind_differentiated
-from kgrad.backends.jax.own_step.parts import _owner, _positions, _unique
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.guard import locate, trace
+from kgrad.backends.jax.own_step.resolve import PartResolver, bind_differentiated
+from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan import selection
 
 
@@ -40,14 +36,11 @@ class _Found(Exception):
 def replay_own_step(model, batch):
     """``(born fields or None, note)`` of one replayed own ``train_step`` (see the module)."""
     x, y, sample_weight = unpack_batch(batch)
-    born = locate.in_weights(model) or locate.in_data(x, y, sample_weight)
+    born = locate.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
     data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
-    state = model._get_jax_state(
-        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
-        metrics_variables=True,
-    )
+    state = keras_internals.jax_state(model)
     parts = _ReplayedParts(model, state[0])
     with activated(parts), _unscaled_losses(model) as scaling:
         try:
@@ -63,24 +56,13 @@ class _ReplayedParts:
     """The `kgrad.value_and_grad` calls of the replayed step, each checked layer by layer."""
 
     def __init__(self, model, trainable):
-        self._model = model
-        self._variables = list(model.trainable_variables)
-        self._position = {id(value): index for index, value in enumerate(trainable)}
-        self._parts = {}
+        self._resolver = PartResolver(model, trainable)
         self.born = None
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
-        numbers = _positions(argnums, len(args))
-        leaves = [leaf for n in numbers for leaf in jax.tree_util.tree_leaves(args[n])]
-        indices = [self._position.get(id(leaf)) for leaf in leaves]
-        weights = [self._variables[index] for index in indices if index is not None]
-        owner = _owner(self._model, weights) if weights else self._model
-        part = _unique(self._parts, name or owner.name)
-        paths = [
-            f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
-            for k, index in enumerate(indices)
-        ]
-        born = _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths)
+        resolved = self._resolver.resolve(argnums, args)
+        part = self._resolver.run_name(resolved, name)
+        born = _checked_pass(resolved.owner, fn, resolved.numbers, has_aux, args, kwargs, resolved.paths)
         if born is not None:
             self.born = {
                 **born, "born_at": f"{part}/{born['born_at']}", "born_path": f"{part}/{born['born_path']}",
@@ -96,36 +78,15 @@ class _ReplayedParts:
 
 def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
     """The ``born_*`` fields of one part's pass with its layers checked, or ``None`` if it was finite."""
-    operations = selection.resolve_layers(owner, "all")
     part_call, differentiated = bind_differentiated(fn, numbers, args, kwargs)
-    traced = {}
 
-    def loss(differentiated, perturbations):
-        recorder = traced["recorder"] = _Recorder(operations, perturbations)
-        with _replaced(recorder, owner):
-            out = part_call(*differentiated)
+    def read(out, calls):
         value = out[0] if has_aux else out
-        calls = recorder.calls
-        return value, {
-            "outputs": jnp.stack([_counts(call.outputs) for call in calls] or [_counts([])]),
-            "inputs": jnp.stack([_counts(call.inputs) for call in calls] or [_counts([])]),
-            "ranges": jnp.stack([_finite_range(call.inputs) for call in calls] or [_finite_range([])]),
-            "loss": _counts([value]),
-            "prediction_range": _finite_range(calls[-1].outputs if calls else []),
-        }
+        return value, value, calls[-1].outputs if calls else []
 
-    jax.eval_shape(lambda d: loss(d, None), differentiated)
-    perturbations = {key: jnp.zeros(s.shape, s.dtype) for key, s in traced["recorder"].shapes().items()}
-    (_, arrays), (gradients, perturbation_gradients) = jax.value_and_grad(
-        loss, argnums=(0, 1), has_aux=True
-    )(differentiated, perturbations)
-    arrays["gradients"] = {key: _counts([g]) for key, g in perturbation_gradients.items()}
-    arrays["weight_gradients"] = jnp.stack(
-        [_counts([g]) for g in jax.tree_util.tree_leaves(gradients)] or [_counts([])]
-    )
-    arrays = jax.device_get(arrays)
-    calls, describe = traced["recorder"].calls, locate.describer(owner)
-    return locate.in_forward(calls, arrays, describe) or locate.in_backward(calls, arrays, describe, paths)
+    operations = selection.resolve_layers(owner, "all")
+    calls, arrays = trace.replayed_pass(owner, operations, part_call, differentiated, read)
+    return locate.located(owner, calls, arrays, paths)
 
 
 _UNSCALED_NOTE = (
@@ -148,6 +109,3 @@ def _unscaled_losses(model):
         for optimizer in scaling:
             optimizer.__dict__.pop("scale_loss", None)
 
-
-def _replaced(recorder, owner):
-    return replaced_calls(recorder.replacements(owner))

@@ -6,9 +6,11 @@ once more from the state the guard kept (the weights, the BatchNormalization
 statistics and the seed generators of before the bad update: a random layer
 draws what the step drew), under ``jit`` when the model's steps are jitted,
 with every layer, nested layer and ``keras.ops`` node checked forward and
-backward (`kgrad.backends.jax.guard.trace`), and `kgrad.backends.jax.guard.locate`
-names where it was born. ``jax.experimental.checkify`` with its float checks
-runs the same pass once more and names the JAX primitive and the line of
+backward (`kgrad.backends.jax.guard.trace`), and the rules of
+`kgrad.backends.common.locate` name where it was born (`kgrad.replay_step`,
+`kgrad.backends.common.replay_step`, asks `replay_fields`).
+``jax.experimental.checkify`` with its float checks runs the same pass once
+more and names the JAX primitive and the line of
 the model's code that made the first NaN/Inf; its words go in the report's
 ``replay_note``. A model with its own ``train_step`` is replayed part by part
 (`kgrad.backends.jax.guard.own_step_replay`). Nothing is applied: the model's
@@ -22,13 +24,12 @@ import keras
 import numpy as np
 from jax.experimental import checkify
 
-from kgrad.backends.common.batch_dump import join_notes, unpack_batch
+from kgrad.backends.common.batch_dump import unpack_batch
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard import locate, trace
 from kgrad.backends.jax.guard.own_step_replay import replay_own_step
 from kgrad.plan import selection
-from kgrad.report.non_finite import NonFiniteReport
 
 # Frames of these packages are not the model's own code (checkify's line).
 _LIBRARIES = tuple(
@@ -53,15 +54,14 @@ def replay_fields(model, batch, seeds_after=None):
     if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
         return replay_own_step(model, batch)
     x, y, sample_weight = (_as_fed(part) for part in unpack_batch(batch))
-    born = locate.in_weights(model) or locate.in_data(x, y, sample_weight)
+    born = locate.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
     operations = selection.resolve_layers(model, "all")
     jit = model.jit_compile and not model.run_eagerly
     calls, arrays = trace.trace_step(model, operations, x, y, sample_weight, jit=jit)
-    describe = locate.describer(model)
     paths = [model_relative_path(model, weight) for weight in model.trainable_variables]
-    born = locate.in_forward(calls, arrays, describe) or locate.in_backward(calls, arrays, describe, paths)
+    born = locate.located(model, calls, arrays, paths)
     if born is None:
         return None, None
     return born, _checkify_note(model, x, y, sample_weight, jit)
@@ -98,40 +98,3 @@ def _model_line(traceback):
         if not frame.file_name.startswith(_LIBRARIES):
             return f", at {frame.file_name}:{frame.line_num} ({frame.function_name})"
     return ""
-
-
-def replay_step(model, batch, step=None):
-    """Replays a bad step (e.g. from a `kgrad.NonFiniteGuard` dump) and says where its NaN was born.
-
-    Args:
-        model: The model at the weights before the bad update.
-        batch: The step's data ``(x, y[, sample_weight])``, or the dict of a
-            dumped ``.npz`` (``dict(np.load(path))``).
-        step: The step, for the report.
-
-    Returns:
-        A `kgrad.NonFiniteReport`, or ``None`` when the replay is finite.
-
-    Example:
-
-    >>> import keras, kgrad, numpy as np
-    >>> model = keras.Sequential([keras.Input((2,)),
-    ...     keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"),
-    ...     keras.layers.Dense(1, name="out")])
-    >>> model.compile("sgd", "mse")
-    >>> report = kgrad.replay_step(model, (np.array([[1.0, 0.0]]), np.ones((1, 1))), step=7)
-    >>> report.born_in, report.born_at, report.step
-    ('forward', 'log', 7)
-    """
-    born, note = replay_fields(model, batch)
-    if born is None:
-        return None
-    kinds = {"forward": "activation", "backward": "grad", "data": "input", "weights": "weight"}
-    kind = kinds[born["born_in"]]
-    return NonFiniteReport(
-        step=step, tensor=f"{kind}/{born['born_at']}", layer=born["born_at"], kind=kind,
-        pass_="backward" if born["born_in"] == "backward" else "forward",
-        nan_count=born["born_nan_count"], inf_count=born["born_inf_count"], last_finite_step=None,
-        last_finite_norm=None, last_summaries={}, non_finite={}, replayed=True,
-        **{**born, "replay_note": join_notes(born.get("replay_note"), note)},
-    )

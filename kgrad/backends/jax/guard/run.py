@@ -11,33 +11,15 @@ what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
 
 import jax
 import jax.numpy as jnp
+import keras
 import numpy as np
-from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kgrad.backends.common.model_io import model_relative_path
-from kgrad.backends.jax.differentiate.state_sharding import state_shardings
 from kgrad.backends.jax.guard.sentinel import initial_record
 from kgrad.backends.jax.guard.steps import GuardedSteps
+from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.plan.options import SENTINEL_KINDS
-from kgrad.report.non_finite import FORWARD_KINDS, NonFiniteReport, split_name
-
-
-class GuardTrainFunction:
-    """``model.train_function`` for executions without a probed step: every step guarded."""
-
-    def __init__(self, run, keras_train_function):
-        self.run = run
-        self.keras_train_function = keras_train_function
-
-    def __call__(self, state, iterator):
-        logs, state = self.run.run_plain(state, next(iterator))
-        for _ in range(self.run.model.steps_per_execution - 1):
-            try:
-                data = next(iterator)
-            except StopIteration:
-                break
-            logs, state = self.run.run_plain(state, data)
-        return logs, state
+from kgrad.report.non_finite import report_of_counts
 
 
 class GuardRun:
@@ -51,10 +33,11 @@ class GuardRun:
 
     def __init__(self, model, config, keras_train_function):
         self.model, self.config = model, config
-        self._compile = model.jit_compile and not model.run_eagerly
+        self.keras_train_function = keras_train_function
+        compiled = model.jit_compile and not model.run_eagerly
         watches_more = tuple(config.watch) != SENTINEL_KINDS
         self.steps = GuardedSteps(
-            model, config.halt_updates, self._compile, config.ignore_loss_scale_skips,
+            model, config.halt_updates, compiled, config.ignore_loss_scale_skips,
             watch=config if watches_more else None,
         )
         self._weight_names = tuple(
@@ -63,21 +46,25 @@ class GuardRun:
         )
         # With watch= beyond the default the rows' names are known once the step is traced.
         self.names = None if watches_more else ("loss/loss",) + self._weight_names
-        # Under a keras.distribution the state stays where Keras' own train function keeps it.
-        self._state_shardings = state_shardings(model)
+        self._jit = step_jit(model)
         self._plain = self._jit(self.steps.plain, outputs=3)
-        self._probed = {}  # id(ProbedStep) -> (ProbedStep, its guarded step)
-        self.train_function = GuardTrainFunction(self, keras_train_function)
-        self.keras_train_function = keras_train_function
-        self.latest_record = None
+        self._start()
         self.reset(everything=True)
 
-    def _jit(self, step, outputs):
-        # The state (the second of ``outputs`` results) is donated, as Keras donates it; the record is small.
-        if not self._compile:
-            return step
-        shardings = (None, self._state_shardings) + (None,) * (outputs - 2)
-        return jax.jit(step, donate_argnums=0, out_shardings=shardings)
+    def _start(self):
+        """What both guards keep: their train function (every step guarded), the guarded probed steps."""
+        self._probed = {}  # id(probed step) -> (probed step, its guarded step)
+        self.train_function = TrainFunction(self.model, None, self.keras_train_function)
+        self.train_function.guard = self
+        self.latest_record = None
+
+    def _guarded_probed(self, probed_step, guarded):
+        """The jitted ``guarded(probed_step)``, made once per probed step."""
+        kept = self._probed.get(id(probed_step))
+        if kept is None or kept[0] is not probed_step:
+            step = self._jit(guarded(probed_step), outputs=4)
+            kept = self._probed[id(probed_step)] = (probed_step, step)
+        return kept[1]
 
     # -- running steps ------------------------------------------------------------------
 
@@ -90,16 +77,13 @@ class GuardRun:
         return logs, state
 
     def run_probed(self, probed_step, state, data):
-        """One guarded probed step: ``(logs, state, probe record)``."""
+        """One guarded probed step: ``(logs, state, {run: probe record})``."""
         if self.record is None:
             self._start_record(state, data)
-        kept = self._probed.get(id(probed_step))
-        if kept is None or kept[0] is not probed_step:
-            guarded = self._jit(self.steps.probed(probed_step), outputs=4)
-            kept = self._probed[id(probed_step)] = (probed_step, guarded)
-        logs, state, probe_record, self.record = kept[1](state, self.record, data)
+        step = self._guarded_probed(probed_step, self.steps.probed)
+        logs, state, probe_records, self.record = step(state, self.record, data)
         self._keep(data)
-        return logs, state, probe_record
+        return logs, state, probe_records
 
     def _keep(self, data):
         """Keeps a reference to the step's batch (no copy) until the device says the step was clean.
@@ -129,7 +113,7 @@ class GuardRun:
     def _start_record(self, state, data):
         """The record of a guard whose rows are known once traced: the watched pass traced for shapes."""
         watch = self.steps.watch
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         jax.eval_shape(lambda state: watch.loss_and_gradients(state, x, y, sample_weight, None), state)
         self.names = watch.before + ("loss/loss",) + watch.after + self._weight_names
         self.record = initial_record(len(self.names))
@@ -181,30 +165,12 @@ class GuardRun:
         record = jax.device_get(self.record)
         if not bool(record.tripped):
             return None
-        bad = {
-            name: (int(nan), int(inf)) for name, (nan, inf) in zip(self.names, record.counts) if nan or inf
-        }
-        if not bad:
-            return None
-        first = next(iter(bad))
-        kind, layer = split_name(first)
-        last_step = int(record.last_finite_step)
-        norm = None
-        if last_step >= 0:
-            value = np.sqrt(float(record.last_finite_squares[self.names.index(first)]))
-            norm = float(value) if np.isfinite(value) else None
-        return NonFiniteReport(
-            step=int(record.trip_step),
-            tensor=first,
-            layer=layer,
-            kind=kind,
-            pass_="forward" if kind in FORWARD_KINDS else "backward",
-            nan_count=bad[first][0],
-            inf_count=bad[first][1],
-            last_finite_step=last_step if last_step >= 0 else None,
-            last_finite_norm=norm,
-            last_summaries=last_summaries_for(layer, last_step if last_step >= 0 else None),
-            non_finite=bad,
+        squares = record.last_finite_squares
+        return report_of_counts(
+            dict(zip(self.names, record.counts)), step=int(record.trip_step),
+            last_finite_step=int(record.last_finite_step),
+            last_finite_norm=lambda name: float(np.sqrt(float(squares[self.names.index(name)]))),
+            last_summaries_for=last_summaries_for,
         )
 
     def reset(self, everything=False):

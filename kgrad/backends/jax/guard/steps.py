@@ -9,11 +9,11 @@ Each is a pure function ``(state, record, data) -> (logs, state, record)``
 import jax
 import jax.numpy as jnp
 import keras
-from keras.src.trainers.data_adapters import data_adapter_utils
 
-from kgrad.backends.jax.differentiate.loss_scale import inverse_loss_scale
-from kgrad.backends.jax.guard.watched import WatchedPass, decode
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.capture.loss_scale import inverse_loss_scale
 from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, select_leaves, select_whole
+from kgrad.backends.jax.guard.watched import WatchedPass, decode
 
 
 def select_keras_state(apply, new_state, old_state):
@@ -108,7 +108,7 @@ class GuardedSteps:
         """Keras' ``JAXTrainer.train_step``, guarded."""
         model = self.model
         trainable, non_trainable, optimizer_variables, metrics_variables = state
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         watched = None
         if self.watch is None:
             grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
@@ -123,8 +123,8 @@ class GuardedSteps:
             )
             watched = (decode(before), decode(after))
         unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-        logs, new_metrics_variables = model._update_metrics_variables(
-            metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+        logs, new_metrics_variables = keras_internals.update_metrics_variables(
+            model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
         )
         if not self.compiled:
             trainable, optimizer_variables = model.optimizer.stateless_apply(
@@ -155,16 +155,24 @@ class GuardedSteps:
         return logs, (trainable, non_trainable, optimizer_variables, metrics_variables), record
 
     def probed(self, probed_step):
-        """``(state, record, data) -> (logs, state, probe record, record)`` of a `ProbedStep`, guarded."""
+        """``(state, record, data) -> (logs, state, probe records, record)`` of a `ProbedStep`, guarded."""
 
         def step(state, record, data):
             out = {}
-            logs, state, probe_record = probed_step(state, data, sentinel=self.sentinel(record, out))
+            logs, state, probe_records = probed_step(state, data, self.sentinel(record, out))
             if self.halt_updates:
-                # After a trip every step keeps the state of before: its record is dropped
-                # (step -1; Keras' loop may run a few more before it sees the trip).
-                step_number, scalars, histograms = probe_record
-                probe_record = (jnp.where(record.tripped, -1, step_number), scalars, histograms)
-            return logs, state, probe_record, out["record"]
+                probe_records = dropped_after_trip(probe_records, record.tripped)
+            return logs, state, probe_records, out["record"]
 
         return step
+
+
+def dropped_after_trip(probe_records, tripped_before):
+    """``{run: record}`` with step -1 after a trip: those steps keep the state of before, nothing to log.
+
+    Keras' loop may run a few more steps before it sees the trip.
+    """
+    return {
+        run: (jnp.where(tripped_before, -1, number), scalars, histograms)
+        for run, (number, scalars, histograms) in probe_records.items()
+    }

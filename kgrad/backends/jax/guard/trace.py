@@ -1,8 +1,9 @@
 """The replay's pass on JAX: one forward and backward pass with every layer and op output checked.
 
-`trace_step` runs Keras' ``compute_loss_and_updates`` once more (jitted when
-the model's steps are) with the ``call`` of every layer, nested layer and
-``keras.ops`` node replaced (`kgrad.backends.common.calls`): each float
+`replayed_pass` runs a step's loss once more (`trace_step`: Keras'
+``compute_loss_and_updates``, jitted when the model's steps are; a part of
+a model's own step: its function) with the ``call`` of every layer, nested
+layer and ``keras.ops`` node replaced (`kgrad.backends.common.calls`): each float
 output gets a zero perturbation, whose gradient is dJ/d(that output) (as in
 Flax's ``perturb``), and the NaN/Inf counts of its inputs and outputs and
 the finite range of its inputs are computed on the device. Which operation
@@ -15,10 +16,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from keras import tree
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float
+from kgrad.backends.jax import keras_internals
 
 
 @dataclasses.dataclass
@@ -62,7 +63,7 @@ class _Recorder:
         def make(original_call):
             def call(*args, **kwargs):
                 outputs = original_call(*args, **kwargs)
-                if in_symbolic_scope():
+                if keras_internals.in_symbolic_scope():
                     return outputs
                 return self._record(name, operation, [leaf for leaf in tree.flatten((args, kwargs))
                                                       if is_float(leaf)], outputs)
@@ -88,7 +89,7 @@ class _Recorder:
 
     def wrap_model(self, original_call):
         def call(*args, **kwargs):
-            if args and not self._model_called and not in_symbolic_scope():
+            if args and not self._model_called and not keras_internals.in_symbolic_scope():
                 self._model_called = True  # the step's call; a metric's later call is not replayed
                 leaves = tree.flatten(args[0])
                 for index, leaf in enumerate(leaves):
@@ -125,66 +126,75 @@ def _finite_range(leaves):
                       jnp.any(finite).astype(jnp.float32)])
 
 
-def _loss_function(model, operations, x, y, sample_weight, state, traced):
-    """``fn(trainable, perturbations) -> (loss, counts)`` of one pass; its calls go to ``traced``."""
-    non_trainable, metrics_variables, optimizer_variables = state
+def replayed_pass(model, operations, call, values, read, jit=False):
+    """Runs ``call(*values)`` and its backward pass with every call of ``operations`` checked.
 
-    def loss(trainable, perturbations):
+    Args:
+        model: The model (or the sub-model of a part) whose call's float inputs
+            are perturbed too (their gradient is dJ/dx).
+        operations: ``{name: operation}`` replaced while the pass runs.
+        call: ``fn(*values) -> out``, differentiated with respect to ``values``.
+        values: The differentiated values (a list).
+        read: ``fn(out, calls) -> (value differentiated, loss, prediction leaves)``.
+        jit: Whether the pass runs jitted.
+
+    Returns:
+        ``(calls, host arrays)``: ``outputs``, ``inputs`` (``[calls, 2]`` NaN/Inf
+        counts), ``ranges`` (``[calls, 3]``: min, max of the finite inputs,
+        whether any), ``loss``, ``prediction_range``, ``gradients``
+        (``{perturbation key: [nan, inf]}`` of dJ/d(output) and dJ/dx) and
+        ``weight_gradients`` (``[leaves of values, 2]``).
+    """
+    traced = {}
+
+    def loss(values, perturbations):
         recorder = traced["recorder"] = _Recorder(operations, perturbations)
         with replaced_calls(recorder.replacements(model)):
-            loss, aux = model.compute_loss_and_updates(
-                trainable, non_trainable, metrics_variables, x, y, sample_weight,
-                training=True, optimizer_variables=optimizer_variables,
-            )
+            out = call(*values)
         calls = recorder.calls
-        forward = {
+        value, loss, prediction = read(out, calls)
+        return value, {
             "outputs": jnp.stack([_counts(call.outputs) for call in calls] or [_counts([])]),
             "inputs": jnp.stack([_counts(call.inputs) for call in calls] or [_counts([])]),
             "ranges": jnp.stack([_finite_range(call.inputs) for call in calls] or [_finite_range([])]),
-            "loss": _counts([aux[0]]),
-            "prediction_range": _finite_range(tree.flatten(aux[1])),
+            "loss": _counts([loss]),
+            "prediction_range": _finite_range(prediction),
         }
-        return loss, forward
 
-    return loss
+    jax.eval_shape(lambda values: loss(values, None), values)
+    perturbations = {key: jnp.zeros(s.shape, s.dtype) for key, s in traced["recorder"].shapes().items()}
+
+    def run(values, perturbations):
+        grad_fn = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+        (_, forward), (gradients, perturbed) = grad_fn(values, perturbations)
+        forward["gradients"] = {key: _counts([g]) for key, g in perturbed.items()}
+        leaves = jax.tree_util.tree_leaves(gradients)
+        forward["weight_gradients"] = jnp.stack([_counts([g]) for g in leaves] or [_counts([])])
+        return forward
+
+    arrays = (jax.jit(run) if jit else run)(values, perturbations)
+    return traced["recorder"].calls, jax.device_get(arrays)
 
 
 def trace_step(model, operations, x, y, sample_weight, jit=True):
-    """Runs the replayed pass; returns ``(calls, host arrays)``.
-
-    The arrays: ``outputs``, ``inputs`` (``[calls, 2]`` NaN/Inf counts),
-    ``ranges`` (``[calls, 3]``: min, max of the finite inputs, whether any),
-    ``loss``, ``prediction_range``, ``gradients`` (``{perturbation key:
-    [nan, inf]}`` of dJ/d(output) and dJ/dx) and ``weight_gradients``
-    (``[weights, 2]``).
-    """
+    """`replayed_pass` of Keras' ``compute_loss_and_updates``, from the model's variables."""
     state = (
         [v.value for v in model.non_trainable_variables],
         [v.value for v in model.metrics_variables],
         [v.value for v in model.optimizer.variables],
     )
+
+    def call(trainable):
+        return model.compute_loss_and_updates(
+            trainable, *state[:2], x, y, sample_weight, training=True, optimizer_variables=state[2]
+        )
+
+    def read(out, calls):
+        loss, aux = out
+        return loss, aux[0], tree.flatten(aux[1])  # the unscaled loss, the prediction
+
     trainable = [v.value for v in model.trainable_variables]
-    traced = {}
-    loss_fn = _loss_function(model, operations, x, y, sample_weight, state, traced)
-
-    def shapes_only(trainable):
-        recorder = traced["recorder"] = _Recorder(operations)
-        with replaced_calls(recorder.replacements(model)):
-            model.compute_loss_and_updates(trainable, *state[:2], x, y, sample_weight, training=True,
-                                           optimizer_variables=state[2])
-
-    jax.eval_shape(shapes_only, trainable)
-    perturbations = {key: jnp.zeros(s.shape, s.dtype) for key, s in traced["recorder"].shapes().items()}
-
-    def run(trainable, perturbations):
-        (_, forward), (weight_gradients, gradients) = jax.value_and_grad(
-            loss_fn, argnums=(0, 1), has_aux=True)(trainable, perturbations)
-        forward["gradients"] = {key: _counts([g]) for key, g in gradients.items()}
-        forward["weight_gradients"] = jnp.stack([_counts([g]) for g in weight_gradients] or [_counts([])])
-        return forward
-
-    arrays = (jax.jit(run) if jit else run)(trainable, perturbations)
-    return traced["recorder"].calls, jax.device_get(arrays)
+    return replayed_pass(model, operations, call, [trainable], read, jit=jit)
 
 
 def checked_function(model, x, y, sample_weight):

@@ -1,27 +1,31 @@
-"""The `kgrad.value_and_grad` calls of one traced own ``train_step``, and the optimizers that applied them.
+"""The probed step of a model's own JAX ``train_step``: its `kgrad.value_and_grad` calls capture.
 
-While kgrad's train function traces a probed step of a model's own
-``train_step``, a `PartCollection` is active (`active.activated`): each
+`OwnProbedStep` traces the model's ``train_step`` with a `PartCollection`
+active (`kgrad.backends.jax.own_step.value_and_grad.activated`): each
 `kgrad.value_and_grad` call in the step asks it to differentiate. The
-differentiated arrays are matched by identity with the trainable values of
-the step's ``state`` (aligned with ``model.trainable_variables``), which
-names the weights and the smallest sub-model holding them all
-(`kgrad.backends.jax.own_step.part.ProbedPart`). Each candidate optimizer's
+differentiated arrays name the weights and the sub-model they belong to
+(`kgrad.backends.jax.own_step.resolve`), probed as a
+`kgrad.backends.jax.own_step.part.ProbedPart`. Each candidate optimizer's
 ``stateless_apply`` is watched too: the call that updates a part's weights
 gives the step to log at (that optimizer's ``iterations`` before the update,
-as on TensorFlow) and the updated weights (update ratios).
+as on TensorFlow) and the updated weights (update ratios). The records
+leave the jitted step beside ``(logs, state)``, one per named part; the
+other steps run the user's ``train_step`` untouched (there
+`kgrad.value_and_grad` is ``jax.value_and_grad``).
 """
 
 import warnings
 
 import jax
 import jax.numpy as jnp
-import keras
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.common.own_step import candidate_optimizers
-from kgrad.backends.jax.differentiate.loss_scale import inverse_loss_scale, skips_overflowed_steps
-from kgrad.backends.jax.own_step.part import ProbedPart, bind_differentiated
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.capture.loss_scale import inverse_loss_scale, skips_overflowed_steps
+from kgrad.backends.jax.own_step.part import ProbedPart
+from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, bind_differentiated
+from kgrad.backends.jax.own_step.value_and_grad import activated
 
 
 class PartCollection:
@@ -35,9 +39,7 @@ class PartCollection:
 
     def __init__(self, model, config, trainable):
         self._model, self._config = model, config
-        self._variables = list(model.trainable_variables)
-        self._position = {id(value): index for index, value in enumerate(trainable)}
-        self._names = {}
+        self._resolver = PartResolver(model, trainable)
         self.parts = []  # ProbedPart, in the order the step differentiated
         self.calls = 0  # kgrad.value_and_grad calls, also those whose arrays matched no weight
         self._pending = []  # (part, {id(weight value): index}, weight values, gradients) not applied yet
@@ -77,9 +79,8 @@ class PartCollection:
         ``(result, gradients, watched rows or None)`` (`WatchedPass.part_value_and_grad`).
         """
         self.calls += 1
-        numbers = _positions(argnums, len(args))
-        leaves = [leaf for number in numbers for leaf in jax.tree_util.tree_leaves(args[number])]
-        indices = [self._position.get(id(leaf)) for leaf in leaves]
+        call = self._resolver.resolve(argnums, args)
+        leaves, indices = call.leaves, call.indices
         if None in indices:
             warnings.warn(
                 f"kgrad.value_and_grad{'' if name is None else f' {name!r}'}: {indices.count(None)} of "
@@ -93,15 +94,12 @@ class PartCollection:
             if watch is None:
                 return (*jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs), None)
             result, gradients, watched = watch.part_value_and_grad(
-                *bind_differentiated(fn, numbers, args, kwargs), has_aux
+                *bind_differentiated(fn, call.numbers, args, kwargs), has_aux
             )
-            return result, gradients[0] if isinstance(argnums, int) else tuple(gradients), watched
-        weights = [self._variables[index] for index, _ in known]
-        owner = _owner(self._model, weights)
-        part = ProbedPart(
-            _unique(self._names, name or owner.name), owner, self._config, weights, self._optimizers
-        )
-        result, gradients, watched = part.differentiate(fn, numbers, has_aux, args, kwargs, watch)
+            return result, as_returned(argnums, gradients), watched
+        name = self._resolver.run_name(call, name)
+        part = ProbedPart(name, call.owner, self._config, call.weights, self._optimizers)
+        result, gradients, watched = part.differentiate(fn, call.numbers, has_aux, args, kwargs, watch)
         flat_gradients = [leaf for g in gradients for leaf in jax.tree_util.tree_leaves(g)]
         self._pending.append((
             part,
@@ -110,7 +108,7 @@ class PartCollection:
             [flat_gradients[k] for k, index in enumerate(indices) if index is not None],
         ))
         self.parts.append(part)
-        return result, gradients[0] if isinstance(argnums, int) else tuple(gradients), watched
+        return result, as_returned(argnums, gradients), watched
 
     def _watched(self, optimizer, stateless_apply):
         iterations = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
@@ -126,7 +124,7 @@ class PartCollection:
                 # (global_clipnorm), not one part's.
                 inverse = inverse_loss_scale(optimizer, optimizer_variables)
                 unscaled = [g if inverse is None else g.astype(jnp.float32) * inverse for g in grads]
-                clipped = inner_optimizer(optimizer)._clip_gradients(unscaled)
+                clipped = keras_internals.clip_gradients(inner_optimizer(optimizer), unscaled)
             for entry in list(self._pending):
                 part, _, before, gradients = entry
                 if all(id(value) in applied for value in before):
@@ -154,25 +152,42 @@ class PartCollection:
         return dict(self._records)
 
 
-def _positions(argnums, count):
-    numbers = argnums if isinstance(argnums, tuple) else (argnums,)
-    if any(not -count <= number < count for number in numbers):
-        raise ValueError(
-            f"kgrad.value_and_grad: `argnums` names positional arguments, and the function was called "
-            f"with {count}. Received: argnums={argnums!r}. Pass the arrays to differentiate positionally."
-        )
-    return tuple(number % count for number in numbers)
+class OwnProbedStep:
+    """``(state, data, checked=None) -> (logs, state, {part name: record})`` of ``model``'s own step.
 
+    Args:
+        model: A compiled model with its own ``train_step``.
+        config: The `kgrad.plan.options.ProbeConfig`.
 
-def _owner(model, weights):
-    """The smallest of ``model`` and its sub-models whose trainable variables hold all of ``weights``."""
-    wanted = {id(weight) for weight in weights}
-    layers = model._flatten_layers(include_self=False)
-    owners = [model] + [layer for layer in layers if isinstance(layer, keras.Model)]
-    holding = [m for m in owners if wanted <= {id(v) for v in m.trainable_variables}]
-    return min(holding, key=lambda m: len(m.trainable_variables))
+    Attributes:
+        names: ``{part name: (scalar names, histogram names)}``, once traced.
+        weight_shapes: ``{part name: {weight path: shape}}``, once traced.
+    """
 
+    def __init__(self, model, config):
+        self.model, self.config = model, config
+        self.names, self.weight_shapes = {}, {}
 
-def _unique(counts, name):
-    counts[name] = counts.get(name, 0) + 1
-    return name if counts[name] == 1 else f"{name}#{counts[name]}"
+    def __call__(self, state, data, checked=None):
+        """The probed step; ``checked``: the guard's `CheckedParts` (around the probe's calls) or ``None``."""
+        with PartCollection(self.model, self.config, state[0]) as parts:
+            with activated(parts if checked is None else checked.around(parts)):
+                logs, state = self.model.train_step(state, data)
+        if not parts.parts and parts.calls:
+            raise ValueError(
+                f"kgrad.GradientProbe: kgrad.value_and_grad ran {parts.calls} time(s) in the train_step "
+                f"of model '{self.model.name}', but none of the arrays it differentiated is a trainable "
+                "value of the step's `state`, so no weight is known to log. Differentiate the values "
+                "as they come from `state` (or list slices of it), not copies or transforms of them."
+            )
+        if not parts.parts:
+            raise ValueError(
+                f"kgrad.GradientProbe found no kgrad.value_and_grad in the train_step of model "
+                f"'{self.model.name}' (class {type(self.model).__name__}), so it has nothing to log. "
+                "In that train_step, replace `jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` "
+                "(same arguments; name=\"generator\" names its run)."
+            )
+        for part in parts.parts:
+            self.names[part.name] = (part.rows.scalar_names, part.rows.histogram_names)
+            self.weight_shapes[part.name] = part.weight_shapes
+        return logs, state, parts.records()

@@ -11,13 +11,38 @@ differentiated sub-model's layers, of dJ/dŷ and of the weight gradients
 (`kgrad.backends.jax.own_step.part`), logged as a run of its own named
 ``name`` (else the sub-model's name), with the tags a TensorFlow
 `kgrad.ProbeTape` of that name writes.
+
+Which probed step is being traced is what `kgrad.value_and_grad` asks to
+know whether to probe: `activated` sets it while kgrad traces (or, without
+``jit``, runs) a model's own ``train_step`` for a probed or guarded step
+(`active_parts`, read when the step calls it); ``None`` otherwise, so that
+outside those steps it is exactly ``jax.value_and_grad``. JAX traces in the
+thread that calls the function, so one variable per thread.
 """
 
+import contextlib
 import os
+import threading
 
 import jax
 
-from kgrad.backends.jax.own_step.active import active_parts
+_ACTIVE = threading.local()
+
+
+def active_parts():
+    """The `kgrad.backends.jax.own_step.parts.PartCollection` of the step being traced, or ``None``."""
+    return getattr(_ACTIVE, "parts", None)
+
+
+@contextlib.contextmanager
+def activated(parts):
+    """Makes ``parts`` the active collection while the block runs (restores the previous one on exit)."""
+    previous = active_parts()
+    _ACTIVE.parts = parts
+    try:
+        yield parts
+    finally:
+        _ACTIVE.parts = previous
 
 
 def value_and_grad(fn, argnums=0, has_aux=False, name=None):

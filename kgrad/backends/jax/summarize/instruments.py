@@ -11,12 +11,13 @@ computed gets no tag and one warning per trace naming what and why:
 - ``"attention"``: `kgrad.backends.common.attention_scores` (q and k recorded by
   `kgrad.backends.common.attention_calls`, scored in the forward pass; as on TensorFlow).
 
-`ProbedStep` asks for the carriers before tracing (`carriers`), enters
-`recording` around Keras' loss computation after its own taps, hands each
-prediction to `see_prediction` (the logits' and the attention's statistics are
-computed there, while the tensors are alive, and leave the differentiated
-function as auxiliary outputs),
-and after the update calls `add_rows`.
+`Instruments` is a listener of the instrumented pass
+(`kgrad.backends.jax.capture.instrumented`): it gives its per-example carriers
+once the taps are found, records around the differentiated function, and
+sees each prediction (`see_prediction`: the logits' and the attention's
+statistics are computed there, while the tensors are alive, and leave the
+differentiated function as auxiliary outputs). After the update the step
+calls `add_rows`.
 """
 
 import contextlib
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common import attention_calls
 from kgrad.backends.common.attention_scores import call_statistics
+from kgrad.backends.common.instrument_warnings import by_reason, warn_instrument
 from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.per_example import PerExampleLayers
@@ -59,23 +61,36 @@ class Instruments:
         self.attention = None  # the AttentionCapture of the traced step, with "attention"
         self._wants_attention = "attention" in wanted
 
-    def carriers(self, trainable, non_trainable, x):
-        """The per-example carriers (``{}`` without ``"per_example"``)."""
-        if self.per_example is None:
-            return {}
-        return self.per_example.carriers(trainable, non_trainable, x)
+    # -- a listener of the instrumented pass (`kgrad.backends.jax.capture.instrumented.Listener`) --
+
+    selection = ({}, None)  # it taps no layer of its own: the predictions reach every listener
+    inverse_scale = None  # 1 / the loss scale of the pass (mixed precision), else None
+
+    def discovered(self, found, trace):
+        """The per-example carriers (``{}`` without ``"per_example"``), of the layers ``trace()`` calls."""
+        del found
+        return {} if self.per_example is None else self.per_example.carriers_of(trace)
 
     @contextlib.contextmanager
-    def recording(self, carriers, inverse_scale=None):
-        """Per-example carriers and logit capture while Keras computes the loss."""
+    def recording(self, carriers):
+        """Per-example carriers and logit capture while the differentiated function runs."""
         with contextlib.ExitStack() as stack:
             if self.per_example is not None:
-                stack.enter_context(self.per_example.wrap(carriers, inverse_scale))
+                stack.enter_context(self.per_example.wrap(carriers, self.inverse_scale))
             if self.capture is not None:
                 stack.enter_context(self.capture.recording())
             if self._wants_attention:
                 self.attention = stack.enter_context(attention_calls.intercept(self.model))
             yield
+
+    def tap(self, key, kind, tensor, carriers, forward):
+        del key, carriers
+        if kind == "prediction":
+            self.see_prediction(forward.setdefault("seen", []), tensor)
+        return tensor
+
+    def finish(self, forward):
+        return forward.get("seen", [])
 
     def see_prediction(self, seen, prediction):
         """Appends ``("logits", statistics or None, reason or None)`` of one model output to ``seen``.
@@ -107,7 +122,7 @@ class Instruments:
             buckets = self.config.bucket_count if self.config.histograms else None
             reasons = self.per_example.add_rows(rows, carried, buckets)
             if reasons:  # once per trace: never a guessed value, but say which are missing
-                warnings.warn(f"kgrad: no per-example gradient norms for {_by_reason(reasons)}", stacklevel=3)
+                warnings.warn(f"kgrad: no per-example gradient norms for {by_reason(reasons)}", stacklevel=3)
         if self.moments is not None:
             add_optimizer_rows(rows, self.moments, *update, self.config.outlier_sigmas)
         self.add_forward_rows(rows, seen, y_pred)
@@ -126,7 +141,7 @@ class Instruments:
                     rows.add_scalar(f"{kind}_mean/{name}", mean)
                     rows.add_scalar(f"{kind}_max/{name}", largest)
             if reasons:
-                _warn("logits", "no logit statistics for " + _by_reason(reasons))
+                warn_instrument("logits", "no logit statistics for " + by_reason(reasons))
         if self._wants_attention:
             self._add_attention(rows, seen)
 
@@ -137,10 +152,11 @@ class Instruments:
                 rows.add_scalar(f"attention_logit_max/{name}/head_{head}", largest[head])
                 rows.add_scalar(f"attention_entropy/{name}/head_{head}", entropy[head])
         if self.attention is not None and self.attention.reasons:
-            _warn("attention", "no attention statistics for layer " + _by_reason(self.attention.reasons))
+            said = "no attention statistics for layer " + by_reason(self.attention.reasons)
+            warn_instrument("attention", said)
         elif not scored or not scored[0]:
             said = f"model '{self.model.name}' called no attention layer in its step, so nothing is written"
-            _warn("attention", said)
+            warn_instrument("attention", said)
 
 
 def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_after, sigmas):
@@ -157,7 +173,7 @@ def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_aft
     """
     moments.add_rows(rows, paths, gradients, state_after, sigmas)
     if moments.reason is not None:
-        _warn("optimizer", moments.reason)
+        warn_instrument("optimizer", moments.reason)
     for number, path in paths.items():  # ‖Δw‖/√n, any optimizer
         change = after[number].astype(jnp.float32) - before[number].astype(jnp.float32)
         size = float(max(math.prod(change.shape), 1))
@@ -180,16 +196,3 @@ def optimizer_paths(paths, statistics, gradients, inverse_scale=None):
         if weight_tags_written(statistics, gradient, path.rpartition("/")[0] in with_a_matrix)
     }
     return written, gradients
-
-
-def _warn(instrument, message):
-    # Once per trace, not per step: the step is traced once per plan.
-    warnings.warn(f"kgrad: instruments=['{instrument}']: {message}.", stacklevel=4)
-
-
-def _by_reason(reasons):
-    """``'a', 'b': why; 'c': other`` from ``{name: reason}``."""
-    names = {}
-    for name, reason in reasons.items():
-        names.setdefault(reason, []).append(repr(name))
-    return "; ".join(f"{', '.join(group)}: {reason}" for reason, group in names.items())

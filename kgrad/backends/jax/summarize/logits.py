@@ -19,10 +19,10 @@ import contextlib
 import jax.numpy as jnp
 import keras
 from jax.scipy.special import logsumexp
-from keras.src.ops import nn as ops_nn
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.norms import nan_max
+from kgrad.backends.jax import keras_internals
 
 _KINDS = {keras.activations.softmax: "softmax", keras.activations.sigmoid: "sigmoid"}
 SIGMOID = "a sigmoid output: independent probabilities, not a distribution over its last axis"
@@ -40,11 +40,11 @@ class LogitCapture:
         self.found = {}  # id(output) -> (kind, logits, output)
 
     def _candidates(self):
-        layers = list(self.model._flatten_layers(include_self=False, recursive=True))
+        layers = keras_internals.flatten_layers(self.model)
         ops = [op for op in getattr(self.model, "operations", []) if not isinstance(op, keras.layers.Layer)]
         with_activation = [layer for layer in layers if getattr(layer, "activation", None) in _KINDS]
         softmax_layers = [layer for layer in layers if type(layer) is keras.layers.Softmax]
-        kind_ops = [op for op in ops if type(op) in (ops_nn.Softmax, ops_nn.Sigmoid)]
+        kind_ops = [op for op in ops if type(op) in (keras_internals.Softmax, keras_internals.Sigmoid)]
         return with_activation, softmax_layers + kind_ops
 
     @contextlib.contextmanager
@@ -67,7 +67,7 @@ class LogitCapture:
                 def recorded(*args, **kwargs):
                     pending.clear()
                     if op in called:
-                        kind = "sigmoid" if type(op) is ops_nn.Sigmoid else "softmax"
+                        kind = "sigmoid" if type(op) is keras_internals.Sigmoid else "softmax"
                         masked = kwargs.get("mask") is not None or len(args) > 1
                         if not masked and getattr(op, "axis", -1) == -1:
                             pending.append((kind, args[0]))

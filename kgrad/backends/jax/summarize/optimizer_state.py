@@ -16,6 +16,7 @@ the reason (`kgrad.backends.common.moment_rules.moment_rule`).
 import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
+from kgrad.backends.jax import keras_internals
 
 # The state each rule reads, per weight: Keras' attribute lists.
 _STATE = {
@@ -49,7 +50,7 @@ class OptimizerMoments:
         first, second = _STATE[self.rule]
         for number, weight in enumerate(weights):
             try:
-                index = inner._get_variable_index(weight)
+                index = keras_internals.variable_index(inner, weight)
             except KeyError:
                 continue  # not among the optimizer's variables: it does not update it
             hat = None
@@ -73,7 +74,7 @@ class OptimizerMoments:
             return
         inner = inner_optimizer(self._optimizer)
         # What the optimizer applied: clipnorm, clipvalue, global_clipnorm.
-        applied = inner._clip_gradients([jnp.asarray(g, jnp.float32) for g in gradients])
+        applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
         step = jnp.asarray(state_after[self._iterations], jnp.float32)  # t: advanced by the update
         hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
         for number, path in paths.items():

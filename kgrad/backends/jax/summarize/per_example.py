@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.summarize import example_norms, stats
 from kgrad.plan import operations
 
@@ -43,7 +43,7 @@ def _call_key(name, call):
 def _coupling_layers(model):
     return [
         layer.name
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in keras_internals.flatten_layers(model)
         if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
     ]
 
@@ -71,17 +71,8 @@ class PerExampleLayers:
         self._calls = {}  # name -> calls in a step, of the shared layers among them
         self._rows = None
 
-    def carriers(self, trainable, non_trainable, x):
-        """``{key: zeros [weights, B + 1]}``: one carrier per layer with per-example norms."""
-
-        def forward(trainable, non_trainable, x):
-            kwargs = {"training": True} if self.model._call_has_training_arg else {}
-            self.model.stateless_call(trainable, non_trainable, x, **kwargs)
-
-        return self.carriers_of(lambda: jax.eval_shape(forward, trainable, non_trainable, x))
-
     def carriers_of(self, trace):
-        """`carriers`, of the layers called while ``trace()`` runs the step's forward pass for shapes.
+        """``{key: zeros}``: one carrier per layer with per-example norms, of those ``trace()`` calls.
 
         ``trace``: e.g. ``lambda: jax.eval_shape(...)`` of Keras' forward pass,
         or of the function a `kgrad.value_and_grad` call differentiates.
@@ -92,7 +83,7 @@ class PerExampleLayers:
             def wrap(call):
                 def counted(*args, **kwargs):
                     output = call(*args, **kwargs)
-                    if not in_symbolic_scope() and op.trainable_weights and self._kept(op):
+                    if not keras_internals.in_symbolic_scope() and op.trainable_weights and self._kept(op):
                         calls.setdefault(name, []).append(output)
                     return output
 
@@ -151,7 +142,7 @@ class PerExampleLayers:
             def wrap(call):
                 def carried(*args, **kwargs):
                     output = call(*args, **kwargs)
-                    if in_symbolic_scope():
+                    if keras_internals.in_symbolic_scope():
                         return output
                     key = next(seen, None)
                     if key is None:

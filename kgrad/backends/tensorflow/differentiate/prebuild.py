@@ -49,7 +49,7 @@ def build_before_tracing(model, iterator):
     True
     """
     spec = getattr(iterator, "element_spec", None)
-    if spec is None or not _is_graph_of_layers(model) or not hasattr(model, "_symbolic_build"):
+    if spec is None or not _is_graph_of_layers(model) or not keras_internals.builds_symbolically(model):
         return
     try:
         # In the strategy's scope, as Keras does: variables made outside it

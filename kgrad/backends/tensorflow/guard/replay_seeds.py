@@ -22,7 +22,7 @@ def seed_generators(model):
     """The `keras.random.SeedGenerator`s of ``model``, its layers and nested models, each once."""
     found = {}
     for layer in keras_internals.flatten_layers(model):
-        for generator in getattr(layer, "_seed_generators", ()):
+        for generator in keras_internals.seed_generators(layer):
             found.setdefault(id(generator), generator)
     return list(found.values())
 
@@ -116,7 +116,7 @@ def _layers_drawing(model, generators, drawn):
     """Names of the layers (or the model) whose generators drew, for a note."""
     owners = []
     for layer in keras_internals.flatten_layers(model):
-        mine = {id(generator) for generator in getattr(layer, "_seed_generators", ())}
+        mine = {id(generator) for generator in keras_internals.seed_generators(layer)}
         if any(id(g) in mine and d.any() for g, d in zip(generators, drawn)):
             owners.append(repr(layer.name))
     return ", ".join(dict.fromkeys(owners)) or "the model's seed generators"

@@ -12,6 +12,8 @@ import threading
 
 import tensorflow as tf
 
+from kgrad.backends.tensorflow import keras_internals
+
 
 def _replica_context():
     context = tf.distribute.get_replica_context()
@@ -122,7 +124,7 @@ def check_strategy(model, user):
             (TPUStrategy, ParameterServerStrategy, CentralStorageStrategy...).
     """
     # Keras keeps `_distribute_strategy` None when no strategy scope was used.
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = keras_internals.distribute_strategy(model)
     if strategy is None or isinstance(strategy, SUPPORTED_STRATEGIES):
         return
     raise ValueError(

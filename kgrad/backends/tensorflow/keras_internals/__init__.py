@@ -23,6 +23,7 @@ from kgrad.backends.common.keras_internals import (  # noqa: F401
     Functional,
     flatten_layers,
     in_symbolic_scope,
+    seed_generators,
 )
 
 #: ``name_scope(name, caller=...)``: Keras' name scope of the backend (the optimizer's variables).
@@ -35,6 +36,16 @@ name_scope = _keras_backend.name_scope
 def symbolic_build(model, data_batch):
     """Builds ``model`` (and its metrics and loss) from a batch's structure, as ``fit`` does."""
     model._symbolic_build(data_batch=data_batch)
+
+
+def builds_symbolically(model):
+    """Whether ``model`` has Keras' symbolic build (a batch's structure builds it without running it)."""
+    return hasattr(model, "_symbolic_build")
+
+
+def distribute_strategy(model):
+    """The strategy whose scope ``model`` was built in, or ``None`` when no scope was used."""
+    return getattr(model, "_distribute_strategy", None)
 
 
 def call_has_training_arg(model):

@@ -1,26 +1,29 @@
-"""The factor a `kgrad.value_and_grad` function scaled its loss by, known before its backward pass.
+"""The loss scale inside the JAX pass: kgrad reports the gradients of the true loss.
 
-Under mixed precision an own ``train_step`` differentiates
-``self.optimizer.scale_loss(loss)`` (a `keras.optimizers.LossScaleOptimizer`'s
-dynamic scale, or an optimizer's fixed ``loss_scale_factor``), as Keras' own
-step does; its gradients are that many times the true loss's, and the
-optimizer divides them back. kgrad's statistics are of the true loss, as in
-Keras' step (`kgrad.backends.jax.differentiate.loss_scale`), and those of
-dJ/d(activation) are taken inside the backward pass: the factor is needed
-before it, although the function computes it at its very end.
+Under mixed precision the differentiated loss is ``optimizer.scale_loss(loss)``
+(a `keras.optimizers.LossScaleOptimizer`'s dynamic scale under ``mixed_float16``,
+or an optimizer's fixed ``loss_scale_factor``); its gradients are that many
+times the true loss's, and the optimizer divides them back. kgrad's statistics
+are of the true loss, and those of dJ/d(activation) are taken inside the
+backward pass: the factor is needed before it.
 
-`noting_scaled_losses` notes each ``scale_loss`` call of the model's
-optimizers while a function runs: the loss it scaled, and the factor (the
-same ``scale_loss`` of 1, in the caller's ``StatelessScope``, so the dynamic
-scale is the step's). `ProbedPart` runs it in its shape-only pass (the
-guard, `loss_scale_of`, in one of its own); when the value the function
-returns is what ``scale_loss`` returned, `inverse_scale_of` runs the
-function once more, outside the differentiated pass, for the factor alone
-(under ``jit`` XLA removes the rest, which nothing uses). A function that
-scaled a loss but returns something else is refused: by what its gradients
-are scaled is then unknown, and kgrad writes no guessed numbers. A loss
-multiplied by hand is not seen; its gradients are reported as the
-function's, as a TensorFlow `kgrad.ProbeTape` reports them.
+In Keras' own step (``compute_loss_and_updates``) the factor is read from the
+step's optimizer variables, before the update (a LossScaleOptimizer's update
+changes it): `inverse_loss_scale`.
+
+A `kgrad.value_and_grad` function of a model's own ``train_step`` computes
+it at its very end. `noting_scaled_losses` notes each ``scale_loss`` call of
+the model's optimizers while a function runs: the loss it scaled, and the
+factor (the same ``scale_loss`` of 1, in the caller's ``StatelessScope``, so
+the dynamic scale is the step's). The probe runs it in its shape-only pass
+(the guard, `loss_scale_of`, in one of its own); when the value the function
+returns is what ``scale_loss`` returned, `inverse_scale_of` runs the function
+once more, outside the differentiated pass, for the factor alone (under
+``jit`` XLA removes the rest, which nothing uses). A function that scaled a
+loss but returns something else is refused: by what its gradients are scaled
+is then unknown, and kgrad writes no guessed numbers. A loss multiplied by
+hand is not seen; its gradients are reported as the function's, as a
+TensorFlow `kgrad.ProbeTape` reports them.
 
 Example:
 
@@ -37,8 +40,33 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
+import keras
 
 from kgrad.backends.common.loss_scale import scales_loss
+
+
+def inverse_loss_scale(optimizer, optimizer_variables):
+    """1 / the factor the step's loss was scaled by (a float32 scalar), or ``None`` when unscaled.
+
+    Example:
+
+    >>> import keras
+    >>> optimizer = keras.optimizers.SGD(loss_scale_factor=8.0)
+    >>> optimizer.build([keras.Variable(1.0)])
+    >>> float(inverse_loss_scale(optimizer, [v.value for v in optimizer.variables]))
+    0.125
+    """
+    if not scales_loss(optimizer):
+        return None
+    mapping = list(zip(optimizer.variables, optimizer_variables))
+    with keras.StatelessScope(state_mapping=mapping):
+        scale = optimizer.scale_loss(jnp.float32(1.0))
+    return 1.0 / jnp.asarray(scale, jnp.float32)
+
+
+def skips_overflowed_steps(optimizer):
+    """Whether ``optimizer`` skips the update of a step whose scaled gradients overflowed."""
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,135 @@
+"""kgrad's JAX train function: every execution of a probed or guarded ``fit`` runs here.
+
+Keras' JAX ``fit`` calls ``model.train_function(state, iterator)`` for each
+execution of ``steps_per_execution`` steps, a Python loop over a jitted
+``train_step``. `TrainFunction` runs the same steps, each one of:
+
+- the probed step (one step in ``every_n_steps``, counted on the host, so
+  that no step holds a branch): Keras' step with capture
+  (`kgrad.backends.jax.differentiate.step.ProbedStep`) or a model's own step
+  whose `kgrad.value_and_grad` calls capture
+  (`kgrad.backends.jax.own_step.parts.OwnProbedStep`); its records stay
+  on the device in one `RecordBuffer` per run;
+- with a `kgrad.NonFiniteGuard` attached, the guard's step (its ``run_plain``
+  and ``run_probed``: the sentinel inside the same pass);
+- else Keras' own (or the model's own) ``train_step``, untouched.
+
+`step_jit` jits each step as Keras' train function does: the state donated
+and, under a ``keras.distribution``, kept where Keras keeps it.
+"""
+
+import jax
+
+from kgrad.backends.jax.handover.records import RecordBuffer
+from kgrad.backends.jax.keras_internals import state_shardings
+
+
+def step_jit(model):
+    """``jit(step, outputs)``: ``step`` (state in first, out second of ``outputs``) jitted as Keras jits.
+
+    ``jit`` returns ``step`` itself when the model's steps do not run jitted.
+    Made before ``fit`` runs: Keras' loop takes the variables' values out of
+    the model while it runs, and their shardings with them.
+    """
+    compiled = model.jit_compile and not model.run_eagerly
+    state = (None, state_shardings(model))
+
+    def jit(step, outputs):
+        if not compiled:
+            return step
+        return jax.jit(step, donate_argnums=0, out_shardings=state + (None,) * (outputs - 2))
+
+    return jit
+
+
+class TrainFunction:
+    """``model.train_function`` for one ``fit`` (an `interface.TrainingStep` for the probe).
+
+    Args:
+        model: The compiled model.
+        config: The `ProbeConfig` (``None``: no step is probed, the guard's function).
+        keras_train_function: Keras' own train function, given back on detach.
+        probed_step: ``fn(state, data, guard_hook=None) -> (logs, state, {run: record})``,
+            with ``names`` (``{run: (scalar names, histogram names)}``, once traced)
+            and ``weight_shapes`` (``{run: {path: shape}}``); ``None`` with ``config``.
+
+    Attributes:
+        guard: The attached guard's run (its ``run_plain``, ``run_probed``), or ``None``.
+        buffers: ``{run: RecordBuffer}`` of the probed steps' records.
+    """
+
+    def __init__(self, model, config, keras_train_function, probed_step=None):
+        self.model, self.config = model, config
+        self.keras_train_function = keras_train_function
+        self.probed_step = probed_step
+        self.schedule = None if config is None else config.schedule
+        self.guard = None
+        self.buffers = {}
+        for run in getattr(probed_step, "weight_shapes", {}):
+            self._buffer(run)
+        self._jit = step_jit(model)
+        self._probed = None if probed_step is None else self._jit(probed_step, outputs=3)
+        self._plain = None  # the model's step, jitted on first use (executions of several steps)
+        self.latest_record = None
+        self.guard_tripped = None
+        self._next_step = 0
+
+    def __call__(self, state, iterator):
+        logs, state = self._run(state, next(iterator))
+        for _ in range(self.model.steps_per_execution - 1):
+            try:
+                data = next(iterator)
+            except StopIteration:
+                break
+            logs, state = self._run(state, data)
+        return logs, state
+
+    def _run(self, state, data):
+        index, self._next_step = self._next_step, self._next_step + 1
+        if self.schedule is not None and self.schedule.probes(index):
+            if self.guard is not None:
+                logs, state, records = self.guard.run_probed(self.probed_step, state, data)
+            else:
+                logs, state, records = self._probed(state, data)
+            for run, record in records.items():
+                self._buffer(run).append(record)
+            return logs, state
+        if self.guard is not None:
+            return self.guard.run_plain(state, data)
+        if self._plain is None:
+            self._plain = self._jit(self.model.train_step, outputs=2)
+        return self._plain(state, data)
+
+    def _buffer(self, run):
+        if run not in self.buffers:
+            step = self.probed_step
+            self.buffers[run] = RecordBuffer(lambda: step.names[run], step.weight_shapes[run])
+        return self.buffers[run]
+
+    def clear(self):
+        """Drops the records a ``fit`` that raised left unread (the buffers stay)."""
+        for buffer in self.buffers.values():
+            buffer.clear()
+
+    # -- what the callbacks ask (kgrad.backends.interface.TrainingStep) ---------------
+
+    def start_at(self, first_step):
+        self._next_step = first_step
+
+    def start_epoch(self):
+        pass
+
+    def steps_run(self):
+        return self._next_step
+
+    def pipelines(self):
+        return dict(self.buffers)
+
+    def guard_states(self):
+        return {}
+
+    def tripped_batch(self):
+        return None
+
+    def batch_not_kept(self):
+        return None

@@ -1,0 +1,67 @@
+"""Every private Keras name kgrad's JAX backend uses, in one place: a Keras release is one file to check.
+
+Keras 3 has no hooks into its JAX trainer, so kgrad reaches into it: the
+metrics update of ``JAXTrainer.train_step``, the state a jitted step takes and
+its shardings, a layer tree walk, the optimizer's clipping and the variable
+index of its slots, the symbolic scope in which Keras builds a model (where
+kgrad taps nothing), and the classes ``Functional``, ``Softmax`` and
+``Sigmoid``; those the backends share come from
+`kgrad.backends.common.keras_internals`. ``tests/test_import_rules_jax.py`` checks that no other module
+of ``kgrad/backends/jax`` imports ``keras.src`` or calls these names.
+
+Example:
+
+>>> import keras
+>>> model = keras.Sequential([keras.layers.Dense(1, name="d")])
+>>> [layer.name for layer in flatten_layers(model)], in_symbolic_scope(), state_shardings(model)
+(['d'], False, None)
+"""
+
+import keras
+from keras.src.ops.nn import Sigmoid, Softmax  # noqa: F401
+
+from kgrad.backends.common import keras_internals as common
+from kgrad.backends.common.keras_internals import Functional, in_symbolic_scope  # noqa: F401
+
+
+def update_metrics_variables(model, metrics_variables, loss, x, y, y_pred, sample_weight):
+    """``(logs, metrics variables)`` after one step, as ``JAXTrainer.train_step`` updates them."""
+    return model._update_metrics_variables(metrics_variables, loss, x, y, y_pred, sample_weight)
+
+
+def state_shardings(model):
+    """Where a JAX ``fit`` keeps the training state under a ``keras.distribution``, or ``None``.
+
+    Keras' JAX train function jits its step with the state's shardings as
+    ``out_shardings`` (under ``keras.distribution.DataParallel``, the variables
+    on the mesh and the batch split over its devices; the step is one program
+    over the global batch, GSPMD). kgrad's probed and guarded steps return the
+    state with the same shardings, so that Keras' next step, and the next
+    epoch's, find it where it expects it.
+    """
+    if keras.distribution.distribution() is None:
+        return None
+    return model._get_state_sharding_spec()
+
+
+def jax_state(model):
+    """The model's ``(trainable, non-trainable, optimizer, metrics)`` values, as its step gets them."""
+    return model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
+        metrics_variables=True,
+    )
+
+
+def flatten_layers(model, recursive=True):
+    """The layers inside ``model`` (not itself), depth first."""
+    return list(common.flatten_layers(model, include_self=False, recursive=recursive))
+
+
+def clip_gradients(optimizer, gradients):
+    """``gradients`` as ``optimizer`` clips them (``clipnorm``, ``global_clipnorm``, ``clipvalue``)."""
+    return optimizer._clip_gradients(gradients)
+
+
+def variable_index(optimizer, weight):
+    """The index of ``weight`` among the variables ``optimizer`` was built for (its slots' order)."""
+    return optimizer._get_variable_index(weight)
