@@ -57,7 +57,9 @@ def _no_callbacks(log_dir, x_batch, y_batch):
     return []
 
 
-def _probe(every_n_steps, histograms, statistics="default", instruments=(), capture=None, histogram_buckets=None):
+def _probe(
+    every_n_steps, histograms, statistics="default", instruments=(), capture=None, histogram_buckets=None
+):
     def make(log_dir, x_batch, y_batch):
         options = {} if capture is None else {"capture": capture}
         if histogram_buckets is not None:

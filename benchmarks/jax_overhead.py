@@ -92,7 +92,7 @@ def _callbacks(config, log_dir):
         return [kgrad.NonFiniteGuard()]
     if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
-    if config == "probe_linear_n1":  # the histograms of earlier versions, beside probe_n1's log-magnitude ones
+    if config == "probe_linear_n1":  # earlier versions' histograms, beside probe_n1's log-magnitude ones
         return [kgrad.GradientProbe(log_dir, every_n_steps=1, histogram_buckets="linear")]
     if config.startswith(("probe_n", "floor_one_pass_n", "floor_histograms_n")):
         return [kgrad.GradientProbe(log_dir, every_n_steps=int(config.rpartition("_n")[2]))]

@@ -174,7 +174,7 @@ class RunView:
             self.run, self.data["scalars"], self.data.get("weight_shapes", {}), self.health.stability)))
 
     def histogram(self, tag):
-        """One histogram tag over steps, its kind (``"log"``, ``"linear"``) and an x-range shared by its tags' kind."""
+        """One histogram tag over steps, its kind (``"log"``, ``"linear"``) and the x-range of its kind."""
         return self._once(("histogram", tag), lambda: self._histogram(tag))
 
     def _histogram(self, tag):

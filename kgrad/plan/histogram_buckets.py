@@ -42,7 +42,8 @@ LOWEST_DECADE, HIGHEST_DECADE = -12, 4
 #: ``[H + 1]`` float32 magnitudes 1e-12, 10**-11.5, ..., 1e4 bounding each side's ``H`` buckets.
 MAGNITUDE_EDGES = np.power(
     10.0,
-    np.arange(LOWEST_DECADE * BUCKETS_PER_DECADE, HIGHEST_DECADE * BUCKETS_PER_DECADE + 1) / BUCKETS_PER_DECADE,
+    np.arange(LOWEST_DECADE * BUCKETS_PER_DECADE, HIGHEST_DECADE * BUCKETS_PER_DECADE + 1)
+    / BUCKETS_PER_DECADE,
 ).astype(np.float32)
 #: The smallest normal float32: magnitudes below it (subnormals) count as 0.
 SMALLEST_NORMAL = np.finfo(np.float32).tiny
@@ -129,7 +130,8 @@ def resolve_bucket_count(histogram_buckets, bucket_count):
             or ``bucket_count`` is given with ``"log"`` (its buckets are fixed).
     """
     if histogram_buckets is None:
-        histogram_buckets = "log" if bucket_count is None or is_log_magnitude_count(bucket_count) else "linear"
+        linear = bucket_count is not None and not is_log_magnitude_count(bucket_count)
+        histogram_buckets = "linear" if linear else "log"
     if not (isinstance(histogram_buckets, str) and histogram_buckets in HISTOGRAM_BUCKETS):
         raise ValueError(
             f"`histogram_buckets` must be one of {list(HISTOGRAM_BUCKETS)}. Received: "

@@ -47,11 +47,13 @@ def log_magnitude_counts(values):
     # The decade from a logarithm, then one step either way against the float32 edges
     # themselves: a logarithm off by an ulp never moves a value at an edge. Fused into
     # one loop by XLA: 3.5x faster on CPU than jnp.searchsorted (a loop of its own).
-    estimate = jnp.log(magnitude) * np.float32(BUCKETS_PER_DECADE / np.log(10.0)) - LOWEST_DECADE * BUCKETS_PER_DECADE
+    per_natural_log = np.float32(BUCKETS_PER_DECADE / np.log(10.0))
+    estimate = jnp.log(magnitude) * per_natural_log - LOWEST_DECADE * BUCKETS_PER_DECADE
     # 0, NaN and Inf give any index here: 0 is set below, NaN and Inf weigh 0.
     estimate = jnp.where(jnp.isfinite(estimate), estimate, 0.0)
     index = jnp.clip(jnp.floor(estimate).astype(jnp.int32), 0, side - 1)
-    index += ((index < side - 1) & (magnitude >= magnitude_edges[jnp.minimum(index + 1, side)])).astype(jnp.int32)
+    above = magnitude >= magnitude_edges[jnp.minimum(index + 1, side)]
+    index += ((index < side - 1) & above).astype(jnp.int32)
     index -= ((index > 0) & (magnitude < magnitude_edges[index])).astype(jnp.int32)
     bucket = jnp.where(values > 0, side + 1 + index, side - 1 - index)
     # Subnormals count as 0, as on TensorFlow, whose CPU kernels and XLA flush them to 0.
