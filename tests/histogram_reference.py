@@ -24,7 +24,8 @@ def log_magnitude_counts(values):
 def hard_values(seed=0):
     """Zeros (±0), NaN, ±Inf, every edge and its float32 neighbours, both signs, beyond the range, random."""
     edges = MAGNITUDE_EDGES
-    near = np.concatenate([edges, np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(np.inf))])
+    below, above = np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(np.inf))
+    near = np.concatenate([edges, below, above])
     beyond = np.array([1e-30, 1e-45, -1e-40, 2e-38, 5e-13, 2e4, 3e38, np.finfo(np.float32).max], np.float32)
     rng = np.random.default_rng(seed)
     random = (10.0 ** rng.uniform(-14, 6, size=500)).astype(np.float32)

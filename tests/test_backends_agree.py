@@ -76,7 +76,9 @@ def _probe_on(backend, statistics, instruments="", histogram_buckets="log"):
         ("default", "optimizer,logits,per_example,attention", "log"),
     ],
 )
-def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(statistics, instruments, histogram_buckets):
+def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(
+    statistics, instruments, histogram_buckets
+):
     assert keras.config.backend() == "tensorflow"
     tensorflow = _probe_on("tensorflow", statistics, instruments, histogram_buckets)
     jax = _probe_on("jax", statistics, instruments, histogram_buckets)

@@ -86,16 +86,20 @@ def test_log_and_linear_histograms_are_drawn_where_their_buckets_are(report, win
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
         from selenium.webdriver.common.action_chains import ActionChains
 
-        ActionChains(driver).move_to_element_with_offset(canvas, 0, round(-canvas.size["height"] / 4)).click().perform()
+        offset = round(-canvas.size["height"] / 4)
+        ActionChains(driver).move_to_element_with_offset(canvas, 0, offset).click().perform()
         wait_for(driver, "document.querySelectorAll('figure.histogram').length == 2")
         figures = driver.execute_script("""
             return [...document.querySelectorAll('figure.histogram')].map((f) => {
               const canvas = f.querySelector('canvas');
               const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, 1).data;
               const drawn = [];
-              for (let c = 0; c < canvas.width; c++) if (pixels[4 * c] !== 250 || pixels[4 * c + 2] !== 250) drawn.push(c);
+              for (let c = 0; c < canvas.width; c++) {
+                if (pixels[4 * c] !== 250 || pixels[4 * c + 2] !== 250) drawn.push(c);
+              }
               return {run: f.dataset.run, kind: f.dataset.kind, width: canvas.width, drawn,
-                      labels: [...f.querySelectorAll('.histogram-axis span')].map((s) => [s.textContent, s.style.left]),
+                      labels: [...f.querySelectorAll('.histogram-axis span')]
+                        .map((s) => [s.textContent, s.style.left]),
                       right: f.getBoundingClientRect().right};
             });""")
         by_run = {figure["run"]: figure for figure in figures}

@@ -74,9 +74,14 @@ def test_histogram_buckets_option_and_its_errors():
     assert ProbeConfig(bucket_count=12).bucket_count == 12
     assert ProbeConfig(bucket_count=12).bucket_count != LOG_BUCKET_COUNT
     assert resolve_bucket_count("linear", None) == 30
-    with pytest.raises(ValueError, match=r"`histogram_buckets` must be one of \['log', 'linear'\]. Received: histogram_buckets='logarithmic'"):
+    expected = (
+        r"`histogram_buckets` must be one of \['log', 'linear'\]. "
+        r"Received: histogram_buckets='logarithmic'"
+    )
+    with pytest.raises(ValueError, match=expected):
         kgrad.GradientProbe(histogram_buckets="logarithmic")
-    with pytest.raises(ValueError, match="`bucket_count` applies to histogram_buckets='linear' only.*bucket_count=12"):
+    expected = "`bucket_count` applies to histogram_buckets='linear' only.*bucket_count=12"
+    with pytest.raises(ValueError, match=expected):
         kgrad.GradientProbe(histogram_buckets="log", bucket_count=12)
     with pytest.raises(ValueError, match="`bucket_count` must be a positive int"):
         kgrad.GradientProbe(histogram_buckets="linear", bucket_count=0)
@@ -86,7 +91,9 @@ def test_histogram_buckets_option_and_its_errors():
 def test_fit_writes_log_magnitude_histograms_that_read_back_exactly(tmp_path, jit_compile):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
-        keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden"), keras.layers.Dense(1, name="out"),
+        keras.Input((4,)),
+        keras.layers.Dense(8, activation="relu", name="hidden"),
+        keras.layers.Dense(1, name="out"),
     ])
     model.compile("sgd", "mse", jit_compile=jit_compile)
     x, y = np.random.default_rng(0).normal(size=(8, 4)).astype("float32"), np.ones((8, 1), "float32")
@@ -98,7 +105,8 @@ def test_fit_writes_log_magnitude_histograms_that_read_back_exactly(tmp_path, ji
     probe = kgrad.GradientProbe(tmp_path, every_n_steps=1, statistics="all")
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[probe])
     histograms = kgrad.read_logs(tmp_path)["kgrad"]["histograms"]
-    for tag, reference in [("activation_hist/hidden", hidden), ("weight_grad_hist/hidden/kernel", kernel_gradient)]:
+    references = {"activation_hist/hidden": hidden, "weight_grad_hist/hidden/kernel": kernel_gradient}
+    for tag, reference in references.items():
         written = histograms[tag].values[0]
         np.testing.assert_array_equal(np.append(written[:, 0], written[-1, 1]), log_magnitude_edges())
         np.testing.assert_array_equal(written[:, 2], log_magnitude_counts(reference), err_msg=tag)

@@ -45,7 +45,9 @@ def test_counts_of_shards_add_up_to_the_counts_of_the_whole_tensor():
 def test_fit_writes_log_magnitude_histograms_that_read_back_exactly(tmp_path):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
-        keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden"), keras.layers.Dense(1, name="out"),
+        keras.Input((4,)),
+        keras.layers.Dense(8, activation="relu", name="hidden"),
+        keras.layers.Dense(1, name="out"),
     ])
     model.compile("sgd", "mse")
     x, y = np.random.default_rng(0).normal(size=(8, 4)).astype("float32"), np.ones((8, 1), "float32")
@@ -62,7 +64,8 @@ def test_fit_writes_log_magnitude_histograms_that_read_back_exactly(tmp_path):
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
               callbacks=[kgrad.GradientProbe(tmp_path, every_n_steps=1, statistics="all")])
     histograms = kgrad.read_logs(tmp_path)["kgrad"]["histograms"]
-    for tag, reference in [("activation_hist/hidden", hidden), ("weight_grad_hist/hidden/kernel", kernel_gradient)]:
+    references = {"activation_hist/hidden": hidden, "weight_grad_hist/hidden/kernel": kernel_gradient}
+    for tag, reference in references.items():
         written = histograms[tag].values[0]
         np.testing.assert_array_equal(_edges(written), log_magnitude_edges())
         np.testing.assert_array_equal(written[:, 2], log_magnitude_counts(reference), err_msg=tag)
