@@ -57,9 +57,13 @@ def _no_callbacks(log_dir, x_batch, y_batch):
     return []
 
 
-def _probe(every_n_steps, histograms, statistics="default", instruments=(), capture=None):
+def _probe(
+    every_n_steps, histograms, statistics="default", instruments=(), capture=None, histogram_buckets=None
+):
     def make(log_dir, x_batch, y_batch):
         options = {} if capture is None else {"capture": capture}
+        if histogram_buckets is not None:
+            options["histogram_buckets"] = histogram_buckets
         return [
             kgrad.GradientProbe(
                 log_dir,
@@ -211,6 +215,17 @@ def all_configs():
         _plain(BASELINE_XLA, "plain model.fit, jit_compile=True", jit_compile=True),
     ]
     configs += _probe_configs(jit_compile=False) + _all_statistics_configs()
+    configs += [
+        Config(  # the histograms of earlier versions, beside probe_n1's log-magnitude ones (issue 53)
+            name="probe_linear_n1",
+            label="GradientProbe(layers='all', every_n_steps=1, histogram_buckets='linear')",
+            family="kgrad",
+            jit_compile=False,
+            every_n_steps=1,
+            make_callbacks=_probe(1, histograms=True, histogram_buckets="linear"),
+            quick=False,
+        )
+    ]
     configs += _probe_configs(jit_compile=True)
     configs += [
         Config(

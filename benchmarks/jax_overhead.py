@@ -62,6 +62,7 @@ CONFIGS = (
     "probe_n100",
     "probe_n10",
     "probe_n1",
+    "probe_linear_n1",
     "guard",
     "guard_floor",
     "floor_one_pass_n10",
@@ -91,6 +92,8 @@ def _callbacks(config, log_dir):
         return [kgrad.NonFiniteGuard()]
     if config == "carrier_n1":  # what perturb_n1 computes, through kgrad's carriers
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
+    if config == "probe_linear_n1":  # earlier versions' histograms, beside probe_n1's log-magnitude ones
+        return [kgrad.GradientProbe(log_dir, every_n_steps=1, histogram_buckets="linear")]
     if config.startswith(("probe_n", "floor_one_pass_n", "floor_histograms_n")):
         return [kgrad.GradientProbe(log_dir, every_n_steps=int(config.rpartition("_n")[2]))]
     return []

@@ -5,6 +5,8 @@ recorded as JSON. Both runs start from the same weights (set from NumPy), so
 every value of the second probed step must agree, for both ``statistics=``,
 and with ``instruments=["optimizer", "logits", "per_example", "attention"]`` (a
 softmax classifier of sequences, with a MultiHeadAttention, trained by Adam).
+Log-magnitude histograms (the default) have the same edges and counts on both
+backends, exactly; linear ones agree to 1e-4.
 """
 
 import json
@@ -16,6 +18,8 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+
+from kgrad.plan.histogram_buckets import log_magnitude_edges
 
 pytest.importorskip("jax")
 
@@ -46,16 +50,16 @@ SCRIPT = """
     records = []
     model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[kgrad.GradientProbe(
         None, layers="all", statistics=sys.argv[1], every_n_steps=1, on_probe=records.append,
-        instruments=instruments)])
+        instruments=instruments, histogram_buckets=sys.argv[3])])
     record = records[-1]  # the second step: Adam's moments have a history
     print(json.dumps({"scalars": record.scalars,
                       "histograms": {tag: h.tolist() for tag, h in record.histograms.items()}}))
 """
 
 
-def _probe_on(backend, statistics, instruments=""):
+def _probe_on(backend, statistics, instruments="", histogram_buckets="log"):
     process = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), statistics, instruments],
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), statistics, instruments, histogram_buckets],
         capture_output=True, text=True,
         timeout=300, env={**os.environ, "KERAS_BACKEND": backend},
     )
@@ -64,13 +68,20 @@ def _probe_on(backend, statistics, instruments=""):
 
 
 @pytest.mark.parametrize(
-    "statistics, instruments",
-    [("default", ""), ("all", ""), ("default", "optimizer,logits,per_example,attention")],
+    "statistics, instruments, histogram_buckets",
+    [
+        ("default", "", "log"),
+        ("all", "", "log"),
+        ("all", "", "linear"),
+        ("default", "optimizer,logits,per_example,attention", "log"),
+    ],
 )
-def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(statistics, instruments):
+def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(
+    statistics, instruments, histogram_buckets
+):
     assert keras.config.backend() == "tensorflow"
-    tensorflow = _probe_on("tensorflow", statistics, instruments)
-    jax = _probe_on("jax", statistics, instruments)
+    tensorflow = _probe_on("tensorflow", statistics, instruments, histogram_buckets)
+    jax = _probe_on("jax", statistics, instruments, histogram_buckets)
     if instruments:
         assert {
             "adam_rms/out/kernel", "logit_entropy_mean/output", "global/noise_batch_sq_norm",
@@ -82,4 +93,10 @@ def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(statistics,
     for tag, value in tensorflow["scalars"].items():
         assert jax["scalars"][tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
     for tag, histogram in tensorflow["histograms"].items():
-        np.testing.assert_allclose(jax["histograms"][tag], histogram, rtol=1e-4, atol=1e-6, err_msg=tag)
+        if histogram_buckets == "log":
+            # The same fixed edges, and every element in the same bucket: exactly equal.
+            edges = np.append(np.asarray(histogram)[:, 0], histogram[-1][1]).astype(np.float32)
+            np.testing.assert_array_equal(edges, log_magnitude_edges(), err_msg=tag)
+            np.testing.assert_array_equal(jax["histograms"][tag], histogram, err_msg=tag)
+        else:
+            np.testing.assert_allclose(jax["histograms"][tag], histogram, rtol=1e-4, atol=1e-6, err_msg=tag)

@@ -100,7 +100,9 @@ def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16, jit_c
     assert model.get_layer("hidden").compute_dtype == "float16"
     expected = _float32_reference(model, x, y)
     records = []
-    probe = kgrad.GradientProbe(every_n_steps=1, on_probe=records.append, statistics="all")
+    probe = kgrad.GradientProbe(
+        every_n_steps=1, on_probe=records.append, statistics="all", histogram_buckets="linear"
+    )
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[probe])
 
     (record,) = records

@@ -23,11 +23,11 @@ class GradientProbe(keras.callbacks.Callback):
     the sub-model that tape differentiates), on JAX ``jax.value_and_grad`` with
     `kgrad.value_and_grad`; each is logged as a run of its own,
     ``<log_dir>/<name>/kgrad``, at the ``iterations`` of the optimizer that
-    applied its gradients. When
-    ``fit`` starts, the callback installs a probing ``train_step`` on the model
-    instance; when ``fit`` ends it removes it, so ``evaluate``, ``predict``,
-    ``save`` and later ``fit`` calls behave exactly as before. Training itself
-    is unchanged: the probed step applies the same gradients Keras would.
+    applied its gradients. When ``fit`` starts, the callback installs a probing
+    ``train_step`` on the model instance; when ``fit`` ends it removes it, so
+    ``evaluate``, ``predict``, ``save`` and later ``fit`` calls behave exactly as
+    before. Training itself is unchanged: the probed step applies the same
+    gradients Keras would.
 
     On probed steps, activations, dJ/d(activation), dJ/dŷ, dJ/dx (float
     inputs) and the weight gradients are summarized on device (norm, mean,
@@ -53,7 +53,10 @@ class GradientProbe(keras.callbacks.Callback):
             "activation_gradients", "prediction_gradient", "input_gradient",
             "weight_gradients")``.
         histograms: Whether to log histograms besides the scalars.
-        bucket_count: Buckets per histogram.
+        histogram_buckets: ``"log"`` (fixed buckets by sign and decade, 1e-12 to 1e4) or
+            ``"linear"`` (``bucket_count`` buckets from min to max). Default ``"log"``, or
+            ``"linear"`` when ``bucket_count`` is given; see docs/tags.md.
+        bucket_count: Buckets per linear histogram (default 30).
         on_probe: Optional ``fn(record)`` called with each probed step's
             `kgrad.ProbeRecord`, for logging elsewhere than TensorBoard (one
             per tape and step in a model's own ``train_step``; its ``tape``
@@ -118,7 +121,7 @@ class GradientProbe(keras.callbacks.Callback):
         every_n_steps=100,
         capture="all",
         histograms=True,
-        bucket_count=30,
+        bucket_count=None,
         on_probe=None,
         statistics="default",
         instruments=(),
@@ -126,20 +129,15 @@ class GradientProbe(keras.callbacks.Callback):
         attention_examples=4,
         sinks=None,
         overwrite=False,
+        histogram_buckets=None,
     ):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
         backends.current().check_supported("probe")
         self.config = ProbeConfig(
-            layers=layers,
-            every_n_steps=every_n_steps,
-            capture=capture,
-            histograms=histograms,
-            bucket_count=bucket_count,
-            statistics=statistics,
-            instruments=instruments,
-            outlier_sigmas=outlier_sigmas,
-            attention_examples=attention_examples,
+            layers=layers, every_n_steps=every_n_steps, capture=capture, histograms=histograms,
+            bucket_count=bucket_count, histogram_buckets=histogram_buckets, statistics=statistics,
+            instruments=instruments, outlier_sigmas=outlier_sigmas, attention_examples=attention_examples,
         )
         if on_probe is not None and not callable(on_probe):
             raise TypeError(

@@ -40,6 +40,7 @@ _STATIC_FILES = {
     "common.js": "text/javascript",
     "heatmap.js": "text/javascript",
     "panels.js": "text/javascript",
+    "histogram.js": "text/javascript",
     "stability.js": "text/javascript",
     "style.css": "text/css",
 }

@@ -17,6 +17,7 @@ from kgrad.report import layer_series, health as report
 from kgrad.report.table import GRADIENT_NAMES
 from kgrad.dashboard import stability_view
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
+from kgrad.dashboard.histogram_ranges import histogram_kind, shared_range
 from kgrad.logs.reading import Series
 
 #: Heatmap quantities: key -> (label, unit, colour scale, histogram prefix).
@@ -173,7 +174,7 @@ class RunView:
             self.run, self.data["scalars"], self.data.get("weight_shapes", {}), self.health.stability)))
 
     def histogram(self, tag):
-        """One histogram tag over steps, with an x-range shared by its kind's tags."""
+        """One histogram tag over steps, its kind (``"log"``, ``"linear"``) and the x-range of its kind."""
         return self._once(("histogram", tag), lambda: self._histogram(tag))
 
     def _histogram(self, tag):
@@ -185,28 +186,18 @@ class RunView:
             for index, array in enumerate(series.values):
                 values[index, array.shape[0] :, 2] = 0
         prefix = tag.partition("/")[0] + "/"
+        kind = histogram_kind(values)
         return {
             "run": self.run,
             "tag": tag,
             "steps": series.steps.tolist(),
             "buckets": int(values.shape[1]) if values.ndim == 3 else 0,
             "values": encode_floats(values),
-            "range": self._once(("range", prefix), lambda: self._shared_range(prefix)),
+            "kind": kind,
+            "range": self._once(
+                ("range", prefix, kind), lambda: shared_range(self.data["histograms"], prefix, kind)
+            ),
         }
-
-    def _shared_range(self, prefix):
-        """[low, high] of every histogram of ``prefix`` in the run, finite edges only."""
-        low, high = math.inf, -math.inf
-        for tag, series in self.data["histograms"].items():
-            if tag.startswith(prefix):
-                for array in series.values if isinstance(series.values, list) else [series.values]:
-                    edges = np.asarray(array)[..., :2]
-                    counts = np.asarray(array)[..., 2]
-                    # Only edges of buckets that hold something.
-                    edges = edges[(counts > 0) & np.all(np.isfinite(edges), axis=-1)]
-                    if edges.size:
-                        low, high = min(low, float(edges.min())), max(high, float(edges.max()))
-        return [low, high] if low <= high else [-1.0, 1.0]
 
 
 def _health_row(row):

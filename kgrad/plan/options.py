@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from kgrad.plan.histogram_buckets import resolve_bucket_count
 from kgrad.plan.schedule import ProbeSchedule
 
 #: Everything a probe can capture; ``capture=`` takes any subset.
@@ -40,7 +41,14 @@ class ProbeConfig:
             multiple of this (a positive ``int``; the first step is probed).
         capture: Subset of `CAPTURE_KINDS`, or ``"all"``.
         histograms: Whether to compute histograms besides the scalars.
-        bucket_count: Buckets per histogram.
+        histogram_buckets: ``"log"`` (fixed buckets by sign and decade of
+            magnitude, 1e-12 to 1e4, and one for exact zeros) or
+            ``"linear"`` (``bucket_count`` equal buckets between each
+            tensor's min and max); ``None``: ``"log"``, or ``"linear"``
+            when ``bucket_count`` is given. See `kgrad.plan.histogram_buckets`.
+        bucket_count: Buckets per linear histogram (``None``: 30). Once
+            validated, the count a step computes (``LOG_BUCKET_COUNT``, 65,
+            for ``"log"``).
         statistics: ``"default"`` or ``"all"`` (see `STATISTICS`).
         instruments: A subset of `INSTRUMENTS` (default: none).
         outlier_sigmas: With ``instruments=["optimizer"]``, a gradient entry
@@ -55,7 +63,8 @@ class ProbeConfig:
     every_n_steps: int = 1
     capture: tuple = CAPTURE_KINDS
     histograms: bool = True
-    bucket_count: int = 30
+    bucket_count: object = None
+    histogram_buckets: object = None
     statistics: str = "default"
     instruments: tuple = ()
     outlier_sigmas: float = 6.0
@@ -63,7 +72,11 @@ class ProbeConfig:
 
     def __post_init__(self):
         _check_positive_int("every_n_steps", self.every_n_steps)
-        _check_positive_int("bucket_count", self.bucket_count)
+        if self.bucket_count is not None:
+            _check_positive_int("bucket_count", self.bucket_count)
+        object.__setattr__(
+            self, "bucket_count", resolve_bucket_count(self.histogram_buckets, self.bucket_count)
+        )
         if not isinstance(self.histograms, bool):
             raise TypeError(
                 f"`histograms` must be True or False. Received: histograms={self.histograms!r}."

@@ -93,8 +93,10 @@ def test_every_logged_value_equals_a_float64_jax_grad_reference(jit_compile, tmp
     model = _model(jit_compile)
     initial = [np.asarray(w) for w in model.get_weights()]
     records = []
+    # Linear histograms, whose edges are the min and max (tests/jax/test_log_histograms_jax.py: the log kind).
     probe = kgrad.GradientProbe(
-        str(tmp_path), layers="all", every_n_steps=1, statistics="all", on_probe=records.append
+        str(tmp_path), layers="all", every_n_steps=1, statistics="all", on_probe=records.append,
+        histogram_buckets="linear",
     )
     model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe])
     assert [record.step for record in records] == list(range(STEPS))

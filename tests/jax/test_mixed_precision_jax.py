@@ -124,7 +124,8 @@ def test_mixed_float16_statistics_are_of_the_unscaled_loss_in_float32(float16_po
     expected = _true_loss_norms(model, x, y)
     records = []
     model.fit(x, y, batch_size=BATCH, verbose=0,
-              callbacks=[kgrad.GradientProbe(every_n_steps=1, on_probe=records.append, statistics="all")])
+              callbacks=[kgrad.GradientProbe(every_n_steps=1, on_probe=records.append, statistics="all",
+                                             histogram_buckets="linear")])
     (record,) = records
     assert record.scalars["global/loss_scale"] == 2.0**12
     assert record.scalars["global/loss_scale_skipped"] == 0.0

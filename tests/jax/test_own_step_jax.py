@@ -118,7 +118,8 @@ def test_the_guide_model_logs_values_equal_to_a_float64_jax_grad(jit_compile, tm
     model = _guide_model(jit_compile)
     initial = [np.asarray(w) for w in model.get_weights()]
     records = []
-    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all", on_probe=records.append)
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all", on_probe=records.append,
+                                histogram_buckets="linear")
     model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe])
     assert [(record.step, record.tape) for record in records] == [(step, "guide") for step in range(STEPS)]
     _assert_records(records, _guide_reference(initial, x, y))

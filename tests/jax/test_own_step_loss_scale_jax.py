@@ -47,7 +47,8 @@ def test_a_loss_scale_factor_is_divided_back_out_as_a_float64_jax_grad_says(jit_
     model = _scaling_model(keras.optimizers.SGD(RATE, loss_scale_factor=64.0), jit_compile=jit_compile)
     initial = [np.asarray(w) for w in model.get_weights()]
     records = []
-    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all", on_probe=records.append)
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all", on_probe=records.append,
+                                histogram_buckets="linear")
     model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[probe])
     references = _guide_reference(initial, x, y)
     for reference in references:
@@ -161,7 +162,8 @@ def test_mixed_float16_with_a_loss_scale_optimizer_logs_the_true_loss(float16_po
     assert model.get_layer("hidden").compute_dtype == "float16"
     weight_gradients, hidden, out = _true_loss_gradients([np.asarray(w) for w in model.get_weights()], x, y)
     records = []
-    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all", on_probe=records.append)
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=1, statistics="all", on_probe=records.append,
+                                histogram_buckets="linear")
     model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[probe])
     (record,) = records
     assert record.scalars["global/loss_scale"] == 2.0**12

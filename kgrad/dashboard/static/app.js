@@ -6,7 +6,8 @@
 // fetched, so that a resize redraws at once, without asking the server again.
 import { el, sharedScale, formatNumber } from "./common.js";
 import { heatmapView, legendView, LABEL_WIDTH } from "./heatmap.js";
-import { flagSummary, healthTable, timelineView, histogramView, showTip } from "./panels.js";
+import { flagSummary, healthTable, timelineView, showTip } from "./panels.js";
+import { histogramAxis, histogramView } from "./histogram.js";
 import { stabilityView } from "./stability.js";
 
 const MAX_SIDE_BY_SIDE = 4;
@@ -74,19 +75,24 @@ function layoutHistograms(state) {
     detail.replaceChildren(el("p", { text: `No histograms were logged for ${layer}.` }));
     return;
   }
-  // One x-axis for every layer of these runs: small gradients look small.
-  const low = Math.min(...list.map((h) => h.range[0]));
-  const high = Math.max(...list.map((h) => h.range[1]));
+  // One x-axis per kind for every layer of these runs: small gradients look small.
+  // Logs of earlier versions hold linear histograms, newer ones log-magnitude ones.
+  const axes = {};
+  for (const kind of new Set(list.map((h) => h.kind || "linear"))) {
+    const ranges = list.filter((h) => (h.kind || "linear") === kind).map((h) => h.range);
+    axes[kind] = histogramAxis(kind, [Math.min(...ranges.map((r) => r[0])), Math.max(...ranges.map((r) => r[1]))]);
+  }
   const perRow = Math.min(list.length, 3);
   // .histograms' gap is 20 px; a canvas has a 1 px border each side.
   const width = Math.min(520, Math.floor(((detail.clientWidth || 900) - 20 * (perRow - 1)) / perRow) - 2);
+  const shared = Object.entries(axes).map(([kind, axis]) => (kind === "log" ? axis.describe : `${axis.describe} (linear)`));
   detail.replaceChildren(
     el("h3", { text: `Histograms of ${layer} over steps` }),
     el("p", {
       class: "hint",
-      text: `x-axis shared by every layer and run shown: ${formatNumber(low)} … ${formatNumber(high)}; colour: share of the step's values.`,
+      text: `x-axis shared by every layer and run shown: ${shared.join("; ")}; colour: share of the step's values.`,
     }),
-    el("div", { class: "histograms", "data-layer": layer }, list.map((h) => histogramView(h, [low, high], width))),
+    el("div", { class: "histograms", "data-layer": layer }, list.map((h) => histogramView(h, axes[h.kind || "linear"], width))),
   );
   detail.dataset.width = String(detail.clientWidth);
 }

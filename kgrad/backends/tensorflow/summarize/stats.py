@@ -28,7 +28,9 @@ from kgrad.backends.tensorflow.summarize.histograms import (
     bucket_edges,
     histogram_rows,
     in_xla,
+    log_magnitude_histograms,
 )
+from kgrad.plan.histogram_buckets import is_log_magnitude_count
 
 #: Names of the values returned by `moments`, in order.
 
@@ -106,7 +108,9 @@ def summarize_many(tensors, bucket_count=None):
 
     Args:
         tensors: A list of tensors of any float dtype and shape.
-        bucket_count: Buckets per histogram, or ``None`` for none.
+        bucket_count: Buckets per histogram, or ``None`` for none;
+            `kgrad.plan.histogram_buckets.LOG_BUCKET_COUNT` for
+            log-magnitude buckets.
 
     Returns:
         ``(moments, histograms)``: a ``[n, 7]`` float32 tensor, one row of
@@ -126,6 +130,12 @@ def summarize_many(tensors, bucket_count=None):
     if not tensors:
         histograms = None if bucket_count is None else tf.zeros([0, bucket_count, 3])
         return tf.zeros([0, len(MOMENT_NAMES)]), histograms
+    if is_log_magnitude_count(bucket_count):
+        # Fixed edges: the histograms need neither the min and max nor the careful branch.
+        moments, _ = summarize_many(tensors, None)
+        flat_shape = tf.constant([-1])
+        flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
+        return moments, log_magnitude_histograms(flat)
     # Per tensor only the kernels that read it, sharing their constants: a
     # large model's step summarizes hundreds of tensors, and each graph op
     # costs tracing and optimizing time on the first step.
