@@ -26,7 +26,7 @@ class ProbeRecord:
     >>> _ = model.fit(np.ones((4, 2)), np.ones((4, 1)), batch_size=2,
     ...               callbacks=[probe], verbose=0)
     >>> [record.step for record in records], records[0].histograms["grad_hist/out"].shape
-    ([0, 1], (30, 3))
+    ([0, 1], (65, 3))
     """
 
     step: int
