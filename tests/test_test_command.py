@@ -40,3 +40,23 @@ def test_both_halves_run_and_either_failure_fails_the_command(tmp_path, failing)
     result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (tmp_path / "ran.txt").read_text().split() == ["tensorflow", "jax"]
     assert (result.returncode == 0) == (failing is None), result.stderr
+
+
+@pytest.mark.parametrize("failing", [None, "tensorflow", "jax", "both"])
+def test_ci_run_fails_when_either_half_failed(tmp_path, failing):
+    # .ci/run's lines from its install to the wheel smoke test, under `set -euo pipefail` as
+    # .ci/run runs them (a failure left of `&&` does not end a `set -e` script by itself).
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    start = ci.index("set +e")
+    end = next(i for i, line in enumerate(ci) if line.startswith(".ci/wheel_smoke.sh"))
+    stand_in = (
+        "python() {\n"
+        '  half=${KERAS_BACKEND:-tensorflow}; echo "$half" >> ran.txt\n'
+        f'  case "{failing}" in "$half"|both) return 1;; esac\n'
+        "}\n"
+    )
+    script = "set -euo pipefail\n" + stand_in + "\n".join(ci[start:end]) + "\necho reached-the-wheel-test\n"
+    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (tmp_path / "ran.txt").read_text().split() == ["tensorflow", "jax"]
+    assert (result.returncode == 0) == (failing is None), result.stderr
+    assert ("reached-the-wheel-test" in result.stdout) == (failing is None)

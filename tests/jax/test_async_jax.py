@@ -52,7 +52,7 @@ def test_batches_do_not_sync_the_model_state(tmp_path):
             return original()
 
         object.__setattr__(model, "jax_state_sync", counted)
-        callbacks = [kgrad.GradientProbe(str(tmp_path), every_n_steps=1000)] if probed else []
+        callbacks = [kgrad.GradientProbe(str(tmp_path / str(samples)), every_n_steps=1000)] if probed else []
         model.fit(np.ones((samples, 3), "float32"), np.ones((samples, 1), "float32"), batch_size=4,
                   epochs=2, verbose=0, callbacks=callbacks)
         return len(syncs)

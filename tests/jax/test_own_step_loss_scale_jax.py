@@ -242,7 +242,7 @@ def test_the_guard_checks_the_loss_and_when_strict_the_gradients(float16_policy,
     def fit(callbacks):
         return _fit_overflowing(2.0**20, callbacks)
 
-    probe = [kgrad.GradientProbe(str(tmp_path), every_n_steps=2)] if probed else []
+    probe = [kgrad.GradientProbe(str(tmp_path), every_n_steps=2, overwrite=True)] if probed else []
     guard = kgrad.NonFiniteGuard()
     model = fit([guard, *probe])
     assert guard.report is None
