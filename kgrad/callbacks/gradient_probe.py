@@ -143,13 +143,9 @@ class GradientProbe(keras.callbacks.Callback):
             raise TypeError(
                 f"`on_probe` must be a callable fn(record) or None. Received: on_probe={on_probe!r}."
             )
-        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"`log_dir` must be a path (str or os.PathLike) or None. Received: log_dir={log_dir!r}."
-            )
         if not isinstance(overwrite, bool):
             raise TypeError(f"`overwrite` must be True or False. Received: overwrite={overwrite!r}.")
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.log_dir = probe_output.checked_log_dir(log_dir)
         self.overwrite = overwrite
         self.on_probe = on_probe
         self._sinks = SinkSet(checked_sinks(sinks), "GradientProbe")
@@ -176,7 +172,11 @@ class GradientProbe(keras.callbacks.Callback):
         if log_dir is not None:
             probe_output.claim(log_dir, self._unsynced_model, self.overwrite)
         self._sinks.open(enabled=backend.is_chief(self.model))  # before anything is installed
-        self._step = backend.attach(self.model, "probe", self.config)
+        try:
+            self._step = backend.attach(self.model, "probe", self.config)
+        except BaseException:
+            self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
+            raise
         self._probing_function = self.model.train_function
         # The host knows which steps an execution runs, unless an epoch of unknown length ends short.
         self._exact_count = self.model.steps_per_execution == 1 or bool(

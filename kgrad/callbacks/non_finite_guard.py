@@ -148,7 +148,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._sinks.open()
-        self._step = backends.current().attach(self.model, "guard", self.config)
+        try:
+            self._step = backends.current().attach(self.model, "guard", self.config)
+        except BaseException:
+            self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
+            raise
         self.report = None
         self.reports = []
         self._trip_pending = False

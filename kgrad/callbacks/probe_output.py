@@ -23,6 +23,19 @@ def for_tensorboard(record):
     return dataclasses.replace(record, scalars=scalars, histograms={})
 
 
+def checked_log_dir(log_dir):
+    """``log_dir`` as a ``str`` path, or ``None``; anything else is refused, saying what to pass.
+
+    >>> checked_log_dir(None), checked_log_dir("logs/run1")
+    (None, 'logs/run1')
+    """
+    if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"`log_dir` must be a path (str or os.PathLike) or None. Received: log_dir={log_dir!r}."
+        )
+    return None if log_dir is None else os.fspath(log_dir)
+
+
 def writable(log_dir):
     """``log_dir``, checked writable without creating it (the writer creates it lazily).
 
@@ -45,7 +58,7 @@ def writable(log_dir):
 
 
 def warn_unless_fitting(fitting, method):
-    """Warns that a probe passed to ``evaluate`` or ``predict`` probes nothing (unless in fit's validation)."""
+    """Warns that a probe given to ``evaluate`` or ``predict`` probes nothing (but in fit's validation)."""
     if not fitting:
         warnings.warn(
             f"kgrad.GradientProbe was passed to model.{method}(), where no gradient is computed: it "

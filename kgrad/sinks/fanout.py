@@ -61,8 +61,11 @@ class SinkSet:
         """Opens every sink (training thread); if one cannot open, those already opened are closed.
 
         ``enabled=False`` (a worker that is not the chief) opens none: the others get nothing.
+        Sinks still open from this callback's previous fit (it raised, so Keras called no
+        ``on_train_end``) are closed first: their queued records are delivered, and the sink
+        starts this fit as a fresh one.
         """
-        self._workers = []
+        self._release()
         if not enabled:
             return
         try:
@@ -137,7 +140,8 @@ class _Page:
     def text(self):
         with self._lock:
             if self._text is None:
-                from kgrad.dashboard import html_report as html  # the report's reading and rendering: only when attached
+                # The report's reading and rendering: imported only when a sink attaches it.
+                from kgrad.dashboard import html_report as html
 
                 self._text = html.render_html(html.report_data(self._log_dir))
             return self._text

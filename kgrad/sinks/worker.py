@@ -10,13 +10,21 @@ end.
 A sink given to both `kgrad.GradientProbe` and `kgrad.NonFiniteGuard` has one
 worker: `acquire` opens it for the first callback, `release` closes it for
 the last.
+
+A fit that raises never reaches ``on_train_end``: its workers are closed when
+the callback's next fit opens them again (`kgrad.sinks.fanout.SinkSet.open`)
+or, at the latest, when the interpreter exits (`close_open_workers`), so the
+records queued before the error still reach the tracker.
 """
 
+import atexit
 import collections
 import threading
 import warnings
 
 _STOP = object()
+#: Workers not closed yet. A daemon thread dies with the interpreter, its queue unsent: closed at exit.
+_open_workers = set()
 
 
 class SinkWorker:
@@ -48,6 +56,7 @@ class SinkWorker:
         self._warned = False
         self._thread = threading.Thread(target=self._run, name=f"kgrad-{self._name}", daemon=True)
         self._thread.start()
+        _open_workers.add(self)
 
     def offer(self, method, *args, counted=True, force=False):
         """Queues ``sink.<method>(*args)``, or ``method(sink, *args)`` for a function; ``False`` if
@@ -113,6 +122,7 @@ class SinkWorker:
 
     def close(self, timeout):
         """Queues the sink's `close`, waits ``timeout`` seconds at most, and reports what was lost."""
+        _open_workers.discard(self)
         self.offer("close", counted=False, force=True)
         with self._condition:
             self._jobs.append((_STOP, (), False))
@@ -152,3 +162,16 @@ def release(sink):
     if sink._kgrad_users == 0:
         worker, sink._kgrad_worker = sink._kgrad_worker, None
         worker.close(sink.close_timeout)
+
+
+@atexit.register
+def close_open_workers():
+    """Closes every worker still open (a fit that raised), each waiting its sink's ``close_timeout``.
+
+    Runs at interpreter exit, before daemon threads are stopped, so a script that dies of an
+    error still delivers what it had queued and closes its trackers' runs.
+    """
+    for open_worker in list(_open_workers):
+        open_worker.sink._kgrad_users = 0
+        open_worker.sink._kgrad_worker = None
+        open_worker.close(open_worker.sink.close_timeout)
