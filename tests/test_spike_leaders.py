@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from kgrad.report import spike_leaders
-from kgrad.report.spike_leaders import ROUNDING_NOISE_RATIO, rank_skip_leaders, rounding_noise, tied_by_size
+from kgrad.report import spike_rules
+from kgrad.report.spike_leaders import rank_skip_leaders
+from kgrad.report.spike_rules import ROUNDING_NOISE_RATIO, rounding_noise, tied_by_size
 
 
 def _attention_values():
@@ -112,4 +113,4 @@ def test_tied_by_size_keeps_infinities_together_and_equal_sizes_in_order():
     assert groups == [["y", "w"], ["x", "z"]]
     # The tolerance is relative to the group's largest: 100, 91 tie; 89 starts a new group.
     assert tied_by_size([100.0, 91.0, 89.0], float) == [[100.0, 91.0], [89.0]]
-    assert spike_leaders.TIE_TOLERANCE == 0.1
+    assert spike_rules.TIE_TOLERANCE == 0.1
