@@ -103,7 +103,7 @@ def test_rounding_noise_is_relative_to_the_same_layer_only():
              "c/bias": 1e-12, "d/kernel": 0.0, "e/kernel": math.inf, "e/bias": 1e-30}
     found = dict(rounding_noise(norms))
     assert set(found) == {"a/bias", "d/kernel"}  # c/bias: alone in its layer; e/kernel: a blow-up
-    assert found["d/kernel"] == "its gradient is exactly 0"
+    assert found["d/kernel"] == "its gradient norm is exactly 0"
     # Beside an infinite norm there is no finite scale to be rounding noise of.
     assert "e/bias" not in found
 

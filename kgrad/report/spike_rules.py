@@ -51,7 +51,7 @@ def layer_of_weight(weight):
     return weight.rpartition("/")[0] or weight
 
 
-def rounding_noise(grad_norms):
+def rounding_noise(grad_norms, what="gradient norm"):
     """The weights whose gradient is rounding noise, and why: ``[(weight, reason)]``.
 
     A weight is noise when its gradient norm is exactly 0, or at most
@@ -62,6 +62,7 @@ def rounding_noise(grad_norms):
 
     Args:
         grad_norms: ``{weight_path: gradient norm}``, one step's (or a typical) value per weight.
+        what: How the reason names those values.
 
     Returns:
         ``(weight, reason)`` pairs, in the order of ``grad_norms``.
@@ -79,14 +80,14 @@ def rounding_noise(grad_norms):
         if not math.isfinite(norm):
             continue
         if norm == 0:
-            found.append((weight, "its gradient is exactly 0"))
+            found.append((weight, f"its {what} is exactly 0"))
             continue
         others = [(other, size) for other, size in by_layer[layer_of_weight(weight)] if other != weight]
         if not others:
             continue
         largest, size = max(others, key=lambda pair: pair[1])
         if norm <= ROUNDING_NOISE_RATIO * size:
-            found.append((weight, f"rounding noise: gradient norm {norm:.2g}, {norm / size:.1g} x that of "
+            found.append((weight, f"rounding noise: {what} {norm:.2g}, {norm / size:.1g} x that of "
                                   f"{largest} ({size:.2g}), at most {ROUNDING_NOISE_RATIO:.2g} x: float32 "
                                   "rounding of a gradient that is zero in exact arithmetic"))
     return found

@@ -254,8 +254,8 @@ def rounding_noise_tags(scalars):
             finite = finite[np.isfinite(finite)]
             if len(finite):
                 medians[tag[len(prefix):]] = float(np.median(finite))
-    return tuple((f"adam_rms/{weight}", f"median over the run's probes: {reason}")
-                 for weight, reason in rounding_noise(medians) if f"adam_rms/{weight}" in scalars)
+    found = rounding_noise(medians, what="median gradient norm over the run")
+    return tuple((f"adam_rms/{weight}", reason) for weight, reason in found if f"adam_rms/{weight}" in scalars)
 
 
 def _spike(tag, series, index, history):
