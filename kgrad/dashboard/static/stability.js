@@ -5,6 +5,7 @@
 // not written again here.
 import { el, formatNumber } from "./common.js";
 import { heatmapView, legendView, stepAxis, labelWidthFor } from "./heatmap.js";
+import { skippedList, skippedMarks } from "./skipped.js";
 
 const CHART_PX = 84; // px height of a line chart
 const CHART_PAD = 7; // px above and below the lines: a spike's ring stays inside
@@ -251,7 +252,7 @@ function spikeLines(view, width, labelWidth, plot) {
 export function stabilityView(view, scale, columnWidth, handlers) {
   const box = el("div", { class: "stability", "data-run": view.run });
   if (!view.rms && !view.logits && !view.attention) {
-    box.append(el("p", { class: "hint stability-hint", text: HINT }));
+    box.append(el("p", { class: "hint stability-hint", text: HINT }), skippedList(view) || "");
     return box;
   }
   // Labels wide enough for the layer paths of a transformer (cut at 150 px, 16 of 19 read
@@ -278,14 +279,16 @@ export function stabilityView(view, scale, columnWidth, handlers) {
     if (view[part]) plot.append(lineTrack(view, part, title, what, width, labelWidth, leaders));
   }
   spikeLines(view, width, labelWidth, plot);
+  skippedMarks(view, width, labelWidth, plot);
   const axis = stepAxis(view.steps, width);
   axis.classList.add("stability-axis");
   axis.style.marginLeft = `${labelWidth}px`;
   box.append(
     plot,
     axis,
-    el("p", { class: "hint", text: `Red rings: spikes (${view.rule}), as kgrad report marks them; orange: what spiked first before a loss spike (below).` }),
+    el("p", { class: "hint", text: `Red rings: spikes (${view.rule}), as kgrad report marks them; orange: what spiked first before a loss spike (below)` + ((view.skipped || []).length ? "; purple bands: steps the guard skipped (below)." : ".") }),
     lossSpikeList(view),
+    skippedList(view) || "",
   );
   return box;
 }
