@@ -43,6 +43,8 @@ return {
     [...li.querySelectorAll('.skip-group')].map((g) => [...g.querySelectorAll('.skip-lead')].map(
       (s) => s.dataset.layer)),
     (li.querySelector('.not-scored') || {}).title || '', li.textContent]),
+  leads: [...view.querySelectorAll('.loss-spikes .lead')].map((s) => [s.dataset.layer, s.textContent,
+    Number(s.dataset.sigmas)]),
 };
 """
 
@@ -150,6 +152,12 @@ def test_the_html_report_shows_the_skipped_steps(tmp_path):
         geometry = driver.execute_script(_GEOMETRY)
         _check_marks_and_list(geometry)
         assert [layer for layer, _, _ in geometry["labels"]] == list(LAYERS)
+        # The loss spike's leader with its size, as kgrad report computes it.
+        (run,) = kgrad.health_report(kgrad.read_logs(tmp_path / "logs"))
+        (lead,) = run.stability.loss_spikes[0].leaders
+        ((layer, text, sigmas),) = geometry["leads"]
+        assert (layer, sigmas) == ("alpha", pytest.approx(lead.sigmas, rel=1e-6))
+        assert text == f"alpha adam_rms ({lead.sigmas:.0f}σ)"
         folder = os.environ.get("KGRAD_TAB_SCREENSHOTS")
         if folder:
             driver.execute_script("document.querySelector('.stability').scrollIntoView({block: 'start'})")

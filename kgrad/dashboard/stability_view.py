@@ -229,7 +229,9 @@ def _loss_spike(spike, steps):
         "mean": spike.mean,
         "std": spike.std,
         "leaders": [
-            {"layer": lead.layer, "signal": lead.signal, "step": lead.step, "probes_ahead": lead.probes_ahead}
+            # At one probe a tie, largest first; its size in σ (None: NaN/Inf or a σ of 0).
+            {"layer": lead.layer, "signal": lead.signal, "step": lead.step, "probes_ahead": lead.probes_ahead,
+             "sigmas": lead.sigmas}
             for lead in spike.leaders
         ],
     }

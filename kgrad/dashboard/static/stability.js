@@ -184,12 +184,16 @@ function ties(leaders) {
   return groups;
 }
 
+// A signal with its size: σ above the mean of its previous probes (a tie is said with sizes, not an order).
 function leadChip(lead) {
-  return el("span", { class: "lead", "data-layer": lead.layer, "data-signal": lead.signal, "data-step": lead.step, text: `${lead.layer} ${lead.signal}` });
+  // As kgrad report words it (report/stability_words.py): whole σ from 10 on, else 2 digits.
+  const sigmas = typeof lead.sigmas === "number" ? (Math.abs(lead.sigmas) >= 10 ? Math.round(lead.sigmas) : Number(lead.sigmas.toPrecision(2))) : null;
+  const size = sigmas === null ? " (NaN/Inf or σ 0)" : ` (${sigmas}σ)`;
+  return el("span", { class: "lead", "data-layer": lead.layer, "data-signal": lead.signal, "data-step": lead.step, "data-sigmas": lead.sigmas, text: `${lead.layer} ${lead.signal}${size}` });
 }
 
-// One tie: "at step 51 (1 probe ahead), 22 at once:" and its first few signals; the others
-// folded under "and 18 more".
+// One tie: "at step 51 (1 probe ahead), 22 at once:" and its first few signals, largest
+// first, each with its size; the others folded under "and 18 more".
 function tieView(tie) {
   const { step, probes_ahead: ahead } = tie[0];
   const head = `at step ${step} (${aheadText(ahead)})` + (tie.length > 1 ? `, ${tie.length} at once: ` : ": ");
