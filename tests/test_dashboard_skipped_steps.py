@@ -13,16 +13,12 @@ scrolls sideways, and the page logs no JavaScript error. Screenshots go to
 the same marks and list.
 """
 
-import json
 import os
-import time
-import urllib.request
 
 import pytest
 from skipped_logs import LAYERS, SKIPPED, STEPS, write_skipped_run
-from tensorboard_process import tensorboard_process
 from test_dashboard_logs import wait_for
-from test_dashboard_stability_tab import _chromium_logging_errors, _resize
+from test_dashboard_stability_tab import _chromium_logging_errors, _resize, served_page
 
 pytestmark = pytest.mark.slow  # a server subprocess, a browser: tens of seconds
 
@@ -53,31 +49,9 @@ return {
 def page(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("skipped_tab")
     write_skipped_run(log_dir / "guarded" / "kgrad")
-    stderr_path = tmp_path_factory.mktemp("tensorboard") / "stderr.txt"
-    with tensorboard_process(log_dir, stderr_path) as (process, port):
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"tensorboard exited:\n{stderr_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/kgrad/runs") as answer:
-                    if json.loads(answer.read())["runs"] == [RUN]:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"runs not served in 120 s:\n{stderr_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        driver = _chromium_logging_errors()
-        try:
-            driver.set_window_size(*SIZES[0])
-            driver.get(f"http://127.0.0.1:{port}/#kgrad")
-            driver.switch_to.frame(wait_for(driver, "document.querySelector('iframe')"))
-            wait_for(driver, "document.querySelector('.body[data-state=ready] .stability .skipped-steps')")
-            driver.execute_script("window.kgradTestMarker = 'no reload'")
-            yield driver
-        finally:
-            driver.quit()
+    ready = "document.querySelector('.body[data-state=ready] .stability .skipped-steps')"
+    with served_page(log_dir, [RUN], tmp_path_factory, SIZES[0], ready) as driver:
+        yield driver
 
 
 def _hovered_layer(driver, row):
