@@ -10,6 +10,7 @@ logs no JavaScript error. Screenshots go to ``KGRAD_TAB_SCREENSHOTS`` when set.
 The HTML report, opened from disk, draws the same view.
 """
 
+import contextlib
 import json
 import os
 import time
@@ -68,10 +69,10 @@ def _chromium_logging_errors():
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
-@pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("stability_tab")
-    _write_runs(str(log_dir))
+@contextlib.contextmanager
+def served_page(log_dir, runs, tmp_path_factory, size, ready):
+    """The kgrad tab of a TensorBoard serving ``log_dir`` (once it lists ``runs``), in chromium at
+    ``size``, after the JavaScript expression ``ready``; marked to tell a reload."""
     stderr_path = tmp_path_factory.mktemp("tensorboard") / "stderr.txt"
     with tensorboard_process(log_dir, stderr_path) as (process, port):
         deadline = time.monotonic() + 120
@@ -80,7 +81,7 @@ def page(tmp_path_factory):
                 pytest.fail(f"tensorboard exited:\n{stderr_path.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/kgrad/runs") as answer:
-                    if json.loads(answer.read())["runs"] == RUNS:
+                    if json.loads(answer.read())["runs"] == runs:
                         break
             except OSError:
                 pass
@@ -89,14 +90,23 @@ def page(tmp_path_factory):
             time.sleep(0.5)
         driver = _chromium_logging_errors()
         try:
-            driver.set_window_size(*SIZES[0])
+            driver.set_window_size(*size)
             driver.get(f"http://127.0.0.1:{port}/#kgrad")
             driver.switch_to.frame(wait_for(driver, "document.querySelector('iframe')"))
-            wait_for(driver, "document.querySelector('.body[data-state=ready] .stability')")
+            wait_for(driver, ready)
             driver.execute_script("window.kgradTestMarker = 'no reload'")
             yield driver
         finally:
             driver.quit()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("stability_tab")
+    _write_runs(str(log_dir))
+    ready = "document.querySelector('.body[data-state=ready] .stability')"
+    with served_page(log_dir, RUNS, tmp_path_factory, SIZES[0], ready) as driver:
+        yield driver
 
 
 def _resize(driver, width, height):
