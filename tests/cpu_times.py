@@ -48,6 +48,7 @@ class CpuTimes:
         self.tests = {}
         self.collection = None
         self.session_start = _clocks()
+        self.written = time.perf_counter()
 
     def _timed(self, item, phase):
         start = _clocks()
@@ -71,8 +72,15 @@ class CpuTimes:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_teardown(self, item):
         yield from self._timed(item, "teardown")
+        # Every 10 s, what is measured so far: a run stopped early still leaves its ranking.
+        if time.perf_counter() - self.written > 10:
+            self.write()
 
     def pytest_sessionfinish(self, session):
+        self.write()
+
+    def write(self):
+        """Writes the record so far (replacing the file at once: a reader never sees half of it)."""
         own, children, _ = _clocks()
         record = {
             # Since the process started: imports and collection included.
@@ -83,8 +91,10 @@ class CpuTimes:
         }
         worker = os.environ.get("PYTEST_XDIST_WORKER")
         path = self.path if worker is None else f"{os.path.splitext(self.path)[0]}.{worker}.json"
-        with open(path, "w") as file:
+        with open(path + ".partial", "w") as file:
             json.dump(record, file, indent=1)
+        os.replace(path + ".partial", path)
+        self.written = time.perf_counter()
 
 
 def pytest_configure(config):
