@@ -7,11 +7,12 @@ Opt-in (the repository's conftest.py loads this plugin when the variable is set)
 
 Each test's setup, call and teardown are timed in CPU seconds of this process
 (``time.process_time``: every thread, so TensorFlow's and XLA's pools count)
-plus those of its finished subprocesses (``RUSAGE_CHILDREN``: an example
-script, a training run killed on purpose, a TensorBoard server reaped at a
-fixture's teardown). Wall seconds are kept beside them, but on a shared machine
-only the CPU seconds mean something: another run's load stretches the wall
-time, not the CPU time. A module-scoped fixture is charged to the setup of the
+plus those of its finished subprocesses (``RUSAGE_CHILDREN``: a training run
+killed on purpose, a TensorBoard server reaped at a fixture's teardown; and each
+fork of tests/forked_python.py's server as it ends, an example script or a
+page's blocks). Wall seconds are kept beside them, but on a shared machine only
+the CPU seconds mean something: another run's load stretches the wall time, not
+the CPU time. A module-scoped fixture is charged to the setup of the
 first test that asks for it. Under pytest-xdist each worker writes its own file,
 ``<name>.<worker>.json``.
 """
@@ -32,7 +33,12 @@ VARIABLE = "KGRAD_TEST_CPU_TIMES"
 def _clocks():
     """(own CPU seconds, finished children's CPU seconds, wall seconds) so far."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time(), children.ru_utime + children.ru_stime, time.perf_counter()
+    children = children.ru_utime + children.ru_stime
+    # The forks of tests/forked_python.py's server, as they end (not when the server ends).
+    forked_python = sys.modules.get("forked_python")
+    if forked_python is not None:
+        children += forked_python.cpu_seconds_of_forks()
+    return time.process_time(), children, time.perf_counter()
 
 
 def _elapsed(start):

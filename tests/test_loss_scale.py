@@ -32,7 +32,8 @@ def mixed_float16():
         keras.mixed_precision.set_global_policy("float32")
 
 
-def _data(samples):
+def regression_data(samples):
+    """``samples`` rows of normal features and of 2 normal targets, float32."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(samples, FEATURES)).astype("float32")
     return x, rng.normal(size=(samples, OUTPUTS)).astype("float32")
@@ -81,7 +82,7 @@ def _true_loss_statistics(model, x, y):
 # it returns (`ProbingStep.summarize_after_step`); JAX compiles them into the step.
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["no_jit", "jit"])
 def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16, jit_compile):
-    x, y = _data(BATCH)
+    x, y = regression_data(BATCH)
     model = _model(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0**12),
                    jit_compile)
     assert model.get_layer("hidden").compute_dtype == "float16"
@@ -110,7 +111,7 @@ def test_reported_gradients_are_unscaled_float32_statistics(mixed_float16, jit_c
 def test_an_optimizers_loss_scale_factor_is_divided_back_out():
     # Keras optimizers take a fixed `loss_scale_factor` too (float32 here):
     # Keras differentiates 64 J, kgrad reports the gradients of J.
-    x, y = _data(BATCH)
+    x, y = regression_data(BATCH)
     model = _model(keras.optimizers.SGD(0.01, loss_scale_factor=64.0))
     expected = _true_loss_statistics(model, x, y)
     records = []
@@ -129,7 +130,7 @@ def test_an_optimizers_loss_scale_factor_is_divided_back_out():
 def test_steps_skipped_by_the_loss_scaler_are_marked_not_exploding_and_training_is_unchanged(
     mixed_float16, tmp_path
 ):
-    x, y = _data(16 * BATCH)
+    x, y = regression_data(16 * BATCH)
 
     def fit(callbacks):
         # 2**24 overflows float16 gradients: the loss scaler skips steps and
@@ -173,7 +174,7 @@ def test_steps_skipped_by_the_loss_scaler_are_marked_not_exploding_and_training_
 
 
 def test_no_loss_scale_tags_without_a_loss_scale_optimizer():
-    x, y = _data(BATCH)
+    x, y = regression_data(BATCH)
     model = _model(keras.optimizers.SGD(0.01))
     probe = kgrad.GradientProbe(every_n_steps=1)
     model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[probe])
@@ -181,7 +182,7 @@ def test_no_loss_scale_tags_without_a_loss_scale_optimizer():
 
 
 def test_the_guard_under_loss_scaling_checks_the_loss_and_when_strict_the_gradients(mixed_float16):
-    x, y = _data(16 * BATCH)
+    x, y = regression_data(16 * BATCH)
 
     def fit(guard):
         # 2**20 overflows float16 gradients: the scaler skips steps and halves its scale, as designed.

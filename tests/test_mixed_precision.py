@@ -14,25 +14,8 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-
-FEATURES = 4
-BATCH = 4
-
-
-@pytest.fixture
-def mixed_float16():
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
-def _data(samples):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(samples, FEATURES)).astype("float32")
-    y = rng.normal(size=(samples, 2)).astype("float32")
-    return x, y
+from test_loss_scale import BATCH, FEATURES, mixed_float16  # noqa: F401 (mixed_float16: a fixture)
+from test_loss_scale import regression_data as _data
 
 
 def _model():
