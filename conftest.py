@@ -35,6 +35,17 @@ _BACKEND_FOLDERS = {"tensorflow": "kgrad/backends/tensorflow", "jax": "kgrad/bac
 _STARTED_WITH = os.environ.get("KERAS_BACKEND")
 
 
+def pytest_configure(config):
+    # Opt-in: each test's CPU seconds, written to the file the variable names (tests/cpu_times.py).
+    if os.environ.get("KGRAD_TEST_CPU_TIMES"):
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+        import cpu_times
+
+        cpu_times.pytest_configure(config)
+
+
 def pytest_collection_finish(session):
     if os.environ.get("KERAS_BACKEND") != _STARTED_WITH:
         changed_to = os.environ.get("KERAS_BACKEND")

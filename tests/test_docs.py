@@ -1,6 +1,7 @@
 """Every ```python block of README.md and docs/*.md runs.
 
-The blocks of one page run in order, in one fresh Python process, in a temporary folder,
+The blocks of one page run in order, in one fresh Python process (a fork of one that imported
+Keras and kgrad, tests/forked_python.py), in a temporary folder,
 so that a block may use what an earlier block of the same page defined (as a reader
 does). A block that is not meant to run is preceded by a comment that says why::
 
@@ -9,12 +10,8 @@ does). A block that is not meant to run is preceded by a comment that says why::
 (docs/development.md documents this for authors.)
 """
 
-import json
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -25,14 +22,15 @@ FENCE = re.compile(r"^```(?P<language>[\w+-]*)\s*$")
 # Pages whose blocks take more than ~20 s together on 2 CPU cores.
 SLOW_PAGES = set()  # none today: every page runs in 4-13 s
 
-# Runs the blocks given as JSON [[name, source], ...] in one namespace; a traceback
-# names the page and line of the block ("docs/fit.md:12").
-RUNNER = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for name, source in json.load(open(sys.argv[1])):
-    exec(compile(source, name, "exec"), namespace)
-"""
+@pytest.fixture
+def run_blocks(preloaded_python):
+    """``run(blocks, folder) -> (exit status, stdout, stderr)``: ``blocks`` as ``[(name, source)]``.
+
+    Each run is a fresh process (a fork of one that imported Keras and kgrad:
+    tests/forked_python.py), so a block sees nothing another page's or block's run
+    defined, wrote or set; a traceback names the page and line ("docs/fit.md:12").
+    """
+    return preloaded_python.run_blocks
 
 
 def _relative(page):
@@ -77,33 +75,21 @@ RUNNABLE_PAGES = [
 ]
 
 
-def _run_blocks(page, tmp_path, work):
-    """Runs the page's python blocks in folder ``work``; returns the finished process."""
+def _run_page(run_blocks, page, work):
+    """Runs the page's python blocks in folder ``work``; returns their stdout."""
     blocks = [
         (f"{_relative(page)}:{line}", source)
         for line, language, source, reason in code_blocks(page)
         if language == "python" and not reason
     ]
-    blocks_file = tmp_path / "blocks.json"
-    blocks_file.write_text(json.dumps(blocks))
-    work.mkdir(exist_ok=True)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(blocks_file)],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, f"a ```python block of {_relative(page)} failed:\n{result.stderr[-4000:]}"
-    return result
+    status, stdout, stderr = run_blocks(blocks, work)
+    assert status == 0, f"a ```python block of {_relative(page)} failed:\n{stderr[-4000:]}"
+    return stdout
 
 
 @pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_python_blocks_of_the_page_run(page, tmp_path):
-    _run_blocks(page, tmp_path, tmp_path / "cwd")
+def test_python_blocks_of_the_page_run(run_blocks, page, tmp_path):
+    _run_page(run_blocks, page, tmp_path / "cwd")
 
 
 # Each python block but a page's first (which the test above runs first, in a fresh folder).
@@ -125,7 +111,7 @@ def _runs_after_first(page, line):
 
 
 @pytest.mark.parametrize("page, line", LATER_BLOCKS)
-def test_each_block_runs_on_its_own_in_a_fresh_folder(page, line, tmp_path):
+def test_each_block_runs_on_its_own_in_a_fresh_folder(run_blocks, page, line, tmp_path):
     # A reader may copy one block: it must not need what an earlier block defined or wrote,
     # unless it says it runs after the page's first block (which then runs before it).
     blocks = [(first, source) for first, language, source, reason in code_blocks(page)
@@ -133,23 +119,18 @@ def test_each_block_runs_on_its_own_in_a_fresh_folder(page, line, tmp_path):
     chosen = [block for block in blocks if block[0] == line]
     if _runs_after_first(page, line):
         chosen = [blocks[0]] + chosen
-    blocks_file = tmp_path / "block.json"
-    blocks_file.write_text(json.dumps([(f"{_relative(page)}:{first}", source) for first, source in chosen]))
-    (tmp_path / "cwd").mkdir()
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-c", RUNNER, str(blocks_file)], cwd=tmp_path / "cwd", env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{_relative(page)}:{line} failed on its own:\n{result.stderr[-4000:]}"
+    status, _, stderr = run_blocks([(f"{_relative(page)}:{first}", source) for first, source in chosen],
+                                   tmp_path / "cwd")
+    assert status == 0, f"{_relative(page)}:{line} failed on its own:\n{stderr[-4000:]}"
 
 
-def test_the_readmes_examples_run_twice_in_one_folder_without_mixing(tmp_path):
+def test_the_readmes_examples_run_twice_in_one_folder_without_mixing(run_blocks, tmp_path):
     # A second run writes into the folders of the first: each prints what it printed alone
     # (README example 1: the first probed steps [0 8 16], not a mix of two fits' steps).
-    first = _run_blocks(ROOT / "README.md", tmp_path, tmp_path / "cwd")
-    second = _run_blocks(ROOT / "README.md", tmp_path, tmp_path / "cwd")
-    assert "[ 0  8 16]" in first.stdout
-    assert second.stdout.splitlines()[:2] == first.stdout.splitlines()[:2]
+    first = _run_page(run_blocks, ROOT / "README.md", tmp_path / "cwd")
+    second = _run_page(run_blocks, ROOT / "README.md", tmp_path / "cwd")
+    assert "[ 0  8 16]" in first
+    assert second.splitlines()[:2] == first.splitlines()[:2]
     import kgrad
 
     logs = kgrad.read_logs(str(tmp_path / "cwd" / "logs" / "run1"))

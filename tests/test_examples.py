@@ -6,30 +6,34 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NUMBER = r"([-+0-9.e]+)"
 
 
-def _run(script, *arguments):
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *arguments],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+@pytest.fixture
+def run(preloaded_python, tmp_path_factory):
+    """``run(script, *arguments) -> stdout``: the example in a fresh process, in a folder of its own.
+
+    The process is a fork of one that imported Keras and kgrad (tests/forked_python.py):
+    as `python examples/<script>` after those imports, without their ~6 CPU-s each time.
+    """
+    def run(script, *arguments):
+        folder = tmp_path_factory.mktemp(script.removesuffix(".py"))
+        status, stdout, stderr = preloaded_python.run_script(EXAMPLES / script, arguments, folder, timeout=120)
+        assert status == 0, stderr[-3000:]
+        return stdout
+
+    return run
 
 
 def _numbers(pattern, text):
     return [float(value) for value in re.findall(pattern, text)]
 
 
-def test_prediction_gradient_example_shows_the_trap_and_the_answer():
-    out = _run("prediction_gradient.py")
+def test_prediction_gradient_example_shows_the_trap_and_the_answer(run):
+    out = run("prediction_gradient.py")
     assert "tape.gradient(loss, predictions) = None" in out
     (error,) = _numbers(rf"max \|kgrad - closed form \(1 - y/p\)/batch\| = {NUMBER}", out)
     assert error < 1e-6
@@ -45,8 +49,8 @@ def test_prediction_gradient_example_shows_the_trap_and_the_answer():
     assert losses[-1] < losses[0] and all(norm > 0 for norm in norms)
 
 
-def test_input_gradient_example_ascends_the_class_probability():
-    out = _run("input_gradient.py")
+def test_input_gradient_example_ascends_the_class_probability(run):
+    out = run("input_gradient.py")
     shape, norm = re.search(r"dJ/d\(input\): shape \(([0-9, ]+)\), norm " + NUMBER, out).groups()
     assert shape == "1, 32, 32, 3" and float(norm) > 0
     (error,) = _numbers(rf"max \|kgrad - tf.GradientTape.watch\(input\)\| = {NUMBER}", out)
@@ -57,8 +61,8 @@ def test_input_gradient_example_ascends_the_class_probability():
     assert final > probabilities[0] + 0.3
 
 
-def test_layer_gradient_example_matches_the_chain_rule():
-    out = _run("layer_gradient.py")
+def test_layer_gradient_example_matches_the_chain_rule(run):
+    out = run("layer_gradient.py")
     assert "operations: ['input_layer', 'dense', 'sin', 'cos', 'add', 'head']" in out
     assert "tape.watch(model.layers[1].output) fails: ValueError" in out
     errors = dict(re.findall(rf"max \|kgrad - chain rule\| for (\w+): {NUMBER}", out))
@@ -71,8 +75,8 @@ def test_layer_gradient_example_matches_the_chain_rule():
         assert len(values) == 8 and any(value != 0.0 for value in values)
 
 
-def test_noise_scale_example_shows_the_noise_scale_growing(tmp_path):
-    out = _run("noise_scale.py", str(tmp_path / "noise"))
+def test_noise_scale_example_shows_the_noise_scale_growing(run, tmp_path):
+    out = run("noise_scale.py", str(tmp_path / "noise"))
     finite = _numbers(r"step \d+: B_simple ([-+0-9.e]+), SNR", out)
     unknown = re.findall(r"step \d+: B_simple not estimated yet", out)
     assert len(finite) + len(unknown) == 8 and len(finite) >= 6

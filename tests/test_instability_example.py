@@ -6,11 +6,8 @@ of the previous 128 probes) is recomputed here in NumPy, not taken from kgrad.
 """
 
 import importlib.util
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -61,13 +58,12 @@ def _layer_signals(scalars):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("instability") / "logs"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(log_dir)], capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""), check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, kgrad.read_logs(log_dir)
+def run(preloaded_python, tmp_path_factory):
+    # A fresh process, forked from one that imported Keras and kgrad (tests/forked_python.py).
+    folder = tmp_path_factory.mktemp("instability")
+    status, stdout, stderr = preloaded_python.run_script(SCRIPT, [folder / "logs"], folder, timeout=600)
+    assert status == 0, stderr[-3000:]
+    return stdout, kgrad.read_logs(folder / "logs")
 
 
 def test_the_schedule_raises_the_rate_at_step_50():

@@ -1,8 +1,6 @@
 """NonFiniteGuard's replay: injected faults are named at the exact layer or op, and step."""
 
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -218,7 +216,7 @@ def test_first_non_finite_gives_the_same_born_where_answer_for_probe_tape_users(
     assert locate(tape.probe, model, loss)["born_at"] == sqrt
 
 
-def test_dump_reproduces_the_trip_in_a_fresh_process(tmp_path):
+def test_dump_reproduces_the_trip_in_a_fresh_process(preloaded_python, tmp_path):
     x, y = _data()
     x[8:12] *= 200.0
     # Built-in layers only: a Lambda's function must be importable where it is loaded.
@@ -228,11 +226,11 @@ def test_dump_reproduces_the_trip_in_a_fresh_process(tmp_path):
     assert report.reproduce.count("\n") == 2 and report.reproduce in str(report)
     # The batch as it was: exactly the rows of step 2.
     np.testing.assert_array_equal(np.load(tmp_path / "step_2.npz")["x"], x[8:12])
-    done = subprocess.run([sys.executable, "-c", report.reproduce], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "born in the forward pass at 'exp' (Activation" in done.stdout
-    assert "at step 2" in done.stdout
+    # As `python -c` would run it, in a fresh process (a fork of one that imported Keras and kgrad).
+    status, stdout, stderr = preloaded_python.run_blocks([("reproduce", report.reproduce)], tmp_path, timeout=120)
+    assert status == 0, stderr[-2000:]
+    assert "born in the forward pass at 'exp' (Activation" in stdout
+    assert "at step 2" in stdout
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
