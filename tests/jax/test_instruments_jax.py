@@ -420,7 +420,7 @@ def test_mixed_float16_per_example_sums_are_of_the_true_loss(tmp_path):
 
 
 def test_a_guard_watching_every_tensor_leaves_the_logits_found(tmp_path):
-    """NonFiniteGuard(watch="all") taps dJ/dŷ of the softmax output in the probe's pass: the logits stay found."""
+    """A guard watching dJ/dŷ of the softmax output in the probe's pass leaves its logits found."""
     x, y = _batches()
     model = _classifier(True)
     layer = model.get_layer("hidden"), model.get_layer("out")

@@ -60,7 +60,7 @@ class ProbedStep:
         # The instruments see each prediction before the probe's carrier replaces it (the logits by id).
         listeners = [instruments, probe]
         watch = getattr(sentinel, "watch", None)
-        if watch is not None:  # the guard's checks, after the instruments (every listener sees the same dJ/dt)
+        if watch is not None:  # the guard's checks, after the instruments (each sees the same dJ/dt)
             listeners.insert(1, watch.listener(inverse_scale))
         call = keras_step_loss(self.model, state, x, y, sample_weight)
         instrumented = InstrumentedPass(self.model, listeners)

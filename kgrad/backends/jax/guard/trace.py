@@ -56,7 +56,9 @@ class ReplayPerturbations(Listener):
 
     def discovered(self, found, trace):
         # The prediction is the last call's output, already perturbed there.
-        return {key: jnp.zeros(shape, jnp.float32) for key, (kind, shape) in found.items() if kind != "prediction"}
+        return {
+            key: jnp.zeros(shape, jnp.float32) for key, (kind, shape) in found.items() if kind != "prediction"
+        }
 
     def tap(self, key, kind, tensor, carriers, forward):
         if key not in carriers:
