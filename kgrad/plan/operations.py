@@ -6,6 +6,8 @@ backend's capture intercepts the ones a plan chose.
 
 import keras
 
+from kgrad.plan.keras_internals import flatten_layers
+
 
 def children(operation):
     """Direct sub-operations of a layer, in call order where Keras knows it."""
@@ -15,7 +17,7 @@ def children(operation):
         except (AttributeError, ValueError):
             pass
     if isinstance(operation, keras.layers.Layer):
-        return list(operation._flatten_layers(include_self=False, recursive=False))
+        return list(flatten_layers(operation, include_self=False, recursive=False))
     return []
 
 

@@ -214,6 +214,8 @@ def test_a_nan_born_in_the_generators_backward_pass_names_the_generator(jit):
     assert (report.born_in, report.born_at, report.born_type) == ("backward", "generator/root", "Lambda")
     assert (report.born_nan_count, report.born_inf_count) == (BATCH * 32, 0)
     assert "kgrad.value_and_grad 'generator'" in report.replay_note
+    # The words name JAX's primitive, not TensorFlow's.
+    assert "kgrad.value_and_grad 'generator'" in str(report) and "ProbeTape" not in str(report)
     # The discriminator's update of the same step is not applied either.
     _assert_same_state(gan, expected)
 

@@ -417,3 +417,24 @@ def test_mixed_float16_per_example_sums_are_of_the_true_loss(tmp_path):
     # ‖∇J‖² two ways: the per-example carriers' batch sums, and the step's own weight gradients.
     assert scalars["global/noise_batch_sq_norm"] == pytest.approx(scalars["global/grad_norm"] ** 2, rel=1e-2)
     assert 0.1 < scalars["adam_rms/hidden/kernel"] < 10  # Adam's units, not the loss scale's
+
+
+def test_a_guard_watching_every_tensor_leaves_the_logits_found(tmp_path):
+    """A guard watching dJ/dŷ of the softmax output in the probe's pass leaves its logits found."""
+    x, y = _batches()
+    model = _classifier(True)
+    layer = model.get_layer("hidden"), model.get_layer("out")
+    hidden = np.maximum(x[0] @ np.asarray(layer[0].kernel) + np.asarray(layer[0].bias), 0)
+    z = hidden @ np.asarray(layer[1].kernel) + np.asarray(layer[1].bias)  # the logits, before the step
+    records = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x[0], y[0], batch_size=BATCH, verbose=0, callbacks=[
+            kgrad.GradientProbe(str(tmp_path / "p"), every_n_steps=1, instruments=["logits"],
+                                on_probe=records.append),
+            kgrad.NonFiniteGuard(watch="all"),
+        ])
+    for tag, value in _logit_expectations(z).items():
+        assert records[0].scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+    assert not [str(w.message) for w in caught if "logit" in str(w.message)]
+    assert "pred_grad_norm/output" in records[0].scalars

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 from test_instruments_jax import (
-    BATCH, CLASSES, FEATURES, HIDDEN, SIGMAS, STEPS, _batches, classifier_expectations,
+    BATCH, CLASSES, FEATURES, HIDDEN, SIGMAS, STEPS, _batches, _logit_expectations, classifier_expectations,
 )
 
 import kgrad
@@ -200,3 +200,19 @@ def test_the_gan_with_every_instrument_trains_as_without_the_probe(guarded, tmp_
         assert scalars["global/batch_size"] == rows
         for tag in (f"example_grad_norm_max/{prefix}_hidden/kernel", f"adam_rms/{prefix}_hidden/kernel"):
             assert np.isfinite(scalars[tag]) and scalars[tag] > 0, (part, tag)
+
+
+def test_a_guard_watching_every_tensor_leaves_the_parts_logits_found(tmp_path):
+    """NonFiniteGuard(watch="all") taps dJ/dŷ in the part's pass too: its softmax's logits stay found."""
+    x, y = _batches()
+    model = _guide_classifier(True)
+    hidden, out = model.get_layer("hidden"), model.get_layer("out")
+    relu = np.maximum(x[0] @ np.asarray(hidden.kernel) + np.asarray(hidden.bias), 0)
+    z = relu @ np.asarray(out.kernel) + np.asarray(out.bias)  # the logits, before the step
+    records = []
+    model.fit(x[0], y[0], batch_size=BATCH, verbose=0, callbacks=[
+        kgrad.GradientProbe(str(tmp_path), every_n_steps=1, instruments=["logits"], on_probe=records.append),
+        kgrad.NonFiniteGuard(watch="all"),
+    ])
+    for tag, value in _logit_expectations(z).items():
+        assert records[0].scalars[tag] == pytest.approx(value, rel=1e-4, abs=1e-6), tag

@@ -19,10 +19,7 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # noqa: F
 from keras.src.models.functional import Functional  # noqa: F401
 from keras.src.models.model import functional_init_arguments  # noqa: F401
 
-
-def flatten_layers(layer, include_self=True, recursive=True):
-    """``layer`` and every layer inside it, as Keras walks them (``Layer._flatten_layers``)."""
-    return layer._flatten_layers(include_self=include_self, recursive=recursive)
+from kgrad.plan.keras_internals import flatten_layers  # noqa: F401 (the plan's walk, written once)
 
 
 def attention_scale(layer):

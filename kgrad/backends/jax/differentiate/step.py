@@ -60,8 +60,8 @@ class ProbedStep:
         # The instruments see each prediction before the probe's carrier replaces it (the logits by id).
         listeners = [instruments, probe]
         watch = getattr(sentinel, "watch", None)
-        if watch is not None:  # the guard's checks, before the probe's (both see the same dJ/dt)
-            listeners.insert(0, watch.listener(inverse_scale))
+        if watch is not None:  # the guard's checks, after the instruments (each sees the same dJ/dt)
+            listeners.insert(1, watch.listener(inverse_scale))
         call = keras_step_loss(self.model, state, x, y, sample_weight)
         instrumented = InstrumentedPass(self.model, listeners)
         instrumented.discover(call, [trainable])
@@ -86,7 +86,7 @@ class ProbedStep:
             )
         paths, true_gradients = optimizer_paths(self._paths, self.config.statistics, gradients, inverse_scale)
         update = (paths, true_gradients, trainable, new_trainable, optimizer_variables)
-        instruments.add_rows(rows, cotangents[-2], forwards[-2], y_pred, update)
+        instruments.add_rows(rows, cotangents[0], forwards[0], y_pred, update)
         if inverse_scale is not None:
             rows.add_scalar("global/loss_scale", 1.0 / inverse_scale)
         if loss_scale.skips_overflowed_steps(self.model.optimizer):
@@ -99,6 +99,6 @@ class ProbedStep:
         if sentinel is not None:
             watched = None
             if watch is not None:
-                watched = listeners[0].rows(forwards[0], cotangents[0], x, y_pred)
+                watched = listeners[1].rows(forwards[1], cotangents[1], x, y_pred)
             new_state = sentinel(state, new_state, unscaled_loss, gradients, watched)
         return logs, new_state, {None: record}

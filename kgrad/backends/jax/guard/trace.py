@@ -1,14 +1,17 @@
-"""The replay's pass on JAX: one forward and backward pass with every layer and op output checked.
+"""The replay's pass on JAX: the instrumented pass, with every layer and op output checked.
 
 `replayed_pass` runs a step's loss once more (`trace_step`: Keras'
 ``compute_loss_and_updates``, jitted when the model's steps are; a part of
-a model's own step: its function) with the ``call`` of every layer, nested
-layer and ``keras.ops`` node replaced (`kgrad.backends.common.calls`): each float
-output gets a zero perturbation, whose gradient is dJ/d(that output) (as in
-Flax's ``perturb``), and the NaN/Inf counts of its inputs and outputs and
-the finite range of its inputs are computed on the device. Which operation
-consumed which output is seen while tracing (the same traced value). Only
-small arrays come back to the host. It runs on a trip only.
+a model's own step: its function) as one
+`kgrad.backends.jax.capture.instrumented.InstrumentedPass` whose listener,
+`ReplayPerturbations`, taps the output of every layer, nested layer and
+``keras.ops`` node and the model's float inputs: each gets a zero
+perturbation (a carrier the size of the output, as in Flax's ``perturb``),
+whose gradient is dJ/d(that output), and the NaN/Inf counts of each call's
+inputs and outputs and the finite range of its inputs are computed on the
+device. Which operation consumed which output is seen while tracing (the
+same traced value). Only small arrays come back to the host. It runs on a
+trip only.
 """
 
 import dataclasses
@@ -20,13 +23,14 @@ from keras import tree
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener, keras_step_loss
 
 
 @dataclasses.dataclass
 class Call:
     """One call of an operation in the replayed pass, in the order the calls returned."""
 
-    key: str  # "log", "dense#2" (called again), "layer/0" (its first float output)
+    key: str  # "log", "dense#2" (called again), "layer" of perturbations "layer/0", "layer/1"
     name: str  # the operation's name in `kgrad.plan.operations.tappable_operations`
     operation: object
     producers: list  # keys of the calls whose outputs it took as inputs
@@ -34,78 +38,68 @@ class Call:
     outputs: list = dataclasses.field(default_factory=list, repr=False)
 
 
-class _Recorder:
-    """Replaces the calls while one pass is traced; ``perturbations`` (``None``: record shapes only)."""
+class ReplayPerturbations(Listener):
+    """The replay's listener: a zero perturbation on every float output it taps, and each call's account.
 
-    def __init__(self, operations, perturbations=None):
-        self.operations = operations
-        self.perturbations = perturbations
+    Args:
+        operations: ``{name: operation}``, every one tapped.
+
+    Attributes:
+        calls: The `Call`s of the differentiated pass, once it has been traced.
+    """
+
+    def __init__(self, operations):
+        self.selection = (operations, None)
         self.calls = []
-        self.inputs = []  # the model's float inputs (perturbed: their gradient is dJ/dx)
-        self._counts = {}
-        self._producer = {}  # id(traced value) -> key; `calls` holds the values alive
-        self._model_called = False
+        self._producer = {}  # id(traced value) -> key of its call; `calls` holds the values alive
+        self._tapped = {}  # id(perturbed output) -> its key
 
-    def _perturb(self, key, leaf):
-        if self.perturbations is None:
-            return leaf
-        return leaf + self.perturbations[key].astype(leaf.dtype)
+    def discovered(self, found, trace):
+        # The prediction is the last call's output, already perturbed there.
+        return {
+            key: jnp.zeros(shape, jnp.float32) for key, (kind, shape) in found.items() if kind != "prediction"
+        }
 
-    def shapes(self):
-        """``{key: ShapeDtypeStruct}`` of the perturbations a pass needs."""
-        found = {f"input:{i}": leaf for i, leaf in enumerate(self.inputs)}
-        for call in self.calls:
-            found.update({call.key if len(call.outputs) == 1 else f"{call.key}/{i}": leaf
-                          for i, leaf in enumerate(call.outputs)})
-        return {key: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for key, leaf in found.items()}
+    def tap(self, key, kind, tensor, carriers, forward):
+        if key not in carriers:
+            return tensor
+        tensor = tensor + carriers[key].astype(tensor.dtype)
+        self._tapped[id(tensor)] = key
+        if kind == "input":
+            self._producer[id(tensor)] = "input"
+        return tensor
 
-    def wrap_operation(self, name, operation):
-        def make(original_call):
+    def recording(self, carriers):
+        """Notes each call's inputs and (perturbed) outputs, outside the pass's taps."""
+        return replaced_calls([(op, self._noting(name, op)) for name, op in self.selection[0].items()])
+
+    def _noting(self, name, operation):
+        def make(tapped_call):
             def call(*args, **kwargs):
-                outputs = original_call(*args, **kwargs)
-                if keras_internals.in_symbolic_scope():
+                outputs = tapped_call(*args, **kwargs)
+                floats = [leaf for leaf in tree.flatten(outputs) if is_float(leaf)]
+                keys = [self._tapped.get(id(leaf)) for leaf in floats]
+                if keras_internals.in_symbolic_scope() or not floats or None in keys:
                     return outputs
-                return self._record(name, operation, [leaf for leaf in tree.flatten((args, kwargs))
-                                                      if is_float(leaf)], outputs)
+                inputs = [leaf for leaf in tree.flatten((args, kwargs)) if is_float(leaf)]
+                producers = [self._producer[id(leaf)] for leaf in inputs if id(leaf) in self._producer]
+                key = keys[0] if len(keys) == 1 else keys[0].rpartition("/")[0]
+                self.calls.append(Call(key, name, operation, list(dict.fromkeys(producers)), inputs, floats))
+                self._producer.update({id(leaf): key for leaf in floats})
+                return outputs
 
             return call
 
         return make
 
-    def _record(self, name, operation, inputs, outputs):
-        count = self._counts[name] = self._counts.get(name, 0) + 1
-        key = name if count == 1 else f"{name}#{count}"
-        leaves = tree.flatten(outputs)
-        floats = [index for index, leaf in enumerate(leaves) if is_float(leaf)]
-        producers = [self._producer[id(leaf)] for leaf in inputs if id(leaf) in self._producer]
-        call = Call(key, name, operation, list(dict.fromkeys(producers)), inputs)
-        for position, index in enumerate(floats):
-            leaves[index] = self._perturb(key if len(floats) == 1 else f"{key}/{position}", leaves[index])
-            self._producer[id(leaves[index])] = key
-            call.outputs.append(leaves[index])
-        if floats:
-            self.calls.append(call)
-        return tree.pack_sequence_as(outputs, leaves)
-
-    def wrap_model(self, original_call):
-        def call(*args, **kwargs):
-            if args and not self._model_called and not keras_internals.in_symbolic_scope():
-                self._model_called = True  # the step's call; a metric's later call is not replayed
-                leaves = tree.flatten(args[0])
-                for index, leaf in enumerate(leaves):
-                    if is_float(leaf):
-                        leaves[index] = self._perturb(f"input:{len(self.inputs)}", leaf)
-                        self._producer[id(leaves[index])] = "input"
-                        self.inputs.append(leaves[index])
-                args = (tree.pack_sequence_as(args[0], leaves),) + args[1:]
-            return original_call(*args, **kwargs)
-
-        return call
-
-    def replacements(self, model):
-        return [(model, self.wrap_model)] + [
-            (operation, self.wrap_operation(name, operation)) for name, operation in self.operations.items()
-        ]
+    def finish(self, forward):
+        """Per call: NaN/Inf counts of its outputs and inputs, the finite range of its inputs."""
+        calls = self.calls or [Call("", "", None, [])]
+        return {
+            "outputs": jnp.stack([_counts(call.outputs) for call in calls]),
+            "inputs": jnp.stack([_counts(call.inputs) for call in calls]),
+            "ranges": jnp.stack([_finite_range(call.inputs) for call in calls]),
+        }
 
 
 def _counts(leaves):
@@ -132,7 +126,7 @@ def replayed_pass(model, operations, call, values, read, jit=False):
     Args:
         model: The model (or the sub-model of a part) whose call's float inputs
             are perturbed too (their gradient is dJ/dx).
-        operations: ``{name: operation}`` replaced while the pass runs.
+        operations: ``{name: operation}`` tapped while the pass runs.
         call: ``fn(*values) -> out``, differentiated with respect to ``values``.
         values: The differentiated values (a list).
         read: ``fn(out, calls) -> (value differentiated, loss, prediction leaves)``.
@@ -145,73 +139,44 @@ def replayed_pass(model, operations, call, values, read, jit=False):
         (``{perturbation key: [nan, inf]}`` of dJ/d(output) and dJ/dx) and
         ``weight_gradients`` (``[leaves of values, 2]``).
     """
-    traced = {}
+    perturbations = ReplayPerturbations(operations)
 
-    def loss(values, perturbations):
-        recorder = traced["recorder"] = _Recorder(operations, perturbations)
-        with replaced_calls(recorder.replacements(model)):
-            out = call(*values)
-        calls = recorder.calls
-        value, loss, prediction = read(out, calls)
-        return value, {
-            "outputs": jnp.stack([_counts(call.outputs) for call in calls] or [_counts([])]),
-            "inputs": jnp.stack([_counts(call.inputs) for call in calls] or [_counts([])]),
-            "ranges": jnp.stack([_finite_range(call.inputs) for call in calls] or [_finite_range([])]),
-            "loss": _counts([loss]),
-            "prediction_range": _finite_range(prediction),
+    def loss(*values):
+        value, loss, prediction = read(call(*values), perturbations.calls)
+        return value, {"loss": _counts([loss]), "prediction_range": _finite_range(prediction)}
+
+    def run(values):
+        pass_ = InstrumentedPass(model, [perturbations])
+        pass_.discover(loss, values)
+        (_, arrays), gradients, (forward,), (perturbed,) = pass_.value_and_grad(loss, values, has_aux=True)
+        leaves = jax.tree_util.tree_leaves(gradients)
+        return {
+            **arrays, **forward, "gradients": {key: _counts([g]) for key, g in perturbed.items()},
+            "weight_gradients": jnp.stack([_counts([g]) for g in leaves] or [_counts([])]),
         }
 
-    jax.eval_shape(lambda values: loss(values, None), values)
-    perturbations = {key: jnp.zeros(s.shape, s.dtype) for key, s in traced["recorder"].shapes().items()}
-
-    def run(values, perturbations):
-        grad_fn = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
-        (_, forward), (gradients, perturbed) = grad_fn(values, perturbations)
-        forward["gradients"] = {key: _counts([g]) for key, g in perturbed.items()}
-        leaves = jax.tree_util.tree_leaves(gradients)
-        forward["weight_gradients"] = jnp.stack([_counts([g]) for g in leaves] or [_counts([])])
-        return forward
-
-    arrays = (jax.jit(run) if jit else run)(values, perturbations)
-    return traced["recorder"].calls, jax.device_get(arrays)
+    arrays = (jax.jit(run) if jit else run)(values)
+    return perturbations.calls, jax.device_get(arrays)
 
 
 def trace_step(model, operations, x, y, sample_weight, jit=True):
     """`replayed_pass` of Keras' ``compute_loss_and_updates``, from the model's variables."""
-    state = (
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.metrics_variables],
-        [v.value for v in model.optimizer.variables],
-    )
-
-    def call(trainable):
-        return model.compute_loss_and_updates(
-            trainable, *state[:2], x, y, sample_weight, training=True, optimizer_variables=state[2]
-        )
+    call, trainable = _keras_step(model, x, y, sample_weight)
 
     def read(out, calls):
         loss, aux = out
         return loss, aux[0], tree.flatten(aux[1])  # the unscaled loss, the prediction
 
-    trainable = [v.value for v in model.trainable_variables]
     return replayed_pass(model, operations, call, [trainable], read, jit=jit)
 
 
 def checked_function(model, x, y, sample_weight):
     """The replayed pass as ``fn() -> loss and gradients``, for `jax.experimental.checkify`."""
-    state = (
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.metrics_variables],
-        [v.value for v in model.optimizer.variables],
-    )
-    trainable = [v.value for v in model.trainable_variables]
+    call, trainable = _keras_step(model, x, y, sample_weight)
+    return jax.value_and_grad(lambda trainable: call(trainable)[0]), trainable
 
-    def step(trainable):
-        def loss(trainable):
-            value, _ = model.compute_loss_and_updates(trainable, *state[:2], x, y, sample_weight,
-                                                      training=True, optimizer_variables=state[2])
-            return value
 
-        return jax.value_and_grad(loss)(trainable)
-
-    return step, trainable
+def _keras_step(model, x, y, sample_weight):
+    """``(fn(trainable) -> (loss, aux), trainable)``: Keras' step's loss, from the model's variables."""
+    state = keras_internals.jax_state(model)
+    return keras_step_loss(model, state, x, y, sample_weight), state[0]

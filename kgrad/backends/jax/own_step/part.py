@@ -68,10 +68,10 @@ class ProbedPart:
         """
         call, values = bind_differentiated(fn, numbers, args, kwargs)
         probe = ProbeTaps(self.config, self.rows, self._selection)
-        listeners = [probe, self._instruments] + ([] if watch is None else [watch.listener()])
-        # The guard's checks first, then the instruments: they see each prediction before the probe's
-        # carrier replaces it (the logits are found by id).
-        instrumented = InstrumentedPass(self.model, listeners[::-1], tap_inputs=False)
+        # The instruments first: they see each prediction before a carrier replaces it (the logits are
+        # found by id); then the guard's checks; every listener sees the same dJ/dt.
+        listeners = [self._instruments] + ([] if watch is None else [watch.listener()]) + [probe]
+        instrumented = InstrumentedPass(self.model, listeners, tap_inputs=False)
         scaled = []
 
         def noting(*values):  # in the shape-only pass: is the value returned a scaled loss?
@@ -88,15 +88,14 @@ class ProbedPart:
             for listener in listeners:
                 listener.inverse_scale = self._inverse_scale
         result, gradients, forwards, cotangents = instrumented.value_and_grad(call, values, has_aux)
-        forwards, cotangents = forwards[::-1], cotangents[::-1]
         self._predictions = probe.keys_of("prediction")
         output_names = io_names(self._predictions, "output", _output_names(self.model))
-        probe.add_rows(forwards[0], cotangents[0], (), output_names)
+        probe.add_rows(forwards[-1], cotangents[-1], (), output_names)
         # The optimizer's rows follow in `add_weights`, once it is known which optimizer applies them.
-        self._instruments.add_rows(self.rows, cotangents[1], forwards[1], self._predictions, update=None)
+        self._instruments.add_rows(self.rows, cotangents[0], forwards[0], self._predictions, update=None)
         if self._inverse_scale is not None:
             self.rows.add_scalar("global/loss_scale", 1.0 / self._inverse_scale)
-        watched = None if watch is None else listeners[2].part_rows(forwards[2], cotangents[2])
+        watched = None if watch is None else listeners[1].part_rows(forwards[1], cotangents[1])
         return result, gradients, watched
 
     def add_weights(self, before, gradients, after, optimizer, optimizer_state_after, as_applied=None):
