@@ -10,6 +10,7 @@ import keras
 
 from kgrad import backends
 from kgrad.backends.common import batch_dump
+from kgrad.callbacks.spike_skipping import SpikeSkipping
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
 from kgrad.report.non_finite import NonFiniteError, name_in_part
@@ -77,10 +78,28 @@ class NonFiniteGuard(keras.callbacks.Callback):
         replay: Whether a trip is replayed to locate where the NaN was born.
         sinks: Trackers that also get each report and, with ``log_dir``, the HTML report of
             ``log_dir`` at the trip (`kgrad.WandbSink`...; see `kgrad.GradientProbe`).
+        skip_spikes: Also skip the update of a step whose loss or global
+            gradient norm spikes: above mean + ``spike_sigmas``·σ of the last
+            ``spike_window`` accepted steps, judged inside the step, on the
+            device (no host read on a step that does not spike). The step
+            is skipped as a NaN step is (weights, optimizer state, iterations
+            and metrics stay as before it); ``global/step_skipped``,
+            ``global/spike_score`` and the window's mean and σ are written
+            to ``log_dir`` every step, and each skipped step's per-weight
+            values (``skip_<value>/<weight>``). ``max_skips`` skips in a row
+            stop training with a report (`spike_report`), as a NaN does.
+            docs/guard.md, "Skip a spiking step".
+        spike_sigmas: k (default 6, as OLMo-core).
+        spike_window: N accepted steps (default 128).
+        spike_warmup: Accepted steps before a step is judged (``None``: a full window).
+        max_skips: Skips in a row that stop training (default 3).
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
         reports: Every report of this fit (several with ``action="warn"``).
+        skipped_steps: With ``skip_spikes``, the steps skipped for a spike
+            (`kgrad.callbacks.spike_log.SkippedStep`, per-weight values).
+        spike_report: Why ``skip_spikes`` stopped training, or ``None``.
 
     Example:
 
@@ -98,7 +117,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
     """
 
     def __init__(self, action="stop", watch=SENTINEL_KINDS, layers=None, ignore_loss_scale_skips=True,
-                 log_dir=None, dump_dir=None, replay=True, sinks=None):
+                 log_dir=None, dump_dir=None, replay=True, sinks=None, skip_spikes=False, spike_sigmas=6.0,
+                 spike_window=128, spike_warmup=None, max_skips=3):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
         backends.current().check_supported("guard")
@@ -127,6 +147,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 "`dump_dir` must be None or a folder path (str or os.PathLike). Received: "
                 f"dump_dir={dump_dir!r} of type {type(dump_dir).__name__}. Example: dump_dir='nan_dump'."
             )
+        if not isinstance(skip_spikes, bool):
+            raise TypeError(f"`skip_spikes` must be True or False. Received: skip_spikes={skip_spikes!r}.")
+        self._spikes = SpikeSkipping(spike_sigmas, spike_window, spike_warmup, max_skips) if skip_spikes else None
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay
@@ -148,6 +171,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._sinks.open()
+        if self._spikes is not None:
+            rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
+            self.config = dataclasses.replace(self.config, spikes=rule)
+            self._spikes.start(self.log_dir)
         self._step = backends.current().attach(self.model, "guard", self.config)
         self.report = None
         self.reports = []
@@ -156,7 +183,17 @@ class NonFiniteGuard(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._step.start_epoch()
 
+    @property
+    def skipped_steps(self):
+        return [] if self._spikes is None else self._spikes.skipped
+
+    @property
+    def spike_report(self):
+        return None if self._spikes is None else self._spikes.stop_report
+
     def on_epoch_end(self, epoch, logs=None):
+        if self._spikes is not None:
+            self._read_spikes()
         tripped = self._step.guard_tripped
         if getattr(self._step, "reports_at_epoch_end", False) and tripped is not None and bool(tripped):
             self._trip_pending = True  # a trip whose flag no batch end read
@@ -165,6 +202,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             self._report_trip(None)
 
     def on_train_end(self, logs=None):
+        if self._spikes is not None:
+            self._spikes.close()
         backends.current().detach(self.model, "guard")
         self._sinks.close()
 
@@ -186,9 +225,33 @@ class NonFiniteGuard(keras.callbacks.Callback):
             return
         # TensorFlow: the flag came back with the step's logs, which Keras has
         # already read from the device.
-        if not bool(tripped):
+        spikes_due = self._spikes is not None and self._spikes.due(self.model.steps_per_execution)
+        if not bool(tripped) and not spikes_due:
+            return
+        if self._spikes is not None and self._read_spikes():
             return
         self._report_trip(batch)
+
+    def _read_spikes(self):
+        """Reads the spike rule's state (`SpikeSkipping.read`); stops training on a streak. Whether it did."""
+        reported = self._spikes.stop_report is not None
+        self._spikes.read(self._step.guard_states(), self.model.optimizer)
+        report = self._spikes.stop_report
+        if report is None or reported:
+            return False
+        if self.action == "warn":
+            warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=2)
+            for state in self._step.guard_states().values():
+                state.reset()
+            self._spikes.stop_report = None
+            return True
+        self.model.stop_training = True
+        if self.action == "raise":
+            backends.current().detach(self.model, "guard")
+            self._sinks.close()
+            raise RuntimeError(f"kgrad.NonFiniteGuard: {report}")
+        print(f"kgrad.NonFiniteGuard stopped training: {report}", file=sys.stderr)
+        return True
 
     def _report_trip(self, batch):
         """Reads the trip's report, replays it and acts (``batch``: Keras' index, ``None`` if unknown)."""

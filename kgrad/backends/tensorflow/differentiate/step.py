@@ -263,7 +263,7 @@ class ProbingStep:
                 tf.cond(probe_now, write, tf.no_op)
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
-            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.tripped.read_value()}
+            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.flag()}
             outputs = tripped_batch.keeping_the_batch(model, traced, outputs, data, kept_on_trip=True)
         return outputs
 
