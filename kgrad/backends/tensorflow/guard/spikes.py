@@ -78,7 +78,7 @@ class SpikeState:
         ``accepted``), the streak and one row of per-step values.
         """
         slot = self.accepted % self.rule.window
-        old = self.window[slot]
+        old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
         self.window.scatter_nd_update([[slot]], [tf.where(accepted, values, old)])
         self.accepted.assign_add(tf.cast(accepted, tf.int64))
         streak = tf.where(spike, self.streak + 1, tf.where(accepted, tf.constant(0, tf.int64), self.streak))
