@@ -174,7 +174,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         if self._spikes is not None:
             rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
             self.config = dataclasses.replace(self.config, spikes=rule)
-            self._spikes.start(self.log_dir)
+            self._spikes.start(self.log_dir, int(self.model.optimizer.iterations))
         self._step = backends.current().attach(self.model, "guard", self.config)
         self.report = None
         self.reports = []
@@ -211,7 +211,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
         tripped = self._step.guard_tripped
         if tripped is None:
             return
-        if getattr(self._step, "reports_at_epoch_end", False):
+        deferred = getattr(self._step, "reports_at_epoch_end", False)
+        if self._spikes is not None and self._spikes.news(self._step, self._model.steps_per_execution):
+            if self._read_spikes(deferred):
+                return
+        if deferred:
             # JAX: a scalar, read in Keras' worker thread once the device has computed
             # it, never waited for: a wait per batch end kept Keras' worker behind its
             # dispatch, and Keras polls every pending batch end at each step (~0.1 of
@@ -225,19 +229,19 @@ class NonFiniteGuard(keras.callbacks.Callback):
             return
         # TensorFlow: the flag came back with the step's logs, which Keras has
         # already read from the device.
-        spikes_due = self._spikes is not None and self._spikes.due(self.model.steps_per_execution)
-        if not bool(tripped) and not spikes_due:
-            return
-        if self._spikes is not None and self._read_spikes():
-            return
-        self._report_trip(batch)
+        if bool(tripped):
+            self._report_trip(batch)
 
-    def _read_spikes(self):
-        """Reads the spike rule's state (`SpikeSkipping.read`); stops training on a streak. Whether it did."""
+    def _read_spikes(self, deferred=False):
+        """Reads the spike rule's state (`SpikeSkipping.read`); stops training on a streak. Whether it did.
+
+        ``deferred`` (JAX, in Keras' worker thread): training stops now, the
+        report waits for the epoch's end (`on_epoch_end`).
+        """
         reported = self._spikes.stop_report is not None
-        self._spikes.read(self._step.guard_states(), self.model.optimizer)
+        self._spikes.read(self._step.guard_states(), self._model.optimizer)
         report = self._spikes.stop_report
-        if report is None or reported:
+        if report is None or (reported and not self._spikes.pending):
             return False
         if self.action == "warn":
             warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=2)
@@ -245,7 +249,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 state.reset()
             self._spikes.stop_report = None
             return True
-        self.model.stop_training = True
+        self._model.stop_training = True
+        if deferred:
+            self._spikes.pending = True
+            return True
+        self._spikes.pending = False
         if self.action == "raise":
             backends.current().detach(self.model, "guard")
             self._sinks.close()

@@ -51,10 +51,13 @@ class SpikeLog:
     Args:
         log_dir: Where the tags go (``<log_dir>/kgrad``), or ``None``.
         part: The part's name, or ``None`` for the model.
+        first_step: The number of the fit's first step (``optimizer.iterations``
+            when it began): the device numbers the steps it runs from 0.
     """
 
-    def __init__(self, log_dir, part=None):
+    def __init__(self, log_dir, part=None, first_step=0):
         self.part = part
+        self.first_step = first_step
         run = None if log_dir is None else os.path.join(os.fspath(log_dir), "kgrad")
         self._events = None if run is None else SpikeEvents(run if part is None else os.path.join(run, part))
         self._rows_read = 0
@@ -71,6 +74,7 @@ class SpikeLog:
         self.rows_lost += first - self._rows_read
         for index in range(first, snapshot.row_count):
             step, scalars = row_scalars(snapshot.rows[index % capacity])
+            step += self.first_step
             self.rows.append((step, scalars))
             if self._events is not None:
                 self._events.write(step, scalars)
@@ -81,7 +85,7 @@ class SpikeLog:
         for index in range(first, snapshot.skip_count):
             slot = index % SKIP_SLOTS
             skipped = skipped_step(
-                int(snapshot.skip_steps[slot]), snapshot.skip_values[slot], snapshot.weights,
+                self.first_step + int(snapshot.skip_steps[slot]), snapshot.skip_values[slot], snapshot.weights,
                 snapshot.adam_reason, self.part,
             )
             new.append(skipped)

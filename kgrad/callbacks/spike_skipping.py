@@ -57,6 +57,7 @@ class SpikeSkipping:
         self.rule = SpikeRule(sigmas=sigmas, window=window, warmup=warmup, max_skips=max_skips)
         self.logs = {}
         self.stop_report = None
+        self.pending = False  # a stop report not yet acted on (JAX: at the epoch's end)
         self._steps_unread = 0
 
     def rule_for(self, model, steps_per_epoch):
@@ -82,17 +83,30 @@ class SpikeSkipping:
         self.rule = dataclasses.replace(self.rule, row_capacity=capacity)
         return self.rule
 
-    def start(self, log_dir):
+    def start(self, log_dir, first_step):
+        """At ``fit``'s start: ``first_step``, ``optimizer.iterations`` then (skipped steps are counted on)."""
         self.close()
-        self.log_dir = log_dir
+        self.log_dir, self.first_step = log_dir, first_step
         self.logs = {}
         self.stop_report = None
+        self.pending = False
         self._steps_unread = 0
 
-    def due(self, steps):
-        """Host count: whether ``steps`` more steps fill the device's rows (then they are read)."""
+    def news(self, step, steps):
+        """Whether to read the device after an execution of ``steps`` steps: a skip, or rows to keep.
+
+        ``step``: the backend's training step. TensorFlow's flag came back
+        with the logs (a trip, or a skip not yet read); JAX's count of skips
+        is read once computed, never waited for. The rows are read before
+        the device's buffer would wrap (an epoch's worth when its length is known).
+        """
         self._steps_unread += steps
-        return self._steps_unread + steps > self.rule.row_capacity
+        if self._steps_unread + steps > self.rule.row_capacity:
+            return True
+        spike_news = getattr(step, "spike_news", None)
+        if spike_news is not None:
+            return spike_news()
+        return bool(step.guard_tripped)
 
     def read(self, states, optimizer):
         """Reads every part's spike state (a device read); returns the new skipped steps.
@@ -107,7 +121,7 @@ class SpikeSkipping:
                 continue
             log = self.logs.get(part)
             if log is None:
-                log = self.logs[part] = SpikeLog(self.log_dir, part)
+                log = self.logs[part] = SpikeLog(self.log_dir, part, self.first_step)
             taken = log.take(snapshot)
             new += taken
             if snapshot.tripped and self.stop_report is None:

@@ -16,7 +16,7 @@ Example:
 >>> record = initial_record(rule, 1)
 >>> for loss in (1.0, 1.1, 0.9, 1.0):
 ...     judged = judge(record, rule, jnp.float32(loss), jnp.array([1.0]))
-...     record = after_step(record, rule, 0, judged, accepted=jnp.logical_not(judged[1]))
+...     record = after_step(record, rule, judged, accepted=jnp.logical_not(judged[1]))
 >>> bool(judge(record, rule, jnp.float32(9.0), jnp.array([1.0]))[1])
 True
 """
@@ -80,14 +80,18 @@ def judge(record, rule, loss, weight_squares):
     return values, spike, score, jnp.where(enough, mean, jnp.nan), jnp.where(enough, std, jnp.nan)
 
 
-def after_step(record, rule, step, judged, accepted):
-    """The record after the step's decision: window row, streak, trip and the step's row."""
+def after_step(record, rule, judged, accepted):
+    """The record after the step's decision: window row, streak, trip and the step's row.
+
+    Steps are numbered by the rows: every step run since the fit began,
+    skipped ones too (``optimizer.iterations`` does not count a skipped step).
+    """
     values, spike, score, mean, std = judged
     slot = record.accepted % rule.window
     window = record.window.at[slot].set(jnp.where(accepted, values, record.window[slot]))
     streak = jnp.where(spike, record.streak + 1, jnp.where(accepted, 0, record.streak))
     row = jnp.stack([
-        jnp.asarray(step, jnp.float32), 1.0 - accepted.astype(jnp.float32), score, mean[0], std[0], mean[1],
+        record.row_count.astype(jnp.float32), 1.0 - accepted.astype(jnp.float32), score, mean[0], std[0], mean[1],
         std[1],
     ])
     return record._replace(
@@ -97,13 +101,13 @@ def after_step(record, rule, step, judged, accepted):
     )
 
 
-def with_skip(record, step, spike, table):
-    """The record with ``table`` kept as the skip of ``step`` where ``spike``."""
+def with_skip(record, spike, table):
+    """The record with ``table`` kept as the skip of the step of the next row where ``spike``."""
     slot = record.skip_count % SKIP_SLOTS
     return record._replace(
         skip_values=record.skip_values.at[slot].set(jnp.where(spike, table, record.skip_values[slot])),
         skip_steps=record.skip_steps.at[slot].set(
-            jnp.where(spike, jnp.asarray(step, jnp.int32), record.skip_steps[slot])
+            jnp.where(spike, record.row_count, record.skip_steps[slot])
         ),
         skip_count=record.skip_count + spike.astype(jnp.int32),
     )
@@ -145,7 +149,7 @@ def _adam_rms(model, gradients, state_after):
     return jnp.stack(rms)
 
 
-def record_step(model, rule, spikes, step, judged, gradients, trainable, optimizer_variables, accepted):
+def record_step(model, rule, spikes, judged, gradients, trainable, optimizer_variables, accepted):
     """The record after the decision, with the skip's table computed in the branch of a spike only.
 
     ``gradients``, ``trainable`` and ``optimizer_variables``: the step's, as
@@ -158,4 +162,4 @@ def record_step(model, rule, spikes, step, judged, gradients, trainable, optimiz
         spike, lambda: skip_table(model, judged, gradients, trainable, optimizer_variables),
         lambda: jnp.zeros(width, jnp.float32),
     )
-    return after_step(with_skip(spikes, step, spike, table), rule, step, judged, accepted)
+    return after_step(with_skip(spikes, spike, table), rule, judged, accepted)

@@ -190,7 +190,7 @@ class GuardedSteps:
             kept = select_leaves(apply, update(operands), old)
         new_record = next_record(record, squares, counts, apply, step)
         spikes = spike_rule.record_step(
-            model, rule, record.spikes, step, judged, gradients, trainable, optimizer_variables, apply
+            model, rule, record.spikes, judged, gradients, trainable, optimizer_variables, apply
         )
         metrics_variables = select_leaves(apply, new_metrics_variables, metrics_variables)
         return logs, (*kept[:2], kept[2], metrics_variables), new_record._replace(spikes=spikes)

@@ -55,3 +55,22 @@ def state_before_forward(model):
             variable.assign(value)
 
     return put_back
+
+
+def metrics_before_step(model, guard):
+    """With spike skipping, reads the metrics' variables; returns ``fn(applied)`` that keeps them where skipped.
+
+    A skipped step leaves the metrics as before it, as on JAX (the logs
+    Keras gets stay the step's own). ``None`` without ``guard.spikes``:
+    a non-finite step's metrics are left as they were before spike skipping.
+    """
+    if guard is None or guard.spikes is None or not model.metrics_variables:
+        return None
+    variables = list(model.metrics_variables)
+    values = [tf.convert_to_tensor(variable) for variable in variables]
+
+    def keep(applied):
+        for variable, value in zip(variables, values):
+            variable.assign(tf.where(applied, tf.convert_to_tensor(variable), value))
+
+    return keep

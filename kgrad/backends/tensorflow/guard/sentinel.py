@@ -142,7 +142,7 @@ class GuardState:
                 on_skip()
             if self.spikes is not None:
                 def record_skip():
-                    self.spikes.record_skip(step, judged, *spike_update)
+                    self.spikes.record_skip(judged, *spike_update)
                     return tf.no_op()
 
                 tf.cond(tf.logical_and(spike, tf.logical_not(self.spikes.tripped)), record_skip, tf.no_op)
@@ -152,8 +152,9 @@ class GuardState:
         # update is a good part of its step's graph; tracing it into two
         # branches cost the MobileNet ~170 MB of peak memory).
         tf.cond(may_apply, update, skipped)
+        self.applied = may_apply  # the step's decision, for the metrics (`metrics_before_step`)
         if self.spikes is not None:
-            self.spikes.after_step(step, *judged, accepted=may_apply)
+            self.spikes.after_step(*judged, accepted=may_apply)
         return may_apply
 
     def _judge_spike(self, tensors, every_step_half_squares, inverse_scale):

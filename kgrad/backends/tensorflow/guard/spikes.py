@@ -71,8 +71,11 @@ class SpikeState:
         std = tf.where(enough, std, float("nan"))
         return values, spike, score, mean, std
 
-    def after_step(self, step, values, spike, score, mean, std, accepted):
+    def after_step(self, values, spike, score, mean, std, accepted):
         """Graph code after the decision: the window, the streak, the trip and the step's row.
+
+        Steps are numbered by the rows: every step run since the fit began,
+        skipped ones too (``optimizer.iterations`` does not count a skipped step).
 
         No branch: a clean step writes one window row (unchanged unless
         ``accepted``), the streak and one row of per-step values.
@@ -86,12 +89,12 @@ class SpikeState:
         self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
         self.news.assign(tf.logical_or(self.news, spike))
         row = tf.stack([
-            tf.cast(step, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score, mean[0], std[0], mean[1], std[1],
+            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score, mean[0], std[0], mean[1], std[1],
         ])
         self.rows.scatter_nd_update([[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, step, judged, optimizer, applied, measured):
+    def record_skip(self, judged, optimizer, applied, measured):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -99,7 +102,6 @@ class SpikeState:
         had (bit for bit), as if the branch had not run.
 
         Args:
-            step: The step's number.
             judged: What `judge` returned: the per-weight norms, the window's means and σ from column 2.
             optimizer: ``model.optimizer``.
             applied: ``[(gradient, weight)]``: the whole update, as the step applies it.
@@ -132,7 +134,7 @@ class SpikeState:
         ], axis=1)
         slot = self.skip_count % SKIP_SLOTS
         self.skip_values.scatter_nd_update([[slot]], [table])
-        self.skip_steps.scatter_nd_update([[slot]], [tf.cast(step, tf.int64)])
+        self.skip_steps.scatter_nd_update([[slot]], [self.row_count.read_value()])
         self.skip_count.assign_add(1)
 
     def _adam_rms(self, optimizer, measured):
