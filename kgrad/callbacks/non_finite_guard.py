@@ -10,6 +10,7 @@ import keras
 
 from kgrad import backends
 from kgrad.backends.common import batch_dump
+from kgrad.callbacks import guard_replay
 from kgrad.callbacks.spike_skipping import SpikeSkipping
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
@@ -79,20 +80,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
         sinks: Trackers that also get each report and, with ``log_dir``, the HTML report of
             ``log_dir`` at the trip (`kgrad.WandbSink`...; see `kgrad.GradientProbe`).
         skip_spikes: Also skip the update of a step whose loss or global
-            gradient norm spikes: above mean + ``spike_sigmas``·σ of the last
-            ``spike_window`` accepted steps, judged inside the step, on the
-            device (no host read on a step that does not spike). The step
-            is skipped as a NaN step is (weights, optimizer state, iterations
-            and metrics stay as before it); ``global/step_skipped``,
-            ``global/spike_score`` and the window's mean and σ are written
-            to ``log_dir`` every step, and each skipped step's per-weight
-            values (``skip_<value>/<weight>``). ``max_skips`` skips in a row
-            stop training with a report (`spike_report`), as a NaN does.
-            docs/guard.md, "Skip a spiking step".
-        spike_sigmas: k (default 6, as OLMo-core).
-        spike_window: N accepted steps (default 128).
-        spike_warmup: Accepted steps before a step is judged (``None``: a full window).
-        max_skips: Skips in a row that stop training (default 3).
+            gradient norm is above mean + ``spike_sigmas``·σ of the last
+            ``spike_window`` accepted steps, judged on the device (no host
+            read on a step that does not spike), skipped as a NaN step is;
+            ``max_skips`` skips in a row stop training with a report
+            (`spike_report`). docs/guard.md, "Skip a spiking step".
+        spike_sigmas, spike_window, spike_warmup, max_skips: k (6, as OLMo-core), N
+            accepted steps (128), steps before any is judged (``None``: N), M (3).
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
@@ -233,33 +227,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
             self._report_trip(batch)
 
     def _read_spikes(self, deferred=False):
-        """Reads the spike rule's state (`SpikeSkipping.read`); stops training on a streak. Whether it did.
-
-        ``deferred`` (JAX, in Keras' worker thread): training stops now, the
-        report waits for the epoch's end (`on_epoch_end`).
-        """
-        reported = self._spikes.stop_report is not None
+        """Reads the spike rule's state; acts on a streak (`SpikeSkipping.act`). Whether it did."""
         self._spikes.read(self._step.guard_states(), self._model.optimizer)
-        report = self._spikes.stop_report
-        if report is None or (reported and not self._spikes.pending):
-            return False
-        if self.action == "warn":
-            warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=2)
-            for state in self._step.guard_states().values():
-                state.reset()
-            self._spikes.stop_report = None
-            return True
-        self._model.stop_training = True
-        if deferred:
-            self._spikes.pending = True
-            return True
-        self._spikes.pending = False
-        if self.action == "raise":
-            backends.current().detach(self.model, "guard")
-            self._sinks.close()
-            raise RuntimeError(f"kgrad.NonFiniteGuard: {report}")
-        print(f"kgrad.NonFiniteGuard stopped training: {report}", file=sys.stderr)
-        return True
+        return self._spikes.act(self, deferred)
 
     def _report_trip(self, batch):
         """Reads the trip's report, replays it and acts (``batch``: Keras' index, ``None`` if unknown)."""
@@ -267,7 +237,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         # One state for the model, or one per ProbeTape (kgrad.value_and_grad on JAX) of its own train_step.
         states = self._step.guard_states()
         for tape, candidate in states.items():
-            report = candidate.read_report(functools.partial(self._latest_summaries, tape))
+            report = candidate.read_report(functools.partial(guard_replay.latest_summaries, self._step, tape))
             if report is not None:
                 if tape is not None:  # a ProbeTape or kgrad.value_and_grad of its own train_step
                     report = dataclasses.replace(
@@ -320,43 +290,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 "the NaN."
             )
         elif self.replay:
-            fields.update(self._replay_fields(report, data, seeds_after))
+            fields.update(guard_replay.replay_fields(self.model, report, data, seeds_after))
         if self.dump_dir is not None and data is not None:
             lines, note = batch_dump.dump(self.model, data, self.dump_dir, report.step)
             fields["reproduce"] = lines
             if note:
                 fields["replay_note"] = batch_dump.join_notes(fields.get("replay_note"), note)
         return dataclasses.replace(report, **fields)
-
-    def _replay_fields(self, report, data, seeds_after):
-        try:
-            born, note = backends.current().replay_fields(self.model, data, seeds_after)
-        except Exception as error:  # noqa: BLE001 - the sentinel's report stands
-            return {"replayed": False,
-                    "replay_note": f"The replay failed ({type(error).__name__}: {error}); "
-                                   "the report is what the every-step check saw."}
-        if born is None:
-            return {"replayed": False, "replay_note": batch_dump.join_notes(
-                f"The replay of step {report.step} was finite: it did not reproduce the trip (a "
-                "random draw that is not from the model's seed generators, or a value that "
-                "changed since?); the report is what the every-step check saw.", note)}
-        if born["born_in"] == "weights":
-            born["born_step"] = report.last_finite_step
-        note = batch_dump.join_notes(born.get("replay_note"), note)
-        return {**born, "replayed": True, "replay_note": note}
-
-    def _latest_summaries(self, tape, layer, last_finite_step):
-        """Summaries of ``layer`` (of ``tape``) from the latest probed step that was finite."""
-        pipeline = self._step.pipelines().get(tape)
-        state = None if pipeline is None else pipeline.state
-        if state is None or last_finite_step is None:
-            return {}
-        records, _ = state.read_since(0)
-        finite = [record for record in records if record.step <= last_finite_step]
-        if not finite:
-            return {}
-        suffix = f"/{layer}"
-        return {
-            tag: value for tag, value in finite[-1].scalars.items() if tag.endswith(suffix)
-        }
-

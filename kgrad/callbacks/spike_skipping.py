@@ -9,7 +9,10 @@ own the update; one cannot skip what the other applies.
 """
 
 import dataclasses
+import sys
+import warnings
 
+from kgrad import backends
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.callbacks.spike_log import SpikeLog
 from kgrad.plan.spike_rule import DEFAULT_ROW_CAPACITY, SpikeRule
@@ -58,6 +61,7 @@ class SpikeSkipping:
         self.logs = {}
         self.stop_report = None
         self.pending = False  # a stop report not yet acted on (JAX: at the epoch's end)
+        self._acted = set()
         self._steps_unread = 0
 
     def rule_for(self, model, steps_per_epoch):
@@ -90,6 +94,7 @@ class SpikeSkipping:
         self.logs = {}
         self.stop_report = None
         self.pending = False
+        self._acted = set()
         self._steps_unread = 0
 
     def news(self, step, steps):
@@ -129,6 +134,33 @@ class SpikeSkipping:
                 last = streak[-1].step if streak else -1
                 self.stop_report = SpikeStopReport(last, streak, self.rule, _leaders(streak))
         return new
+
+    def act(self, guard, deferred=False):
+        """Acts on a new `stop_report` as ``guard.action`` says; whether there was one to act on.
+
+        ``deferred`` (JAX, in Keras' worker thread): training stops now, the
+        report waits for the epoch's end.
+        """
+        report = self.stop_report
+        if report is None or (id(report) in self._acted and not self.pending):
+            return False
+        self._acted.add(id(report))
+        if guard.action == "warn":
+            warnings.warn(f"kgrad.NonFiniteGuard: {report}", RuntimeWarning, stacklevel=3)
+            for state in guard._step.guard_states().values():
+                state.reset()  # the streak is judged afresh
+            self.stop_report = None
+            return True
+        guard._model.stop_training = True
+        self.pending = deferred
+        if deferred:
+            return True
+        if guard.action == "raise":
+            backends.current().detach(guard._model, "guard")
+            guard._sinks.close()
+            raise RuntimeError(f"kgrad.NonFiniteGuard: {report}")
+        print(f"kgrad.NonFiniteGuard stopped training: {report}", file=sys.stderr)
+        return True
 
     @property
     def skipped(self):
