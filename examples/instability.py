@@ -7,8 +7,9 @@ Adam at its default rate, 1e-3; a learning-rate schedule raises it ×100 at step
 "attention"]`` probes every step; from its event files, kgrad's stability report
 (``kgrad report``'s rule: a probe above mean + 6σ of the previous 128 probes)
 finds the loss spike and what spiked before it. The script prints how many
-probes ahead of the loss spike kgrad flagged something, which layer it named
-first, and what the loss itself said at that probe.
+probes ahead of the loss spike kgrad flagged something, how many signals spiked
+there at once (a tie: which moved first is not known) and the largest, and what
+the loss itself said at that probe.
 
 What to expect (seeds 0-7): step 50's update is the first with the raised rate,
 so step 51's probe is the first that can see it. There every layer's
@@ -133,7 +134,7 @@ def first_loss_spike_after_raise(report):
 
 
 def first_flag(loss_spike):
-    """The first layer signal that spiked after the raise, ahead of ``loss_spike``, or ``None``.
+    """The largest of the first layer signals that spiked after the raise, ahead of ``loss_spike``, or ``None``.
 
     The first update with the raised rate is step ``RAISE_STEP``'s, so probes
     up to that step cannot have seen it.
@@ -159,13 +160,12 @@ def describe_run(scalars, report):
     if lead is None:
         lines.append("kgrad flagged nothing ahead of it: the first signals spiked in the same probe.")
         return lines
+    # A probe's signals are a tie (which moved first is not known), largest first: the lead is the largest.
     same_probe = [other for other in loss_spike.leaders if other.step == lead.step]
-    largest = max(same_probe, key=lambda other: sigmas_above(report, other))
     ahead = f"{lead.probes_ahead} probe{'s' if lead.probes_ahead > 1 else ''}"
-    lines.append(f"kgrad flagged it {ahead} ahead, at step {lead.step}: first named {lead.layer} "
-                 f"({lead.signal}; a probe's layers in forward order), one of {len(same_probe)} "
-                 f"layer signals that spiked there; the largest {largest.layer} ({largest.signal}, "
-                 f"{sigmas_above(report, largest):.0f}σ)")
+    lines.append(f"kgrad flagged it {ahead} ahead, at step {lead.step}: {len(same_probe)} layer signals "
+                 f"spiked there at once, the largest {lead.layer} ({lead.signal}, "
+                 f"{sigmas_above(report, lead):.0f}σ)")
     return lines + loss_lines(scalars["global/loss"], lead, loss_spike, report)
 
 

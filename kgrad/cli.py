@@ -106,6 +106,11 @@ def build_parser():
         help="also write a self-contained HTML report (heatmaps, health tables) to FILE",
     )
     report_parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON (layers, spikes and their ties, skipped steps) instead of the table",
+    )
+    report_parser.add_argument(
         "--vanishing-ratio",
         type=_ratio,
         default=defaults.vanishing_ratio,
@@ -171,7 +176,14 @@ def _report(args):
             "Train with kgrad.GradientProbe(log_dir=...) and pass that log_dir, "
             "or run `kgrad demo` first."
         )
-    print(report_table.format_report(runs, thresholds))
+    if args.json:
+        import json
+
+        from kgrad.report.report_json import report_data
+
+        print(json.dumps(report_data(runs, thresholds), indent=1, allow_nan=False))
+    else:
+        print(report_table.format_report(runs, thresholds))
     if args.html:
         from kgrad.dashboard import html_report  # only `--html` pays for it
 
@@ -179,7 +191,7 @@ def _report(args):
             html_report.write_html_report(args.log_dir, args.html, thresholds)
         except OSError as error:
             parser.error(f"cannot write --html {args.html!r}: {error.strerror or error}")
-        print(f"HTML report: {args.html}")
+        print(f"HTML report: {args.html}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_FLAGGED if any(run.flagged for run in runs) else 0
 
 

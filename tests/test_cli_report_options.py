@@ -31,6 +31,7 @@ OPTION_VALUES = {
     "--exploding-norm": "0.9",
     "--dead-fraction": "0.5",
     "--html": "{tmp}/report.html",
+    "--json": None,  # a flag: prints the report as JSON
 }
 
 
@@ -68,9 +69,10 @@ def test_every_report_option_has_a_case_here():
 def test_every_report_option_changes_the_output(option, tmp_path, capsys):
     log_dir = _options_logs(tmp_path)
     plain = _run_report(["report", log_dir], capsys, tmp_path)
-    value = OPTION_VALUES[option].format(tmp=tmp_path)
-    with_option = _run_report(["report", log_dir, option, value], capsys, tmp_path)
-    assert with_option != plain, f"`kgrad report {option} {value}` printed and wrote what it does without it"
+    value = OPTION_VALUES[option]
+    value = [] if value is None else [value.format(tmp=tmp_path)]
+    with_option = _run_report(["report", log_dir, option, *value], capsys, tmp_path)
+    assert with_option != plain, f"`kgrad report {option} {' '.join(value)}` printed and wrote what it does without it"
 
 
 def test_dead_fraction_flags_a_layer_with_that_many_zero_activations(tmp_path, capsys):

@@ -97,17 +97,25 @@ def test_a_layer_is_flagged_before_the_loss_spikes(run):
     first_step = min(steps[0] for steps in flags.values() if steps)
     first = {key[:2] for key, steps in flags.items() if steps and steps[0] == first_step}
     # What the example printed is that: the lead in probes, the step, a layer that spiked there.
-    printed = re.search(r"kgrad flagged it (\d+) probes? ahead, at step (\d+): first named (\S+) \(([^;]+);",
-                        out)
+    printed = re.search(r"kgrad flagged it (\d+) probes? ahead, at step (\d+): (\d+) layer signals spiked there "
+                        r"at once, the largest (\S+) \(([^,]+), (\d+)σ\)", out)
     assert printed, out
-    probes, step, layer, signal = printed.groups()
+    probes, step, count, layer, signal, size = printed.groups()
     assert (int(probes), int(step)) == (loss_spike - first_step, first_step)
     assert (layer, signal) in first, (layer, signal, sorted(first))
-    # Of those, the one kgrad's report names first (a probe's layers in forward order).
+    # A tie, said with its size: the largest of the signals that spiked there (σ above the
+    # mean of their previous probes, in NumPy here), the key biases (rounding noise) left out.
+    sizes = {}
+    for key, series in signals.items():
+        if flags[key] and flags[key][0] == first_step and "/key/bias" not in key[2]:
+            index = series.steps.tolist().index(first_step)
+            before = series.values[max(0, index - 128):index]
+            before = before[np.isfinite(before)]
+            sizes[key[:2]] = max(sizes.get(key[:2], -np.inf), (series.values[index] - before.mean()) / before.std())
+    assert max(sizes, key=sizes.get) == (layer, signal) and int(size) == round(max(sizes.values()))
     (report,) = kgrad.health_report(logs)
     (spike,) = [spike for spike in report.stability.loss_spikes if spike.step == loss_spike]
-    named = next(lead for lead in spike.leaders if lead.step == first_step)
-    assert (layer, signal) == (named.layer, named.signal)
+    assert int(count) == len([lead for lead in spike.leaders if lead.step == first_step]) == len(sizes)
     # ... and one of the model's layers (a weight's path less its last part, or a layer
     # above it, as an attention layer is above its query kernel), or its output.
     model = example.build_model()
@@ -115,3 +123,23 @@ def test_a_layer_is_flagged_before_the_loss_spikes(run):
               for parts in range(1, weight.path.count("/") + 1)}
     assert layer in layers | {example.OUTPUT}, (layer, sorted(layers))
     assert f"loss spike at step {loss_spike}:" in out
+
+
+def test_the_key_biases_are_rounding_noise_and_never_named(run):
+    """Softmax ignores a constant added to every key's score: the key bias's gradient is 0 in exact
+    arithmetic, and its float32 gradient is rounding noise. The report leaves it out and says why."""
+    _, logs = run
+    scalars = logs["kgrad"]["scalars"]
+    (report,) = kgrad.health_report(logs)
+    biases = [f"transformer_layer_{index}/self_attention/key/bias" for index in range(2)]
+    for bias in biases:
+        kernel = bias.replace("/bias", "/kernel")
+        ratio = (np.median(scalars[f"weight_grad_norm/{bias}"].values)
+                 / np.median(scalars[f"weight_grad_norm/{kernel}"].values))
+        assert ratio < 1e-6, (bias, ratio)  # the query bias, for comparison, is ~1e-1 of its kernel's
+    not_scored = dict(report.stability.not_scored)
+    assert set(not_scored) == {f"adam_rms/{bias}" for bias in biases}, not_scored
+    assert all("rounding noise" in reason for reason in not_scored.values())
+    named = [lead.tag for spike in report.stability.loss_spikes for lead in spike.leaders]
+    assert named and not any("/key/bias" in tag for tag in named)
+    assert not any("/key/bias" in tag for tag in report.stability.spikes)

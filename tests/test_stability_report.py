@@ -3,6 +3,7 @@
 import contextlib
 import io
 import math
+import re
 
 import keras
 import numpy as np
@@ -135,10 +136,12 @@ def test_describe_words_the_spikes():
         "adam_rms/dense/kernel": _series(_with_spikes(40, {27: 5.0})),
         "global/grad_norm": _series(_with_spikes(40, {12: 4.0, 30: 9.0})),
     }
+    before = np.asarray(_quiet(27))
+    size = (5.0 - before.mean()) / before.std()  # the layer's spike, in σ of its previous probes
     assert stability.describe(stability.stability_report(scalars)) == [
         "stability: spikes (above mean + 6σ of the previous 128 probes):",
         "  loss spike at step 30: 9 (mean 1 ± 0.00816); first, within 16 probes: "
-        "at step 27 (3 probes ahead): dense adam_rms",
+        f"at step 27 (3 probes ahead): dense adam_rms ({size:.0f}σ)",
         "  global/grad_norm: 2 spikes, at steps 12, 30",
         "  adam_rms/dense/kernel: 1 spike, at step 27",
     ]
@@ -184,7 +187,15 @@ def test_kgrad_report_flags_a_planted_learning_rate_blow_up(tmp_path):
         main(["report", str(tmp_path)])
     assert "  loss spike at step 51: " in printed.getvalue()
     assert "first, within 16 probes: at step 51 (the same probe), " in printed.getvalue()
-    assert " at once: hidden adam_rms, " in printed.getvalue()
+    # The tie at step 51: every signal with its size, largest first (not the layers' forward order).
+    (tie,) = re.findall(r"at step 51 \(the same probe\), \d+ at once: (.*?)(?: and \d+ more)?$",
+                        printed.getvalue(), re.MULTILINE)
+    said = re.findall(r"(\S+ (?:adam_rms|max logit)) \((\d+)σ\)", tie)
+    leaders = [lead for lead in first.leaders if lead.step == 51]
+    spiked = {tag: spike for tag, found in run.stability.spikes.items() for spike in found if spike.step == 51}
+    sizes = [(spiked[lead.tag].value - spiked[lead.tag].mean) / spiked[lead.tag].std for lead in leaders]
+    assert said == [(f"{lead.layer} {lead.signal}", f"{size:.0f}") for lead, size in zip(leaders[:5], sizes)]
+    assert sizes == sorted(sizes, reverse=True) and {"hidden adam_rms", "output max logit"} <= dict(said).keys()
 
 
 def test_leaders_at_one_probe_are_told_as_a_tie_with_its_size():
@@ -195,9 +206,12 @@ def test_leaders_at_one_probe_are_told_as_a_tie_with_its_size():
         scalars[f"adam_rms/layer_{index}/kernel"] = _series(_with_spikes(40, {28: 5.0}))
     (line,) = [line for line in stability.describe(stability.stability_report(scalars), named=3)
                if "loss spike" in line]
-    assert line.endswith("first, within 16 probes: at step 27 (3 probes ahead): early adam_rms; "
-                         "at step 28 (2 probes ahead), 5 at once: layer_0 adam_rms, layer_1 adam_rms, "
-                         "layer_2 adam_rms and 2 more")
+    early = np.asarray(_quiet(27))
+    tie = np.asarray(_quiet(28))
+    early, tie = ((5.0 - before.mean()) / before.std() for before in (early, tie))
+    assert line.endswith(f"first, within 16 probes: at step 27 (3 probes ahead): early adam_rms ({early:.0f}σ); "
+                         f"at step 28 (2 probes ahead), 5 at once: layer_0 adam_rms ({tie:.0f}σ), "
+                         f"layer_1 adam_rms ({tie:.0f}σ), layer_2 adam_rms ({tie:.0f}σ) and 2 more")
     assert "→" not in line
 
 
@@ -215,3 +229,56 @@ def test_the_verdict_under_a_loss_spike_counts_it_instead_of_saying_ok(tmp_path,
     assert main(["report", str(tmp_path)]) == 0  # a loss spike is no layer flag
     verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
     assert verdict == "No layer flagged in 1 run; 1 loss spike (stability, above)."
+
+
+def test_a_layer_that_spikes_twice_before_a_loss_spike_leads_from_its_first_spike():
+    # block/dense spikes at probes 22 and 28, the loss at 30 (window 16: from probe 14).
+    # Its lead counts from 22, so it is named before other/dense (25), not after it.
+    scalars = {
+        "global/loss": _series(_with_spikes(40, {30: 9.0})),
+        "adam_rms/block/dense/kernel": _series(_with_spikes(40, {22: 9.0, 28: 40.0})),
+        "adam_rms/other/dense/kernel": _series(_with_spikes(40, {25: 9.0})),
+    }
+    report = stability.stability_report(scalars)
+    assert [spike.step for spike in report.spikes["adam_rms/block/dense/kernel"]] == [22, 28]
+    (loss,) = report.loss_spikes
+    assert [(lead.layer, lead.step, lead.probes_ahead) for lead in loss.leaders] == [
+        ("block/dense", 22, 8), ("other/dense", 25, 5)]
+    # Its kernel's second spike and its bias's first (at 26) do not move it either.
+    scalars["adam_rms/block/dense/bias"] = _series(_with_spikes(40, {26: 9.0}))
+    (loss,) = stability.stability_report(scalars).loss_spikes
+    assert [(lead.layer, lead.step) for lead in loss.leaders] == [("block/dense", 22), ("other/dense", 25)]
+
+
+def test_a_tie_is_ordered_by_size_not_by_forward_order():
+    # Three layers spike at probe 28, in forward order a, b, c; b's spike is the largest.
+    scalars = {"global/loss": _series(_with_spikes(40, {30: 9.0}))}
+    for layer, value in (("a", 2.0), ("b", 50.0), ("c", 5.0)):
+        scalars[f"adam_rms/{layer}/kernel"] = _series(_with_spikes(40, {28: value}))
+    (loss,) = stability.stability_report(scalars).loss_spikes
+    before = np.asarray(_quiet(28))
+    sizes = [(value - before.mean()) / before.std() for value in (50.0, 5.0, 2.0)]
+    assert [lead.layer for lead in loss.leaders] == ["b", "c", "a"]
+    np.testing.assert_allclose([lead.sigmas for lead in loss.leaders], sizes, rtol=1e-9)
+    (line,) = [line for line in stability.describe(stability.stability_report(scalars)) if "loss spike" in line]
+    assert line.endswith(f"at step 28 (2 probes ahead), 3 at once: b adam_rms ({sizes[0]:.0f}σ), "
+                         f"c adam_rms ({sizes[1]:.0f}σ), a adam_rms ({sizes[2]:.0f}σ)")
+
+
+def test_an_attention_key_bias_at_rounding_level_is_not_scored_and_the_report_says_why():
+    # The key bias's adam_rms spikes first and most, but its gradient is ~1e-8 of the key kernel's.
+    scalars = {"global/loss": _series(_with_spikes(40, {30: 9.0}))}
+    for part, norm, spike in (("kernel", 1e-2, {28: 9.0}), ("bias", 2e-10, {26: 90.0})):
+        scalars[f"adam_rms/mha/key/{part}"] = _series(_with_spikes(40, spike))
+        scalars[f"weight_grad_norm/mha/key/{part}"] = _series(np.full(40, norm) * _quiet(40))
+    report = stability.stability_report(scalars)
+    assert "adam_rms/mha/key/bias" not in report.spikes and "adam_rms/mha/key/bias" not in report.signals
+    (loss,) = report.loss_spikes
+    assert [(lead.tag, lead.step) for lead in loss.leaders] == [("adam_rms/mha/key/kernel", 28)]
+    ((tag, reason),) = report.not_scored
+    assert tag == "adam_rms/mha/key/bias" and "rounding noise" in reason and "mha/key/kernel" in reason
+    assert f"  not scored: adam_rms/mha/key/bias ({reason})" in stability.describe(report)
+    # A bias at an ordinary size beside its kernel is scored.
+    scalars["weight_grad_norm/mha/key/bias"] = _series(np.full(40, 1e-3) * _quiet(40))
+    report = stability.stability_report(scalars)
+    assert report.not_scored == () and report.loss_spikes[0].leaders[0].tag == "adam_rms/mha/key/bias"

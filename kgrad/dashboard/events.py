@@ -30,6 +30,11 @@ SCALAR_PREFIXES = (
     "adam_rms/",
     "logit_max_max/",
     "attention_logit_max/",
+    # The steps a NonFiniteGuard skipped as spikes, and its replay's values of each.
+    "global/step_skipped",
+    "global/spike_score",
+    "spike_window_",
+    "skip_",
 )
 #: Scalar tags that count NaN/Inf: ``<kind>_nonfinite/<name>``.
 NONFINITE_MARK = "_nonfinite/"

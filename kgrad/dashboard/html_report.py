@@ -25,7 +25,7 @@ from kgrad.report.table import GRADIENT_NAMES, named_runs, nonfinite_cell
 
 _STATIC = os.path.join(os.path.dirname(__file__), "static")
 #: The tab's modules, in dependency order, inlined into one module script.
-_MODULES = ("common.js", "heatmap.js", "panels.js", "histogram.js", "stability.js", "app.js")
+_MODULES = ("common.js", "heatmap.js", "panels.js", "histogram.js", "skipped.js", "stability.js", "app.js")
 #: Histograms are left out past this many float32 values (about 4 bytes each, x1.33 in base64).
 HISTOGRAM_BUDGET = 8_000_000
 

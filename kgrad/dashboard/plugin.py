@@ -42,6 +42,7 @@ _STATIC_FILES = {
     "panels.js": "text/javascript",
     "histogram.js": "text/javascript",
     "stability.js": "text/javascript",
+    "skipped.js": "text/javascript",
     "style.css": "text/css",
 }
 _MAX_PARAMETER = 1000  # characters; run names and tags are shorter

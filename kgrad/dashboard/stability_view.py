@@ -155,7 +155,7 @@ def _attention_owner(tag):
     return layer if head.startswith("head_") and layer else tag[len(ATTENTION_PREFIX):]
 
 
-def stability_view(run, scalars, shapes, report):
+def stability_view(run, scalars, shapes, report, skipped=()):
     """What the tab's stability view draws for one run.
 
     Args:
@@ -163,16 +163,20 @@ def stability_view(run, scalars, shapes, report):
         scalars: The run's scalars (tag -> ``Series``, as `kgrad.read_logs`).
         shapes: ``{weight path: shape}`` (``kgrad/weight_shapes``; ``{}`` if none).
         report: The run's `kgrad.report.stability.StabilityReport`.
+        skipped: The run's steps a `kgrad.NonFiniteGuard` skipped
+            (`kgrad.report.skipped_steps.SkippedStep`): on the step axis too.
 
     Returns:
         ``{"run", "steps", "rms", "logits", "attention", "loss", "loss_spikes",
-        "missing", "rule"}``; ``rms`` is a layer x step matrix (base64 float32)
-        or ``None``, ``logits``, ``attention`` and ``loss`` lists of lines or
-        ``None``; ``missing`` names the parts not logged and the instrument
-        that logs each.
+        "skipped", "missing", "rule"}``; ``rms`` is a layer x step matrix (base64
+        float32) or ``None``, ``logits``, ``attention`` and ``loss`` lists of
+        lines or ``None``; ``skipped`` one entry per skipped step (`skipped_entry`);
+        ``missing`` names the parts not logged and the instrument that logs each.
     """
     tags = [t for t in scalars if t.startswith((ADAM_PREFIX, LOGIT_PREFIX, ATTENTION_PREFIX))]
     stepped = [scalars[tag].steps for tag in tags + ([LOSS_TAG] if tags and LOSS_TAG in scalars else [])]
+    if tags and skipped:  # a skipped step has a column even where no signal was logged ("not logged")
+        stepped.append(np.array([step.step for step in skipped], np.int64))
     steps = np.unique(np.concatenate(stepped)) if stepped else np.zeros(0, np.int64)
 
     view = {
@@ -193,7 +197,27 @@ def stability_view(run, scalars, shapes, report):
         if view[part] is None
     ]
     view["loss_spikes"] = [_loss_spike(spike, steps) for spike in report.loss_spikes] if tags else []
+    view["skipped"] = [skipped_entry(step, steps if tags else None) for step in skipped]
     return view
+
+
+def skipped_entry(skipped, steps):
+    """One skipped step for the page: its column (``None`` without an axis), score, leading layers, words.
+
+    ``groups``: the layers that moved above the rule (each at its largest z-score), in
+    groups whose sizes cannot be told apart (a tie), largest first; else the largest group.
+    """
+    entry = {"step": skipped.step, "column": None if steps is None else int(np.searchsorted(steps, skipped.step)),
+             "score": skipped.spike_score, "groups": [], "not_scored": [], "words": skipped.why}
+    if skipped.leaders is not None:
+        groups = skipped.leaders.layers()
+        moved = [[lead for lead in group if abs(lead.z) >= skipped.leaders.sigmas] for group in groups]
+        moved = [group for group in moved if group] or groups[:1]
+        entry["groups"] = [[{"layer": lead.layer, "weight": lead.weight, "value_name": lead.value_name,
+                             "z": lead.z} for lead in group] for group in moved]
+        entry["not_scored"] = [{"weight": weight, "reason": reason} for weight, reason in skipped.leaders.not_scored]
+        entry["words"] = skipped.leaders.describe()
+    return entry
 
 
 def _loss_spike(spike, steps):
@@ -205,7 +229,9 @@ def _loss_spike(spike, steps):
         "mean": spike.mean,
         "std": spike.std,
         "leaders": [
-            {"layer": lead.layer, "signal": lead.signal, "step": lead.step, "probes_ahead": lead.probes_ahead}
+            # At one probe a tie, largest first; its size in σ (None: NaN/Inf or a σ of 0).
+            {"layer": lead.layer, "signal": lead.signal, "step": lead.step, "probes_ahead": lead.probes_ahead,
+             "sigmas": lead.sigmas}
             for lead in spike.leaders
         ],
     }

@@ -171,7 +171,8 @@ class RunView:
     def stability(self):
         """The stability view: adam_rms, max logits, attention maxima, spikes (`stability_view`)."""
         return self._once("stability", lambda: clean(stability_view.stability_view(
-            self.run, self.data["scalars"], self.data.get("weight_shapes", {}), self.health.stability)))
+            self.run, self.data["scalars"], self.data.get("weight_shapes", {}), self.health.stability,
+            self.health.skipped)))
 
     def histogram(self, tag):
         """One histogram tag over steps, its kind (``"log"``, ``"linear"``) and the x-range of its kind."""

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from kgrad.report import layer_series, noise_scale, stability
+from kgrad.report import layer_series, noise_scale, skipped_steps, stability
 from kgrad.report.flags import (  # noqa: F401 (FLAGS: the report's flags, read by the table and the tab)
     FLAGS,
     first_flag_steps,
@@ -40,7 +40,7 @@ from kgrad.report.flags import (  # noqa: F401 (FLAGS: the report's flags, read 
 )
 
 #: Tag prefixes that mark a run as written by kgrad.
-_KGRAD_PREFIXES = ("grad_norm/", "weight_grad_norm/", "global/grad_norm")
+_KGRAD_PREFIXES = ("grad_norm/", "weight_grad_norm/", "global/grad_norm", skipped_steps.STEP_SKIPPED_TAG)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +150,8 @@ class RunHealth:
         stability: Spikes of the loss, the global gradient norm, ``adam_rms/``
             and ``logit_max_max/``, and what spiked before each loss spike
             (`kgrad.report.stability.StabilityReport`), or ``None``.
+        skipped: The steps a `kgrad.NonFiniteGuard` skipped as spikes, with the
+            layers that moved most in each (`kgrad.report.skipped_steps.SkippedStep`).
     """
 
     run: str
@@ -159,6 +161,7 @@ class RunHealth:
     critical_batch: object = None
     vector_only_layers: tuple = ()
     stability: object = None
+    skipped: tuple = ()
 
     @property
     def comparison(self):
@@ -264,6 +267,7 @@ def run_health(run, run_logs, thresholds):
         critical_batch=noise_scale.critical_batch(scalars),
         vector_only_layers=tuple(layer for layer in layers if layer in peers),
         stability=stability.stability_report(scalars),
+        skipped=skipped_steps.skipped_steps(scalars),
     )
 
 

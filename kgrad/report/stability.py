@@ -16,6 +16,15 @@ a handful of values says nothing. The signals:
 For each loss spike, the layers (and outputs) whose signals spiked inside the
 window of probes before it (``window``, 16 by default, the loss spike's own probe
 included), each at its first spike there, earliest first: what moved first.
+Signals that spiked at the same probe are a tie (`ties`), ordered by their size
+(σ above their mean), never by the layers' forward order.
+
+A weight whose gradient is rounding noise beside its layer's other weights (an
+attention layer's key bias; `kgrad.report.spike_rules.rounding_noise`, on each
+weight's median ``weight_grad_norm/`` over the run) is not scored: its
+``adam_rms/`` tag is left out, in ``not_scored`` with the reason. Without
+``weight_grad_norm/`` tags (``capture`` without ``"weight_gradients"``) the rule
+has nothing to judge by, and every weight is scored.
 
 Example:
 
@@ -36,6 +45,8 @@ import math
 import numpy as np
 
 from kgrad.plan.tag_names import GRAD_NORM_TAG, LOSS_TAG
+from kgrad.report.spike_rules import rounding_noise
+from kgrad.report.stability_words import describe, ties  # noqa: F401 (the report's words, here as before)
 
 #: Tag prefixes of the per-layer (per-output) signals, and how a report names them.
 LAYER_SIGNALS = {
@@ -75,6 +86,8 @@ class Lead:
         tag: The tag that spiked.
         step: The step of its first spike in the window.
         probes_ahead: Probes between it and the loss spike (0: the same probe).
+        sigmas: Its size there: σ above the mean of its previous probes
+            (``inf`` for a NaN/Inf value or a σ of 0).
     """
 
     layer: str
@@ -82,11 +95,12 @@ class Lead:
     tag: str
     step: int
     probes_ahead: int
+    sigmas: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
 class LossSpike:
-    """A spike of ``global/loss``, with the layers that spiked first (``leaders``, earliest first)."""
+    """A spike of ``global/loss`` and its ``leaders``: earliest first; at one probe (a tie), largest first."""
 
     step: int
     value: float
@@ -104,6 +118,7 @@ class StabilityReport:
         loss_spikes: One `LossSpike` per spike of ``global/loss``.
         signals: The tags examined.
         sigmas, history, window: The rule's parameters.
+        not_scored: ``(tag, reason)`` pairs: signals left out as rounding noise.
     """
 
     spikes: dict
@@ -112,6 +127,7 @@ class StabilityReport:
     sigmas: float = 6.0
     history: int = 128
     window: int = 16
+    not_scored: tuple = ()
 
 
 def spike_indices(values, sigmas=6.0, history=128, min_history=8):
@@ -199,7 +215,8 @@ def stability_report(scalars, sigmas=6.0, history=128, window=16, min_history=8)
         A `StabilityReport`.
     """
     scalars = with_layer_head_maxima(scalars)
-    tags = signal_tags(scalars)
+    not_scored = rounding_noise_tags(scalars)
+    tags = [tag for tag in signal_tags(scalars) if tag not in dict(not_scored)]
     spikes = {}
     for tag in tags:
         series = scalars[tag]
@@ -212,7 +229,33 @@ def stability_report(scalars, sigmas=6.0, history=128, window=16, min_history=8)
         loss_spikes = tuple(
             _loss_spike(spike, loss_steps, spikes, window) for spike in spikes[LOSS_TAG]
         )
-    return StabilityReport(spikes, loss_spikes, tuple(tags), sigmas, history, window)
+    return StabilityReport(spikes, loss_spikes, tuple(tags), sigmas, history, window, not_scored)
+
+
+def rounding_noise_tags(scalars):
+    """``(adam_rms tag, reason)`` of the weights whose gradient is rounding noise over the run.
+
+    Judged on each weight's median ``weight_grad_norm/`` over its finite probes
+    beside its layer's other weights' (`kgrad.report.spike_rules.rounding_noise`).
+
+    >>> import numpy as np
+    >>> from kgrad.logs.reading import Series
+    >>> steps = np.arange(3)
+    >>> scalars = {f"{kind}/mha/key/{part}": Series(steps, np.full(3, norm)) for kind in ("adam_rms", "weight_grad_norm")
+    ...            for part, norm in (("kernel", 0.1), ("bias", 3e-10))}
+    >>> [tag for tag, _ in rounding_noise_tags(scalars)]
+    ['adam_rms/mha/key/bias']
+    """
+    prefix = "weight_grad_norm/"
+    medians = {}
+    for tag, series in scalars.items():
+        if tag.startswith(prefix):
+            finite = np.asarray(series.values, np.float64)
+            finite = finite[np.isfinite(finite)]
+            if len(finite):
+                medians[tag[len(prefix):]] = float(np.median(finite))
+    found = rounding_noise(medians, what="median gradient norm over the run")
+    return tuple((f"adam_rms/{weight}", reason) for weight, reason in found if f"adam_rms/{weight}" in scalars)
 
 
 def _spike(tag, series, index, history):
@@ -234,66 +277,22 @@ def _loss_spike(spike, loss_steps, spikes, window):
             continue
         layer, signal = layer_of(tag)
         ahead = position - int(np.searchsorted(loss_steps, inside[0].step))
-        lead = Lead(layer, signal, tag, inside[0].step, ahead)
+        lead = Lead(layer, signal, tag, inside[0].step, ahead, spike_size(inside[0]))
         # One line per layer and signal: its earliest spike (a kernel's or a bias's).
-        if (layer, signal) not in leaders or lead.step < leaders[(layer, signal)].step:
+        known = leaders.get((layer, signal))
+        if known is None or (lead.step, -lead.sigmas) < (known.step, -known.sigmas):
             leaders[(layer, signal)] = lead
-    ordered = sorted(leaders.values(), key=lambda lead: lead.step)  # stable: forward order on ties
+    # Earliest first; a tie (one probe) by size, largest first: never by forward order.
+    ordered = sorted(leaders.values(), key=lambda lead: (lead.step, -lead.sigmas))
     return LossSpike(spike.step, spike.value, spike.mean, spike.std, tuple(ordered))
 
 
-def describe(report, named=5):
-    """Lines for ``kgrad report``: each loss spike and what spiked first; the other spikes counted.
+def spike_size(spike):
+    """How far above its mean a spike is, in σ: ``inf`` for a NaN/Inf value or a σ of 0.
 
-    Returns ``[]`` when nothing spiked.
+    >>> spike_size(Spike("t", 3, 5.0, 1.0, 0.5)), spike_size(Spike("t", 3, float("nan"), 1.0, 0.5))
+    (8.0, inf)
     """
-    if report is None or not report.spikes:
-        return []
-    rule = f"above mean + {report.sigmas:g}σ of the previous {report.history} probes"
-    lines = [f"stability: spikes ({rule}):"]
-    for loss in report.loss_spikes:
-        line = f"  loss spike at step {loss.step}: {_value(loss.value)} (mean {_value(loss.mean)}"
-        line += f" ± {_value(loss.std)})"
-        if loss.leaders:
-            groups = "; ".join(_tie_text(tie, named) for tie in ties(loss.leaders))
-            line += f"; first, within {report.window} probes: {groups}"
-        else:
-            line += f"; no layer signal spiked within {report.window} probes before it"
-        lines.append(line)
-    for tag, found in report.spikes.items():
-        if tag != LOSS_TAG:
-            steps = ", ".join(str(spike.step) for spike in found[:named])
-            at = "at steps" if len(found) > 1 else "at step"
-            more = f" and {len(found) - named} more" if len(found) > named else ""
-            plural = "s" if len(found) > 1 else ""
-            lines.append(f"  {tag}: {len(found)} spike{plural}, {at} {steps}{more}")
-    return lines
-
-
-def ties(leaders):
-    """A loss spike's ``leaders`` grouped by their step, earliest first: a tie is not a chain of causes.
-
-    >>> lead = lambda layer, step: Lead(layer, "adam_rms", f"adam_rms/{layer}", step, 52 - step)
-    >>> [[spike.layer for spike in tie] for tie in ties([lead("a", 49), lead("b", 51), lead("c", 51)])]
-    [['a'], ['b', 'c']]
-    """
-    groups = {}
-    for lead in leaders:
-        groups.setdefault(lead.step, []).append(lead)
-    return [groups[step] for step in sorted(groups)]
-
-
-def _tie_text(tie, named):
-    first = tie[0]
-    at = f"at step {first.step} ({_ahead(first.probes_ahead)})"
-    shown = ", ".join(f"{lead.layer} {lead.signal}" for lead in tie[:named])
-    more = f" and {len(tie) - named} more" if len(tie) > named else ""
-    return f"{at}: {shown}" if len(tie) == 1 else f"{at}, {len(tie)} at once: {shown}{more}"
-
-
-def _ahead(probes):
-    return "the same probe" if probes == 0 else f"{probes} probe{'s' if probes > 1 else ''} ahead"
-
-
-def _value(value):
-    return f"{value:.3g}" if math.isfinite(value) else str(value)
+    if not math.isfinite(spike.value) or spike.std == 0:
+        return math.inf
+    return (spike.value - spike.mean) / spike.std

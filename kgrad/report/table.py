@@ -7,7 +7,7 @@ computes nothing itself.
 import math
 import os
 
-from kgrad.report import noise_scale, stability
+from kgrad.report import noise_scale, skipped_steps, stability
 
 _COLUMNS = ("layer", "{gradient}", "trend", "/ largest", "zero act", "update/w", "NaN/Inf", "flags")
 
@@ -60,6 +60,7 @@ def format_run(run):
     if getattr(run, "critical_batch", None) is not None:  # per-example instruments were on
         lines.append(noise_scale.describe(run.critical_batch))
     lines += stability.describe(getattr(run, "stability", None))
+    lines += skipped_steps.describe(getattr(run, "skipped", ()))
     return "\n".join([header] + lines)
 
 
@@ -77,7 +78,11 @@ def format_report(runs, thresholds):
         spikes = sum(len(getattr(getattr(run, "stability", None), "loss_spikes", ())) for run in runs)
         if spikes:
             verdict += f"; {spikes} loss spike{'s' if spikes != 1 else ''} (stability, above)"
-        parts.append(f"OK: {verdict}." if not spikes else f"{verdict[0].upper()}{verdict[1:]}.")
+        skipped = sum(len(getattr(run, "skipped", ())) for run in runs)
+        if skipped:
+            verdict += f"; {skipped} step{'s' if skipped != 1 else ''} skipped by the guard (above)"
+        calm = not spikes and not skipped
+        parts.append(f"OK: {verdict}." if calm else f"{verdict[0].upper()}{verdict[1:]}.")
     return "\n\n".join(parts)
 
 

@@ -37,3 +37,7 @@ def test_no_tensorflow_start_up_lines_on_jax(finished):
 
 def test_a_layer_is_flagged_before_the_loss_spikes_on_jax(run):
     on_tensorflow.test_a_layer_is_flagged_before_the_loss_spikes(run)
+
+
+def test_the_key_biases_are_rounding_noise_and_never_named_on_jax(run):
+    on_tensorflow.test_the_key_biases_are_rounding_noise_and_never_named(run)

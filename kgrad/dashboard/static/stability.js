@@ -5,6 +5,7 @@
 // not written again here.
 import { el, formatNumber } from "./common.js";
 import { heatmapView, legendView, stepAxis, labelWidthFor } from "./heatmap.js";
+import { skippedList, skippedMarks } from "./skipped.js";
 
 const CHART_PX = 84; // px height of a line chart
 const CHART_PAD = 7; // px above and below the lines: a spike's ring stays inside
@@ -183,12 +184,16 @@ function ties(leaders) {
   return groups;
 }
 
+// A signal with its size: σ above the mean of its previous probes (a tie is said with sizes, not an order).
 function leadChip(lead) {
-  return el("span", { class: "lead", "data-layer": lead.layer, "data-signal": lead.signal, "data-step": lead.step, text: `${lead.layer} ${lead.signal}` });
+  // As kgrad report words it (report/stability_words.py): whole σ from 10 on, else 2 digits.
+  const sigmas = typeof lead.sigmas === "number" ? (Math.abs(lead.sigmas) >= 10 ? Math.round(lead.sigmas) : Number(lead.sigmas.toPrecision(2))) : null;
+  const size = sigmas === null ? " (NaN/Inf or σ 0)" : ` (${sigmas}σ)`;
+  return el("span", { class: "lead", "data-layer": lead.layer, "data-signal": lead.signal, "data-step": lead.step, "data-sigmas": lead.sigmas, text: `${lead.layer} ${lead.signal}${size}` });
 }
 
-// One tie: "at step 51 (1 probe ahead), 22 at once:" and its first few signals; the others
-// folded under "and 18 more".
+// One tie: "at step 51 (1 probe ahead), 22 at once:" and its first few signals, largest
+// first, each with its size; the others folded under "and 18 more".
 function tieView(tie) {
   const { step, probes_ahead: ahead } = tie[0];
   const head = `at step ${step} (${aheadText(ahead)})` + (tie.length > 1 ? `, ${tie.length} at once: ` : ": ");
@@ -251,7 +256,7 @@ function spikeLines(view, width, labelWidth, plot) {
 export function stabilityView(view, scale, columnWidth, handlers) {
   const box = el("div", { class: "stability", "data-run": view.run });
   if (!view.rms && !view.logits && !view.attention) {
-    box.append(el("p", { class: "hint stability-hint", text: HINT }));
+    box.append(el("p", { class: "hint stability-hint", text: HINT }), skippedList(view) || "");
     return box;
   }
   // Labels wide enough for the layer paths of a transformer (cut at 150 px, 16 of 19 read
@@ -278,14 +283,16 @@ export function stabilityView(view, scale, columnWidth, handlers) {
     if (view[part]) plot.append(lineTrack(view, part, title, what, width, labelWidth, leaders));
   }
   spikeLines(view, width, labelWidth, plot);
+  skippedMarks(view, width, labelWidth, plot);
   const axis = stepAxis(view.steps, width);
   axis.classList.add("stability-axis");
   axis.style.marginLeft = `${labelWidth}px`;
   box.append(
     plot,
     axis,
-    el("p", { class: "hint", text: `Red rings: spikes (${view.rule}), as kgrad report marks them; orange: what spiked first before a loss spike (below).` }),
+    el("p", { class: "hint", text: `Red rings: spikes (${view.rule}), as kgrad report marks them; orange: what spiked first before a loss spike (below)` + ((view.skipped || []).length ? "; purple bands: steps the guard skipped (below)." : ".") }),
     lossSpikeList(view),
+    skippedList(view) || "",
   );
   return box;
 }
