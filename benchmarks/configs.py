@@ -275,6 +275,10 @@ def all_configs():
         # gradients); the replay runs on a trip only, never in a timed run.
         _guard_config("guard", "NonFiniteGuard() alone: the sentinel (loss + weight gradients)", {},
                       _GUARD_TARGET, quick=True),
+        # Issue 55: the guard that also skips spiking steps <= the guard + 0.01; no
+        # target the harness can check (it compares with plain fit): read it against `guard`.
+        _guard_config("guard_skip_spikes", "NonFiniteGuard(skip_spikes=True) alone: compare with guard",
+                      {"skip_spikes": True}, None, quick=False),
         # The same under XLA, against plain fit under XLA: what a GPU user
         # gets, since Keras' jit_compile="auto" compiles with XLA on a GPU
         # (not on a CPU-only machine).
