@@ -2,7 +2,8 @@
 
 (a) **A transient fault.** A small MLP learns y = sin(x₀) + noise (400 steps of 32
 examples, Adam 1e-3); the inputs of steps 250 and 251 are scaled ×1000 (a bad shard,
-a unit error; fewer than ``max_skips`` = 3 in a row, which would stop training). Without skipping, Adam's moments take the fault's huge gradients
+a unit error; fewer than ``max_skips`` = 3 in a row, which would stop training).
+Without skipping, Adam's moments take the fault's huge gradients
 and training needs many steps to recover; with ``NonFiniteGuard(skip_spikes=True)``
 the three steps are skipped. Printed: the mean training loss of the 10 steps
 after the fault, the final loss on clean held-out data, and the fault-free run's.
@@ -37,10 +38,19 @@ def regression_data(seed, fault):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-2, 2, size=(STEPS * BATCH + 2048, 8)).astype("float32")
     y = (np.sin(x[:, :1]) + 0.1 * rng.normal(size=(len(x), 1))).astype("float32")
-    train, held_out = (x[:STEPS * BATCH].copy(), y[:STEPS * BATCH]), (x[STEPS * BATCH:], y[STEPS * BATCH:])
+    train, held_out = (
+        (x[: STEPS * BATCH].copy(), y[: STEPS * BATCH]),
+        (x[STEPS * BATCH :], y[STEPS * BATCH :]),
+    )
     if fault:
-        train[0][FAULT * BATCH:(FAULT + FAULT_STEPS) * BATCH] *= SCALE
+        train[0][FAULT * BATCH : (FAULT + FAULT_STEPS) * BATCH] *= SCALE
     return train, held_out
+
+
+def _loss_recorder(averages):
+    return keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: averages.append(logs["loss"])
+    )
 
 
 def per_step_losses(averages):
@@ -54,14 +64,22 @@ def transient(seed, fault, skip):
     """``(loss of the 10 steps after the fault, final held-out loss, skipped steps)``."""
     (x, y), (x_test, y_test) = regression_data(seed, fault)
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
-                              keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(32, activation="tanh"),
+            keras.layers.Dense(32, activation="tanh"),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(keras.optimizers.Adam(1e-3), "mse")
     averages = []
-    callbacks = [keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: averages.append(logs["loss"]))]
+    callbacks = [_loss_recorder(averages)]
     guard = kgrad.NonFiniteGuard(skip_spikes=True) if skip else None
-    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks + ([guard] if guard else []))
-    after = per_step_losses(averages)[FAULT + FAULT_STEPS:FAULT + FAULT_STEPS + 10].mean()
+    model.fit(
+        x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks + ([guard] if guard else [])
+    )
+    after = per_step_losses(averages)[FAULT + FAULT_STEPS : FAULT + FAULT_STEPS + 10].mean()
     final = float(model.evaluate(x_test, y_test, verbose=0))
     return after, final, [] if guard is None else [s.step for s in guard.skipped_steps]
 
@@ -73,17 +91,27 @@ def lasting(seed, skip):
     inputs, targets = instability.make_data(seed)
     model = instability.build_model()
     schedule = instability.RaiseAt(instability.LEARNING_RATE, instability.RAISE_STEP, instability.FACTOR)
-    model.compile(optimizer=keras.optimizers.Adam(schedule),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), weighted_metrics=[])
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=[],
+    )
     averages = []
-    callbacks = [keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: averages.append(logs["loss"]))]
+    callbacks = [_loss_recorder(averages)]
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=32) if skip else None
-    model.fit(inputs, targets, batch_size=instability.BATCH, epochs=1, shuffle=False, verbose=0,
-              callbacks=callbacks + ([guard] if guard else []))
+    model.fit(
+        inputs,
+        targets,
+        batch_size=instability.BATCH,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks + ([guard] if guard else []),
+    )
     losses = per_step_losses(averages)
-    before = losses[instability.RAISE_STEP - 5:instability.RAISE_STEP].mean()
+    before = losses[instability.RAISE_STEP - 5 : instability.RAISE_STEP].mean()
     end = float(losses[-1])
-    peak = float(losses[instability.RAISE_STEP:].max())
+    peak = float(losses[instability.RAISE_STEP :].max())
     if guard is None:
         return [], before, end, None, peak
     report = guard.spike_report
@@ -107,18 +135,28 @@ def main():
             after_plain, final_plain, _ = transient(seed, fault=True, skip=False)
             after_skip, final_skip, skipped = transient(seed, fault=True, skip=True)
             within += final_skip <= 1.2 * clean
-            print(f"{seed} | {clean:.4f} | {after_plain:.4g}, {final_plain:.4f} | {after_skip:.4g}, "
-                  f"{final_skip:.4f}, {skipped} | {final_skip / clean:.3f}", flush=True)
-        print(f"skipping kept the final loss within 1.2x of the fault-free run on {within} of {len(seeds)} seeds")
+            print(
+                f"{seed} | {clean:.4f} | {after_plain:.4g}, {final_plain:.4f} | {after_skip:.4g}, "
+                f"{final_skip:.4f}, {skipped} | {final_skip / clean:.3f}",
+                flush=True,
+            )
+        print(
+            f"skipping kept the final loss within 1.2x of the fault-free run on {within} of "
+            f"{len(seeds)} seeds"
+        )
     if args.case in ("lasting", "both"):
         print("(b) lasting instability: learning rate x100 from step 50 (tiny GPT-2)")
         for seed in seeds:
             _, before, end_plain, _, peak = lasting(seed, skip=False)
             skipped, _, end_skip, report, _ = lasting(seed, skip=True)
             stopped = "stopped" if report is not None else "did not stop"
-            print(f"seed {seed}: loss before the raise {before:.3f}; no skip: last loss {end_plain:.3f}, largest {peak:.3f} ({peak / before:.2f}x); "
-                  f"skip: skipped {skipped}, {stopped}, loss of the kept weights {end_skip:.3f} "
-                  f"({end_skip / before:.2f}x)", flush=True)
+            print(
+                f"seed {seed}: loss before the raise {before:.3f}; no skip: last loss {end_plain:.3f}, "
+                f"largest {peak:.3f} ({peak / before:.2f}x); "
+                f"skip: skipped {skipped}, {stopped}, loss of the kept weights {end_skip:.3f} "
+                f"({end_skip / before:.2f}x)",
+                flush=True,
+            )
             if report is not None and report.leaders:
                 print(f"  named: {report.leaders}", flush=True)
 

@@ -22,7 +22,7 @@ def _data(steps=STEPS, fault=(SPIKE,), scale=1000.0):
     x = rng.normal(size=(steps * BATCH, FEATURES)).astype("float32")
     y = (x @ rng.normal(size=(FEATURES, 1)) + 0.1 * rng.normal(size=(steps * BATCH, 1))).astype("float32")
     for step in fault:
-        x[step * BATCH:(step + 1) * BATCH] *= scale
+        x[step * BATCH : (step + 1) * BATCH] *= scale
     return x, y
 
 
@@ -32,9 +32,17 @@ def _fit(x, y, guard=None, steps=None):
     model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
     steps = len(x) // BATCH if steps is None else steps
     losses = []
-    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: losses.append(logs["loss"]))
-    model.fit(x[:steps * BATCH], y[:steps * BATCH], batch_size=BATCH, shuffle=False, verbose=0,
-              callbacks=[record] if guard is None else [guard, record])
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: losses.append(logs["loss"])
+    )
+    model.fit(
+        x[: steps * BATCH],
+        y[: steps * BATCH],
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[record] if guard is None else [guard, record],
+    )
     model._kgrad_test_losses = [float(loss) for loss in losses]
     return model
 
@@ -63,9 +71,15 @@ def test_a_planted_spike_is_skipped_and_only_it(spiked):
     score = logs["global/spike_score"]
     assert list(score.steps) == list(range(16, STEPS))  # judged once the window holds 16 steps
     assert score.values[-1] > 6 and max(score.values[:-1]) < 6
-    assert {"spike_window_mean/loss", "spike_window_std/grad_norm", "skip_grad_norm/out/kernel",
-            "skip_update_ratio/out/bias", "skip_cos_grad_weight/out/kernel", "skip_adam_rms/out/kernel",
-            "skip_z_grad_norm/out/kernel"} <= set(logs)
+    assert {
+        "spike_window_mean/loss",
+        "spike_window_std/grad_norm",
+        "skip_grad_norm/out/kernel",
+        "skip_update_ratio/out/bias",
+        "skip_cos_grad_weight/out/kernel",
+        "skip_adam_rms/out/kernel",
+        "skip_z_grad_norm/out/kernel",
+    } <= set(logs)
 
 
 def test_the_state_after_a_skipped_step_is_the_state_before_it_bit_for_bit(spiked):
@@ -81,7 +95,7 @@ def test_the_device_window_is_the_mean_and_sigma_of_the_last_accepted_losses(spi
     losses = averages * np.arange(1, STEPS + 1) - np.concatenate([[0.0], averages[:-1] * np.arange(1, STEPS)])
     rows = dict(guard._spikes.logs[None].rows)
     for step in range(2, STEPS):
-        window = losses[max(0, step - 16):step]
+        window = losses[max(0, step - 16) : step]
         np.testing.assert_allclose(rows[step]["spike_window_mean/loss"], window.mean(), rtol=1e-3)
         np.testing.assert_allclose(rows[step]["spike_window_std/loss"], window.std(ddof=1), rtol=1e-2)
     assert "spike_window_mean/loss" not in rows[1]  # σ needs two accepted steps: absent, not 0
@@ -98,9 +112,12 @@ def test_the_numpy_rule_waits_for_its_warmup_and_leaves_a_flat_window_unjudged()
 def _hand_reference(model, x, y):
     """The skipped step's values from NumPy: MSE gradients of a Dense layer and Adam's update."""
     kernel, bias = (np.array(w, np.float64) for w in model.get_layer("out").weights)
-    xb, yb = (a[SPIKE * BATCH:(SPIKE + 1) * BATCH].astype(np.float64) for a in (x, y))
+    xb, yb = (a[SPIKE * BATCH : (SPIKE + 1) * BATCH].astype(np.float64) for a in (x, y))
     residual = xb @ kernel + bias - yb
-    grads = {"out/kernel": 2 * xb.T @ residual / residual.size, "out/bias": 2 * residual.sum(0) / residual.size}
+    grads = {
+        "out/kernel": 2 * xb.T @ residual / residual.size,
+        "out/bias": 2 * residual.sum(0) / residual.size,
+    }
     optimizer = model.optimizer
     t = int(optimizer.iterations) + 1
     values = {name: {} for name in ("grad_norm", "update_ratio", "cos_grad_weight", "adam_rms")}
@@ -115,7 +132,9 @@ def _hand_reference(model, x, y):
         values["grad_norm"][name] = np.linalg.norm(g)
         values["update_ratio"][name] = np.linalg.norm(update) / np.linalg.norm(weight)
         values["cos_grad_weight"][name] = np.sum(g * weight) / (np.linalg.norm(g) * np.linalg.norm(weight))
-        values["adam_rms"][name] = np.sqrt(np.mean(np.square(g * np.sqrt(1 - 0.999**t) / (np.sqrt(v) + 1e-7))))
+        values["adam_rms"][name] = np.sqrt(
+            np.mean(np.square(g * np.sqrt(1 - 0.999**t) / (np.sqrt(v) + 1e-7)))
+        )
     return values
 
 
@@ -125,7 +144,9 @@ def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
     reference = _hand_reference(model, x, y)
     for name, per_weight in reference.items():
         for weight, value in per_weight.items():
-            np.testing.assert_allclose(skipped.values[name][weight], value, rtol=1e-4, err_msg=f"{name} {weight}")
+            np.testing.assert_allclose(
+                skipped.values[name][weight], value, rtol=1e-4, err_msg=f"{name} {weight}"
+            )
     # Only the gradient norm has running statistics: its z-score is there, the others say why not.
     assert set(skipped.z_scores) == {"grad_norm"} and skipped.z_scores["grad_norm"]["out/kernel"] > 6
     assert set(skipped.absent) == {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"}
@@ -156,7 +177,9 @@ def test_no_step_is_skipped_in_a_clean_run_of_2000_steps():
     x = rng.uniform(-2, 2, size=(2000 * 32, 8)).astype("float32")
     y = (np.sin(x[:, :1]) + 0.1 * rng.normal(size=(2000 * 32, 1))).astype("float32")
     keras.utils.set_random_seed(5)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]
+    )
     model.compile(keras.optimizers.Adam(1e-3), "mse", steps_per_execution=20)
     guard = kgrad.NonFiniteGuard(skip_spikes=True)
     model.fit(x, y, batch_size=32, shuffle=True, verbose=0, callbacks=[guard])

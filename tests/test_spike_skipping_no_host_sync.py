@@ -77,12 +77,14 @@ def _fit(log, fault_step=None):
     x = rng.uniform(-1, 1, size=(STEPS_PER_EPOCH * BATCH, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
     if fault_step is not None:
-        x[fault_step * BATCH:(fault_step + 1) * BATCH] *= 1000.0
+        x[fault_step * BATCH : (fault_step + 1) * BATCH] *= 1000.0
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.Adam(1e-2), "mse")
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[_EventLog(log), guard])
+    model.fit(
+        x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[_EventLog(log), guard]
+    )
     return guard
 
 
@@ -99,5 +101,9 @@ def test_a_skipped_step_is_read_after_its_own_batch(device_reads):
     # The faulty batch comes back in the second epoch: skipped again.
     assert [s.step for s in guard.skipped_steps] == [20, STEPS_PER_EPOCH + 20]
     assert _read_points(device_reads) == [
-        ("batch_end", 0, 20), ("epoch_end", 0), ("batch_end", 1, 20), ("epoch_end", 1)]
+        ("batch_end", 0, 20),
+        ("epoch_end", 0),
+        ("batch_end", 1, 20),
+        ("epoch_end", 1),
+    ]
     assert _read_points(device_reads, ("report",)) == [("batch_end", 0, 20), ("batch_end", 1, 20)]

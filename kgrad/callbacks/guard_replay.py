@@ -5,7 +5,7 @@ from kgrad.backends.common import batch_dump
 
 
 def replay_fields(model, report, data, seeds_after):
-    """The `kgrad.NonFiniteReport` fields of the replay of ``report``'s step on ``data`` (`backends` replay)."""
+    """The `kgrad.NonFiniteReport` fields of the replay of ``report``'s step on ``data``."""
     try:
         born, note = backends.current().replay_fields(model, data, seeds_after)
     except Exception as error:  # noqa: BLE001 - the sentinel's report stands

@@ -143,7 +143,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             )
         if not isinstance(skip_spikes, bool):
             raise TypeError(f"`skip_spikes` must be True or False. Received: skip_spikes={skip_spikes!r}.")
-        self._spikes = SpikeSkipping(spike_sigmas, spike_window, spike_warmup, max_skips) if skip_spikes else None
+        self._spikes = (SpikeSkipping(spike_sigmas, spike_window, spike_warmup, max_skips)
+                        if skip_spikes else None)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay

@@ -85,8 +85,8 @@ class SpikeLog:
         for index in range(first, snapshot.skip_count):
             slot = index % SKIP_SLOTS
             skipped = skipped_step(
-                self.first_step + int(snapshot.skip_steps[slot]), snapshot.skip_values[slot], snapshot.weights,
-                snapshot.adam_reason, self.part,
+                self.first_step + int(snapshot.skip_steps[slot]), snapshot.skip_values[slot],
+                snapshot.weights, snapshot.adam_reason, self.part,
             )
             new.append(skipped)
             if self._events is not None:
@@ -119,7 +119,8 @@ def skipped_step(step, table, weights, adam_reason, part=None):
     """The `SkippedStep` of one ``[weights, len(SKIP_COLUMNS)]`` table."""
     values, absent = {}, {}
     for column, name in enumerate(SKIP_VALUES):
-        present = {w: float(table[i, column]) for i, w in enumerate(weights) if math.isfinite(table[i, column])}
+        present = {w: float(table[i, column]) for i, w in enumerate(weights)
+                   if math.isfinite(table[i, column])}
         if present:
             values[name] = present
         elif name == "adam_rms" and adam_reason:

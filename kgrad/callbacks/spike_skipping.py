@@ -88,7 +88,7 @@ class SpikeSkipping:
         return self.rule
 
     def start(self, log_dir, first_step):
-        """At ``fit``'s start: ``first_step``, ``optimizer.iterations`` then (skipped steps are counted on)."""
+        """At ``fit``'s start: ``first_step``, ``optimizer.iterations`` then (the guard counts skips too)."""
         self.close()
         self.log_dir, self.first_step = log_dir, first_step
         self.logs = {}

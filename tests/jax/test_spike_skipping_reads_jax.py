@@ -23,12 +23,14 @@ def _fit(monkeypatch, fault_step=None):
         return original(self, optimizer)
 
     monkeypatch.setattr(GuardRun, "read_spikes", read_spikes)
-    monkeypatch.setattr(GuardRun, "steps_run_on_device", lambda self: int(self.record.spikes.row_count), raising=False)
+    monkeypatch.setattr(
+        GuardRun, "steps_run_on_device", lambda self: int(self.record.spikes.row_count), raising=False
+    )
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, size=(STEPS_PER_EPOCH * BATCH, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
     if fault_step is not None:
-        x[fault_step * BATCH:(fault_step + 1) * BATCH] *= 1000.0
+        x[fault_step * BATCH : (fault_step + 1) * BATCH] *= 1000.0
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.Adam(1e-2), "mse")

@@ -86,7 +86,7 @@ class GuardRun:
         return record._replace(spikes=spike_rule.initial_record(self.config.spikes, len(self._weight_names)))
 
     def spike_news(self):
-        """Whether a step was skipped for a spike since the last `read_spikes` (reads a computed scalar only)."""
+        """Whether a step was skipped for a spike since the last `read_spikes` (reads a computed scalar)."""
         count = self.skip_count
         return count is not None and count.is_ready() and int(count) > self._skips_seen
 

@@ -91,8 +91,8 @@ def after_step(record, rule, judged, accepted):
     window = record.window.at[slot].set(jnp.where(accepted, values, record.window[slot]))
     streak = jnp.where(spike, record.streak + 1, jnp.where(accepted, 0, record.streak))
     row = jnp.stack([
-        record.row_count.astype(jnp.float32), 1.0 - accepted.astype(jnp.float32), score, mean[0], std[0], mean[1],
-        std[1],
+        record.row_count.astype(jnp.float32), 1.0 - accepted.astype(jnp.float32), score,
+        mean[0], std[0], mean[1], std[1],
     ])
     return record._replace(
         window=window, accepted=record.accepted + accepted.astype(jnp.int32), streak=streak,
@@ -132,20 +132,19 @@ def _adam_rms(model, gradients, state_after):
     """``[weights]`` adam_rms from the optimizer's state after the would-be update (NaN without one)."""
     weights = model.trainable_variables
     moments = OptimizerMoments(model.optimizer, weights)
-    nan = jnp.full((len(weights),), jnp.nan, jnp.float32)
     if moments.rule is None:
-        return nan
+        return jnp.full((len(weights),), jnp.nan, jnp.float32)
     inner = inner_optimizer(model.optimizer)
     applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
-    step = jnp.asarray(state_after[moments._iterations], jnp.float32)
+    step = moments.step_after(state_after)
     hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
     rms = []
     for number in range(len(weights)):
-        if number not in moments._indices:  # the optimizer does not update this weight
+        kept = moments.moments_after(number, state_after)
+        if kept is None:  # the optimizer does not update this weight
             rms.append(jnp.float32(jnp.nan))
             continue
-        first, second, hat = (None if i is None else state_after[i] for i in moments._indices[number])
-        rms.append(moment_statistics(moments.rule, applied[number], first, second, hat, step, hyper, 6.0)[0])
+        rms.append(moment_statistics(moments.rule, applied[number], *kept, step, hyper, 6.0)[0])
     return jnp.stack(rms)
 
 

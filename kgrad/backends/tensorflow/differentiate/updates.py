@@ -104,7 +104,7 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
 
 
 def _spike_update(model, gradients, weights):
-    """``(optimizer, the update's pairs, the checked pairs in their rows' order)`` for `SpikeState.record_skip`."""
+    """``(optimizer, the update's pairs, the checked pairs in their rows' order)``: `record_skip`'s."""
     applied = [(gradient, weight) for gradient, weight in zip(gradients, weights) if gradient is not None]
     # The guard's rows hold the weight gradients last to first (`watched_tensors`).
     return model.optimizer, applied, applied[::-1]

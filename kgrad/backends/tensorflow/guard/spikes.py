@@ -58,7 +58,8 @@ class SpikeState:
         count = tf.cast(filled, tf.float32)
         in_window = tf.cast(tf.range(self.rule.window, dtype=tf.int64) < filled, tf.float32)[:, None]
         mean = tf.reduce_sum(self.window * in_window, 0) / tf.maximum(count, 1.0)
-        variance = tf.reduce_sum(tf.square((self.window - mean) * in_window), 0) / tf.maximum(count - 1.0, 1.0)
+        squares = tf.reduce_sum(tf.square((self.window - mean) * in_window), 0)
+        variance = squares / tf.maximum(count - 1.0, 1.0)
         std = tf.sqrt(variance)
         judged = tf.logical_and(filled >= self.rule.warmup, std[:2] > 0)
         z = tf.where(judged, (values[:2] - mean[:2]) / tf.where(judged, std[:2], 1.0), float("-inf"))
@@ -89,7 +90,8 @@ class SpikeState:
         self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
         self.news.assign(tf.logical_or(self.news, spike))
         row = tf.stack([
-            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score, mean[0], std[0], mean[1], std[1],
+            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score,
+            mean[0], std[0], mean[1], std[1],
         ])
         self.rows.scatter_nd_update([[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
