@@ -148,17 +148,22 @@ def _adam_rms(model, gradients, state_after):
     return jnp.stack(rms)
 
 
-def record_step(model, rule, spikes, judged, gradients, trainable, optimizer_variables, accepted):
-    """The record after the decision, with the skip's table computed in the branch of a spike only.
+def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_variables):
+    """`skip_table` where the step spiked and the streak had not stopped training, else zeros.
 
-    ``gradients``, ``trainable`` and ``optimizer_variables``: the step's, as
-    its update would take them (nothing more is recorded as a skip once the
-    streak has stopped training).
+    Call it inside the branch of a skipped update (the same ``lax.cond`` as the
+    update): there the weights' buffers are not needed by anything after the
+    update, which then writes them in place.
     """
     spike = judged[1] & jnp.logical_not(spikes.tripped)
     width = (len(gradients), len(SKIP_COLUMNS))
-    table = jax.lax.cond(
+    return jax.lax.cond(
         spike, lambda: skip_table(model, judged, gradients, trainable, optimizer_variables),
         lambda: jnp.zeros(width, jnp.float32),
     )
+
+
+def record_step(rule, spikes, judged, table, accepted):
+    """The record after the decision: ``table`` kept as a skip where the step newly spiked, its row."""
+    spike = judged[1] & jnp.logical_not(spikes.tripped)
     return after_step(with_skip(spikes, spike, table), rule, judged, accepted)

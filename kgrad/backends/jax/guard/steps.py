@@ -175,25 +175,33 @@ class GuardedSteps:
             veto = veto | record.spikes.tripped
         apply = may_apply(counts, record, self.halt_updates) & jnp.logical_not(veto)
 
+        width = (len(gradients), len(spike_rule.SKIP_COLUMNS))
+
         def update(operands):
             gradients, trainable, optimizer_variables, non_trainable = operands
             trainable, optimizer_variables = model.optimizer.stateless_apply(
                 optimizer_variables, gradients, trainable
             )
-            return trainable, non_trainable, optimizer_variables
+            return (trainable, non_trainable, optimizer_variables), jnp.zeros(width, jnp.float32)
+
+        def skipped(operands):
+            # The skip's table in this branch: the update's branch then writes the weights in place.
+            gradients, trainable, optimizer_variables, _ = operands
+            table = spike_rule.table_if_new_spike(
+                model, judged, record.spikes, gradients, trainable, optimizer_variables
+            )
+            return (trainable, non_trainable, optimizer_variables), table
 
         operands = (gradients, trainable, optimizer_variables, new_non_trainable)
-        old = (trainable, non_trainable, optimizer_variables)
         if self.compiled:
-            kept = jax.lax.cond(apply, update, lambda _: old, operands)
+            kept, table = jax.lax.cond(apply, update, skipped, operands)
         else:  # eagerly: selected after the update ran, as `guard_update` does
-            kept = select_leaves(apply, update(operands), old)
+            kept = select_leaves(apply, update(operands)[0], skipped(operands)[0])
+            table = skipped(operands)[1]
         new_record = next_record(record, squares, counts, apply, step)
-        spikes = spike_rule.record_step(
-            model, rule, record.spikes, judged, gradients, trainable, optimizer_variables, apply
-        )
+        spikes = spike_rule.record_step(rule, record.spikes, judged, table, apply)
         metrics_variables = select_leaves(apply, new_metrics_variables, metrics_variables)
-        return logs, (*kept[:2], kept[2], metrics_variables), new_record._replace(spikes=spikes)
+        return logs, (*kept, metrics_variables), new_record._replace(spikes=spikes)
 
     def probed(self, probed_step):
         """``(state, record, data) -> (logs, state, probe records, record)`` of a `ProbedStep`, guarded."""
