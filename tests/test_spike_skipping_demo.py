@@ -12,8 +12,18 @@ import kgrad
 from kgrad import demo
 
 
+# Measured on TensorFlow (2026-12-06): relu_deep (SGD with momentum 0.9, 32 examples a batch)
+# crosses 6σ first at step 304 (score up to 11.3) and is skipped there: a false alarm of the
+# rule on a clean run, reported in docs/guard.md. Strict: this fails once it no longer happens.
+_CASES = [
+    pytest.param(index, run, marks=[pytest.mark.xfail(strict=True, reason="6σ false alarm at step 304")]
+                 if run == "relu_deep" else [])
+    for index, run in enumerate(demo.MODELS, start=1)
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("index, run", list(enumerate(demo.MODELS, start=1)))
+@pytest.mark.parametrize("index, run", _CASES)
 def test_no_step_of_the_demos_models_is_skipped(index, run):
     x, y = demo.make_circle_data(4096)
     keras.utils.set_random_seed(index)
