@@ -196,3 +196,18 @@ def test_bad_spike_options_are_named():
         kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8, spike_warmup=9)
     with pytest.raises(TypeError, match="skip_spikes"):
         kgrad.NonFiniteGuard(skip_spikes="yes")
+
+
+def fit_with_a_fault(callbacks, steps_per_epoch, epochs, fault_step=None, batch=8):
+    """A guard skipping spikes (window 8) on a linear model; ``fault_step``'s inputs ×1000 (each epoch)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(steps_per_epoch * batch, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    if fault_step is not None:
+        x[fault_step * batch : (fault_step + 1) * batch] *= 1000.0
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
+    model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[*callbacks, guard])
+    return guard

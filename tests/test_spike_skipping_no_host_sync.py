@@ -6,32 +6,16 @@ after the callback event that caused it. TensorFlow only: the variables are Tens
 JAX guard's record is tested in tests/jax/test_spike_skipping_reads_jax.py).
 """
 
-import keras
-import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
 
-import kgrad
+from test_no_host_sync import _EventLog
+from test_spike_skipping import fit_with_a_fault
 from kgrad.backends.tensorflow.guard.sentinel import GuardState
 from kgrad.backends.tensorflow.guard.spikes import SpikeState
 
-STEPS_PER_EPOCH, EPOCHS, BATCH = 30, 2, 8
-
-
-class _EventLog(keras.callbacks.Callback):
-    def __init__(self, log):
-        super().__init__()
-        self.log, self.epoch = log, None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.log.append(("batch_end", self.epoch, batch))
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.log.append(("epoch_end", epoch))
+STEPS_PER_EPOCH, EPOCHS = 30, 2
 
 
 @pytest.fixture
@@ -73,19 +57,7 @@ def _read_points(log, kind=("read",)):
 
 
 def _fit(log, fault_step=None):
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, size=(STEPS_PER_EPOCH * BATCH, 4)).astype("float32")
-    y = x.sum(axis=1, keepdims=True)
-    if fault_step is not None:
-        x[fault_step * BATCH : (fault_step + 1) * BATCH] *= 1000.0
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.Adam(1e-2), "mse")
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
-    model.fit(
-        x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[_EventLog(log), guard]
-    )
-    return guard
+    return fit_with_a_fault([_EventLog(log)], STEPS_PER_EPOCH, EPOCHS, fault_step)
 
 
 def test_a_clean_run_reads_the_spike_state_at_each_epochs_end_only(device_reads):

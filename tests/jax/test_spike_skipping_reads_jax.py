@@ -5,13 +5,10 @@ The guard's record is device arrays passed from step to step; the host reads it 
 waited for). Counted here around a clean run and one with a planted spike.
 """
 
-import keras
-import numpy as np
-
-import kgrad
+from test_spike_skipping import fit_with_a_fault
 from kgrad.backends.jax.guard.run import GuardRun
 
-STEPS_PER_EPOCH, EPOCHS, BATCH = 30, 2, 8
+STEPS_PER_EPOCH, EPOCHS = 30, 2
 
 
 def _fit(monkeypatch, fault_step=None):
@@ -26,16 +23,7 @@ def _fit(monkeypatch, fault_step=None):
     monkeypatch.setattr(
         GuardRun, "steps_run_on_device", lambda self: int(self.record.spikes.row_count), raising=False
     )
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, size=(STEPS_PER_EPOCH * BATCH, 4)).astype("float32")
-    y = x.sum(axis=1, keepdims=True)
-    if fault_step is not None:
-        x[fault_step * BATCH : (fault_step + 1) * BATCH] *= 1000.0
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.Adam(1e-2), "mse")
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[guard])
+    guard = fit_with_a_fault([], STEPS_PER_EPOCH, EPOCHS, fault_step)
     return guard, calls
 
 
