@@ -10,6 +10,8 @@ import keras
 
 from kgrad import backends
 from kgrad.backends.common import batch_dump
+from kgrad.callbacks import guard_replay
+from kgrad.callbacks.spike_skipping import SpikeSkipping
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
 from kgrad.report.non_finite import NonFiniteError, name_in_part
@@ -77,10 +79,21 @@ class NonFiniteGuard(keras.callbacks.Callback):
         replay: Whether a trip is replayed to locate where the NaN was born.
         sinks: Trackers that also get each report and, with ``log_dir``, the HTML report of
             ``log_dir`` at the trip (`kgrad.WandbSink`...; see `kgrad.GradientProbe`).
+        skip_spikes: Also skip the update of a step whose loss or global
+            gradient norm is above mean + ``spike_sigmas``·σ of the last
+            ``spike_window`` accepted steps, judged on the device (no host
+            read on a step that does not spike), skipped as a NaN step is;
+            ``max_skips`` skips in a row stop training with a report
+            (`spike_report`). docs/guard.md, "Skip a spiking step".
+        spike_sigmas, spike_window, spike_warmup, max_skips: k (6, as OLMo-core), N
+            accepted steps (128), steps before any is judged (``None``: N), M (3).
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
         reports: Every report of this fit (several with ``action="warn"``).
+        skipped_steps: With ``skip_spikes``, the steps skipped for a spike
+            (`kgrad.callbacks.spike_log.SkippedStep`, per-weight values).
+        spike_report: Why ``skip_spikes`` stopped training, or ``None``.
 
     Example:
 
@@ -98,7 +111,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
     """
 
     def __init__(self, action="stop", watch=SENTINEL_KINDS, layers=None, ignore_loss_scale_skips=True,
-                 log_dir=None, dump_dir=None, replay=True, sinks=None):
+                 log_dir=None, dump_dir=None, replay=True, sinks=None, skip_spikes=False, spike_sigmas=6.0,
+                 spike_window=128, spike_warmup=None, max_skips=3):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
         backends.current().check_supported("guard")
@@ -127,6 +141,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 "`dump_dir` must be None or a folder path (str or os.PathLike). Received: "
                 f"dump_dir={dump_dir!r} of type {type(dump_dir).__name__}. Example: dump_dir='nan_dump'."
             )
+        if not isinstance(skip_spikes, bool):
+            raise TypeError(f"`skip_spikes` must be True or False. Received: skip_spikes={skip_spikes!r}.")
+        self._spikes = (SpikeSkipping(spike_sigmas, spike_window, spike_warmup, max_skips)
+                        if skip_spikes else None)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay
@@ -149,6 +167,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._sinks.open()
         try:
+            if self._spikes is not None:
+                rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
+                self.config = dataclasses.replace(self.config, spikes=rule)
+                self._spikes.start(self.log_dir, int(self.model.optimizer.iterations))
             self._step = backends.current().attach(self.model, "guard", self.config)
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
@@ -160,7 +182,17 @@ class NonFiniteGuard(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._step.start_epoch()
 
+    @property
+    def skipped_steps(self):
+        return [] if self._spikes is None else self._spikes.skipped
+
+    @property
+    def spike_report(self):
+        return None if self._spikes is None else self._spikes.stop_report
+
     def on_epoch_end(self, epoch, logs=None):
+        if self._spikes is not None:
+            self._read_spikes()
         tripped = self._step.guard_tripped
         if getattr(self._step, "reports_at_epoch_end", False) and tripped is not None and bool(tripped):
             self._trip_pending = True  # a trip whose flag no batch end read
@@ -169,6 +201,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             self._report_trip(None)
 
     def on_train_end(self, logs=None):
+        if self._spikes is not None:
+            self._spikes.close()
         backends.current().detach(self.model, "guard")
         self._sinks.close()
 
@@ -176,7 +210,11 @@ class NonFiniteGuard(keras.callbacks.Callback):
         tripped = self._step.guard_tripped
         if tripped is None:
             return
-        if getattr(self._step, "reports_at_epoch_end", False):
+        deferred = getattr(self._step, "reports_at_epoch_end", False)
+        if self._spikes is not None and self._spikes.news(self._step, self._model.steps_per_execution):
+            if self._read_spikes(deferred):
+                return
+        if deferred:
             # JAX: a scalar, read in Keras' worker thread once the device has computed
             # it, never waited for: a wait per batch end kept Keras' worker behind its
             # dispatch, and Keras polls every pending batch end at each step (~0.1 of
@@ -190,9 +228,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
             return
         # TensorFlow: the flag came back with the step's logs, which Keras has
         # already read from the device.
-        if not bool(tripped):
-            return
-        self._report_trip(batch)
+        if bool(tripped):
+            self._report_trip(batch)
+
+    def _read_spikes(self, deferred=False):
+        """Reads the spike rule's state; acts on a streak (`SpikeSkipping.act`). Whether it did."""
+        self._spikes.read(self._step.guard_states(), self._model.optimizer)
+        return self._spikes.act(self, deferred)
 
     def _report_trip(self, batch):
         """Reads the trip's report, replays it and acts (``batch``: Keras' index, ``None`` if unknown)."""
@@ -200,15 +242,12 @@ class NonFiniteGuard(keras.callbacks.Callback):
         # One state for the model, or one per ProbeTape (kgrad.value_and_grad on JAX) of its own train_step.
         states = self._step.guard_states()
         for tape, candidate in states.items():
-            report = candidate.read_report(functools.partial(self._latest_summaries, tape))
+            report = candidate.read_report(functools.partial(guard_replay.latest_summaries, self._step, tape))
             if report is not None:
                 if tape is not None:  # a ProbeTape or kgrad.value_and_grad of its own train_step
-                    report = dataclasses.replace(
-                        report, layer=f"{tape}/{report.layer}", tensor=name_in_part(report.tensor, tape),
-                        non_finite={
-                            name_in_part(name, tape): count for name, count in report.non_finite.items()
-                        },
-                    )
+                    counts = {name_in_part(name, tape): count for name, count in report.non_finite.items()}
+                    report = dataclasses.replace(report, layer=f"{tape}/{report.layer}",
+                                                 tensor=name_in_part(report.tensor, tape), non_finite=counts)
                 break
         if report is None:
             return
@@ -231,10 +270,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
             backends.current().detach(self.model, "guard")
             self._sinks.close()
             raise NonFiniteError(report)
-        weights = (
-            "The weights are not finite: an update with finite gradients made them so."
-            if report.born_in == "weights" else "The weights are those of the last finite step."
-        )
+        weights = ("The weights are not finite: an update with finite gradients made them so."
+                   if report.born_in == "weights" else "The weights are those of the last finite step.")
         print(f"kgrad.NonFiniteGuard stopped training: {report.message(closing=weights)}", file=sys.stderr)
 
     def _replayed(self, report, batch):
@@ -253,43 +290,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 "the NaN."
             )
         elif self.replay:
-            fields.update(self._replay_fields(report, data, seeds_after))
+            fields.update(guard_replay.replay_fields(self.model, report, data, seeds_after))
         if self.dump_dir is not None and data is not None:
             lines, note = batch_dump.dump(self.model, data, self.dump_dir, report.step)
             fields["reproduce"] = lines
             if note:
                 fields["replay_note"] = batch_dump.join_notes(fields.get("replay_note"), note)
         return dataclasses.replace(report, **fields)
-
-    def _replay_fields(self, report, data, seeds_after):
-        try:
-            born, note = backends.current().replay_fields(self.model, data, seeds_after)
-        except Exception as error:  # noqa: BLE001 - the sentinel's report stands
-            return {"replayed": False,
-                    "replay_note": f"The replay failed ({type(error).__name__}: {error}); "
-                                   "the report is what the every-step check saw."}
-        if born is None:
-            return {"replayed": False, "replay_note": batch_dump.join_notes(
-                f"The replay of step {report.step} was finite: it did not reproduce the trip (a "
-                "random draw that is not from the model's seed generators, or a value that "
-                "changed since?); the report is what the every-step check saw.", note)}
-        if born["born_in"] == "weights":
-            born["born_step"] = report.last_finite_step
-        note = batch_dump.join_notes(born.get("replay_note"), note)
-        return {**born, "replayed": True, "replay_note": note}
-
-    def _latest_summaries(self, tape, layer, last_finite_step):
-        """Summaries of ``layer`` (of ``tape``) from the latest probed step that was finite."""
-        pipeline = self._step.pipelines().get(tape)
-        state = None if pipeline is None else pipeline.state
-        if state is None or last_finite_step is None:
-            return {}
-        records, _ = state.read_since(0)
-        finite = [record for record in records if record.step <= last_finite_step]
-        if not finite:
-            return {}
-        suffix = f"/{layer}"
-        return {
-            tag: value for tag, value in finite[-1].scalars.items() if tag.endswith(suffix)
-        }
-

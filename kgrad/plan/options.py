@@ -193,12 +193,15 @@ class GuardConfig:
             checked under loss scaling.
         halt_updates: After a trip, skip every later update of the same
             execution too (for actions that stop training).
+        spikes: A `kgrad.plan.spike_rule.SpikeRule`: skip a step whose loss
+            or gradient norm spikes, too (``None``: only non-finite steps).
     """
 
     layers: object = None
     watch: tuple = SENTINEL_KINDS
     ignore_loss_scale_skips: bool = True
     halt_updates: bool = True
+    spikes: object = None
 
     def __post_init__(self):
         object.__setattr__(self, "watch", _check_kinds("watch", self.watch, GUARD_KINDS))

@@ -15,10 +15,13 @@ import keras
 import numpy as np
 
 from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.common.moment_rules import moment_rule
+from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.sentinel import initial_record
 from kgrad.backends.jax.guard.steps import GuardedSteps
 from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.plan.spike_rule import SpikeSnapshot
 from kgrad.report.non_finite import report_of_counts
 
 
@@ -38,7 +41,7 @@ class GuardRun:
         watches_more = tuple(config.watch) != SENTINEL_KINDS
         self.steps = GuardedSteps(
             model, config.halt_updates, compiled, config.ignore_loss_scale_skips,
-            watch=config if watches_more else None,
+            watch=config if watches_more else None, spikes=config.spikes,
         )
         self._weight_names = tuple(
             f"weight_grad/{model_relative_path(model, weight)}"
@@ -76,8 +79,38 @@ class GuardRun:
         self._keep(data)
         return logs, state
 
+    def _initial_record(self):
+        record = initial_record(len(self.names))
+        if self.config.spikes is None:
+            return record
+        return record._replace(spikes=spike_rule.initial_record(self.config.spikes, len(self._weight_names)))
+
+    def spike_news(self):
+        """Whether a step was skipped for a spike since the last `read_spikes` (reads a computed scalar)."""
+        count = self.skip_count
+        return count is not None and count.is_ready() and int(count) > self._skips_seen
+
+    def read_spikes(self, optimizer):
+        """Host side (waits for the latest step): the `kgrad.plan.spike_rule.SpikeSnapshot`."""
+        if self.config.spikes is None or self.record is None:
+            return None
+        spikes = jax.device_get(self.record.spikes)
+        self._skips_seen = int(spikes.skip_count)
+        return SpikeSnapshot(
+            rows=spikes.rows, row_count=int(spikes.row_count), skip_values=spikes.skip_values,
+            skip_steps=spikes.skip_steps, skip_count=int(spikes.skip_count), tripped=bool(spikes.tripped),
+            weights=tuple(name.partition("/")[2] for name in self._weight_names),
+            adam_reason=moment_rule(optimizer)[1],
+        )
+
     def run_probed(self, probed_step, state, data):
         """One guarded probed step: ``(logs, state, {run: probe record})``."""
+        if self.config.spikes is not None:
+            raise ValueError(
+                "kgrad.NonFiniteGuard(skip_spikes=True) beside a kgrad.GradientProbe is not supported "
+                "on JAX yet: the probed steps would not be judged. Use one of the two, or the "
+                "TensorFlow backend."
+            )
         if self.record is None:
             self._start_record(state, data)
         step = self._guarded_probed(probed_step, self.steps.probed)
@@ -95,6 +128,7 @@ class GuardRun:
         is still here whenever it is read.
         """
         self.guard_tripped = self.record.tripped
+        self.skip_count = None if self.record.spikes is None else self.record.spikes.skip_count
         self._batches[self._batch] = (data, self.record.tripped)
         self._batch += 1
         # Oldest first, at most two flags read per step (a scalar each, already computed).
@@ -116,7 +150,7 @@ class GuardRun:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         jax.eval_shape(lambda state: watch.loss_and_gradients(state, x, y, sample_weight, None), state)
         self.names = watch.before + ("loss/loss",) + watch.after + self._weight_names
-        self.record = initial_record(len(self.names))
+        self.record = self._initial_record()
 
     def start_epoch(self):
         if self.names is None:  # not traced yet: the record starts with the first step
@@ -176,10 +210,14 @@ class GuardRun:
     def reset(self, everything=False):
         """Re-arms the guard (``action="warn"``); with ``everything``, forgets earlier steps too."""
         if everything:
-            self.record = None if self.names is None else initial_record(len(self.names))
+            self.record = None if self.names is None else self._initial_record()
+            self._skips_seen = 0
             self._batch = 0
             self._batches = {}
         else:
-            self.record = self.record._replace(tripped=jnp.asarray(False))
+            spikes = self.record.spikes
+            if spikes is not None:  # a streak that was reported: judged afresh
+                spikes = spikes._replace(tripped=jnp.asarray(False), streak=jnp.zeros_like(spikes.streak))
+            self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
             self._batches = {}  # what follows the trip is kept afresh
-        self.guard_tripped = None
+        self.guard_tripped = self.skip_count = None

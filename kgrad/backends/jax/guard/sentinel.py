@@ -43,6 +43,7 @@ class GuardRecord(typing.NamedTuple):
         last_finite_step: The latest step whose update was applied (-1: none).
         last_finite_squares: Sums of squares of that step's tensors.
         batch: The batch index, within the epoch, of the next step.
+        spikes: The spike rule's `kgrad.backends.jax.guard.spikes.SpikeRecord`, or ``None``.
     """
 
     tripped: jax.Array
@@ -52,6 +53,7 @@ class GuardRecord(typing.NamedTuple):
     last_finite_step: jax.Array
     last_finite_squares: jax.Array
     batch: jax.Array
+    spikes: object = None
 
 
 def initial_record(count):
@@ -226,4 +228,5 @@ def next_record(record, squares, counts, apply, step):
         last_finite_step=jnp.where(apply, step, record.last_finite_step),
         last_finite_squares=jnp.where(apply, squares, record.last_finite_squares),
         batch=record.batch + 1,
+        spikes=record.spikes,
     )

@@ -12,7 +12,10 @@ import keras
 
 from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.capture.loss_scale import inverse_loss_scale
-from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, select_leaves, select_whole
+from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard.sentinel import (
+    check, guard_apply, guard_update, may_apply, next_record, select_leaves, select_whole,
+)
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
 
 
@@ -55,8 +58,10 @@ class GuardedSteps:
         checks_gradients: Whether the weight gradients are checked.
     """
 
-    def __init__(self, model, halt_updates, compiled=True, ignore_loss_scale_skips=True, watch=None):
+    def __init__(self, model, halt_updates, compiled=True, ignore_loss_scale_skips=True, watch=None,
+                 spikes=None):
         self.model = model
+        self.spikes = spikes  # a SpikeRule, or None
         self.halt_updates = halt_updates
         self.compiled = compiled
         # Under a LossScaleOptimizer overflowing gradients are how the scale is found (the
@@ -126,6 +131,8 @@ class GuardedSteps:
         logs, new_metrics_variables = keras_internals.update_metrics_variables(
             model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
         )
+        if self.spikes is not None:
+            return self._judged(state, record, logs, aux, gradients, watched, new_metrics_variables)
         if not self.compiled:
             trainable, optimizer_variables = model.optimizer.stateless_apply(
                 optimizer_variables, gradients, trainable
@@ -153,6 +160,48 @@ class GuardedSteps:
         # The metrics are scalars: a select costs nothing, and the logs stay the step's own.
         metrics_variables = select_leaves(applied, new_metrics_variables, metrics_variables)
         return logs, (trainable, non_trainable, optimizer_variables, metrics_variables), record
+
+    def _judged(self, state, record, logs, aux, gradients, watched, new_metrics_variables):
+        """`plain`'s end with the spike rule: a spiking step is kept out as a non-finite one is."""
+        model, rule = self.model, self.spikes
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        unscaled_loss, _, new_non_trainable, _ = aux
+        step = optimizer_variables[self._iterations]
+        checked = self.checked_gradients(gradients, optimizer_variables)
+        squares, counts = check(unscaled_loss, checked, watched)
+        judged = spike_rule.judge(record.spikes, rule, unscaled_loss, squares[len(squares) - len(checked):])
+        veto = judged[1]
+        if self.halt_updates:
+            veto = veto | record.spikes.tripped
+        apply = may_apply(counts, record, self.halt_updates) & jnp.logical_not(veto)
+
+        width = (len(gradients), len(spike_rule.SKIP_COLUMNS))
+
+        def update(operands):
+            gradients, trainable, optimizer_variables, non_trainable = operands
+            trainable, optimizer_variables = model.optimizer.stateless_apply(
+                optimizer_variables, gradients, trainable
+            )
+            return (trainable, non_trainable, optimizer_variables), jnp.zeros(width, jnp.float32)
+
+        def skipped(operands):
+            # The skip's table in this branch: the update's branch then writes the weights in place.
+            gradients, trainable, optimizer_variables, _ = operands
+            table = spike_rule.table_if_new_spike(
+                model, judged, record.spikes, gradients, trainable, optimizer_variables
+            )
+            return (trainable, non_trainable, optimizer_variables), table
+
+        operands = (gradients, trainable, optimizer_variables, new_non_trainable)
+        if self.compiled:
+            kept, table = jax.lax.cond(apply, update, skipped, operands)
+        else:  # eagerly: selected after the update ran, as `guard_update` does
+            kept = select_leaves(apply, update(operands)[0], skipped(operands)[0])
+            table = skipped(operands)[1]
+        new_record = next_record(record, squares, counts, apply, step)
+        spikes = spike_rule.record_step(rule, record.spikes, judged, table, apply)
+        metrics_variables = select_leaves(apply, new_metrics_variables, metrics_variables)
+        return logs, (*kept, metrics_variables), new_record._replace(spikes=spikes)
 
     def probed(self, probed_step):
         """``(state, record, data) -> (logs, state, probe records, record)`` of a `ProbedStep`, guarded."""

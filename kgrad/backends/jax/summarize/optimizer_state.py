@@ -60,6 +60,16 @@ class OptimizerMoments:
                 position[id(getattr(inner, first)[index])], position[id(getattr(inner, second)[index])], hat
             )
 
+    def moments_after(self, number, state_after):
+        """``(first, second, AMSGrad's max or None)`` of weight ``number`` in ``state_after``, or ``None``."""
+        if number not in self._indices:
+            return None
+        return tuple(None if i is None else state_after[i] for i in self._indices[number])
+
+    def step_after(self, state_after):
+        """t: the optimizer's iterations in ``state_after``, as float32."""
+        return jnp.asarray(state_after[self._iterations], jnp.float32)
+
     def add_rows(self, rows, paths, gradients, state_after, sigmas):
         """Adds ``adam_rms/`` and ``grad_outlier_fraction/`` of the weights numbered in ``paths``.
 

@@ -55,3 +55,27 @@ def state_before_forward(model):
             variable.assign(value)
 
     return put_back
+
+
+def state_before_step(model, guard):
+    """``(put_back, keep_metrics)``: `state_before_forward` with a guard, and what keeps the metrics.
+
+    ``keep_metrics(traced, outputs) -> outputs`` runs after Keras' metrics
+    update: with spike skipping, a skipped step leaves the metrics' variables
+    as before it, as on JAX (the logs Keras gets stay the step's own).
+    Without ``guard.spikes`` it changes nothing: a non-finite step's metrics
+    are left as they were before spike skipping.
+    """
+    put_back = None if guard is None else state_before_forward(model)
+    if guard is None or guard.spikes is None or not model.metrics_variables:
+        return put_back, lambda traced, outputs: outputs
+    variables = list(model.metrics_variables)
+    values = [tf.convert_to_tensor(variable) for variable in variables]
+
+    def keep_metrics(traced, outputs):
+        applied = traced.guard_state.applied
+        for variable, value in zip(variables, values):
+            variable.assign(tf.where(applied, tf.convert_to_tensor(variable), value))
+        return outputs
+
+    return put_back, keep_metrics

@@ -211,7 +211,7 @@ class ProbingStep:
         probe_now = self._probe_now()
         step = tf.identity(model.optimizer.iterations)
         # Before the forward pass writes it (BatchNormalization's statistics).
-        put_back = forward_state.state_before_forward(model) if plan.guard is not None else None
+        put_back, keep_metrics = forward_state.state_before_step(model, plan.guard)
         with ProbeTape(
             model,
             layers=selection.captured_layers(model, plan),
@@ -243,7 +243,7 @@ class ProbingStep:
                 model, plan, traced, tape, loss, weights, probe_now, step, x, prediction_gradient,
                 self._guard_states.get, tripped_batch.batch_keeper(model, traced, data), put_back,
             )
-        outputs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        outputs = keep_metrics(traced, model.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
         if plan.defers_statistics:
             # A tuple: tf.data's structures (Keras wraps the outputs in a
             # tf.experimental.Optional) take a list for one tensor.
@@ -263,7 +263,7 @@ class ProbingStep:
                 tf.cond(probe_now, write, tf.no_op)
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
-            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.tripped.read_value()}
+            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.flag()}
             outputs = tripped_batch.keeping_the_batch(model, traced, outputs, data, kept_on_trip=True)
         return outputs
 

@@ -77,7 +77,9 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
         prediction_gradient if keras_internals.compile_loss(model) is not None else None,
         gradients, weights, _guard_layer_names(model, plan),
     )
-    current.guard_state = shared_guard_state(None, [name for name, _ in watched], on_trip_only)
+    current.guard_state = shared_guard_state(
+        None, [name for name, _ in watched], on_trip_only, plan.guard.spikes
+    )
     summaries = (tf.zeros([0]), tf.zeros([0, 1, 3]))
     if plan.probe is not None:
         def probed():
@@ -96,8 +98,16 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     current.guard_state.guarded_apply(
         [tensor for _, tensor in watched], step, apply, plan.guard.halt_updates,
         inverse_loss_scale(model.optimizer), on_trip=keep_batch, on_skip=put_back_forward_state,
+        spike_update=_spike_update(model, gradients, weights),
     )
     return summaries
+
+
+def _spike_update(model, gradients, weights):
+    """``(optimizer, the update's pairs, the checked pairs in their rows' order)``: `record_skip`'s."""
+    applied = [(gradient, weight) for gradient, weight in zip(gradients, weights) if gradient is not None]
+    # The guard's rows hold the weight gradients last to first (`watched_tensors`).
+    return model.optimizer, applied, applied[::-1]
 
 
 def _guard_layer_names(model, plan):

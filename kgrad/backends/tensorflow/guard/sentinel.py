@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from kgrad.backends.tensorflow.guard.spikes import SpikeState
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
 from kgrad.report.non_finite import report_of_counts, split_name
@@ -20,9 +21,11 @@ class GuardState:
         names: Tensor names (``"<kind>/<layer>"``) in check order.
         on_trip_only: Names of the tensors that are computed and checked on a
             tripped step only (see `watched_tensors`).
+        spikes: The `kgrad.plan.spike_rule.SpikeRule` of a guard that skips
+            spikes (its `SpikeState` is ``self.spikes``), or ``None``.
     """
 
-    def __init__(self, names, on_trip_only=()):
+    def __init__(self, names, on_trip_only=(), spikes=None):
         self.names = tuple(names)
         self.on_trip_only = frozenset(on_trip_only)
         count = len(self.names)
@@ -31,9 +34,17 @@ class GuardState:
         self.counts = state_variable(tf.zeros([count, 2]), "kgrad_guard_counts")
         self.last_finite_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_last_step")
         self.last_finite_half_squares = state_variable(tf.zeros([count]), "kgrad_guard_last_squares")
+        self._weight_rows = [i for i, name in enumerate(self.names) if split_name(name)[0] == "weight_grad"]
+        self.spikes = None if spikes is None else SpikeState(spikes, len(self._weight_rows))
+
+    def flag(self):
+        """Graph code: what the host reads after each execution: a trip, or a skip it has not seen."""
+        if self.spikes is None:
+            return self.tripped.read_value()
+        return tf.reduce_any(tf.stack([self.tripped, self.spikes.news, self.spikes.tripped]))
 
     def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None,
-                      on_skip=None):
+                      on_skip=None, spike_update=None):
         """Checks ``tensors`` (in ``names`` order) and runs ``apply()`` if it may.
 
         Graph code: runs inside the train step, every step. A clean step costs
@@ -54,6 +65,11 @@ class GuardState:
         ``inverse_scale`` (a scalar tensor, or ``None``): 1 / the loss scale
         the step's loss was multiplied by (mixed precision); the norms kept
         for the report are then those of the true loss and its gradients.
+
+        With ``self.spikes``, a finite step that spikes (`SpikeState.judge`)
+        is skipped the same way; ``spike_update`` is ``(optimizer, weights,
+        gradients)`` of the checked weight gradients, measured in the
+        branch of a spiking step only (`SpikeState.record_skip`).
 
         Returns:
             A boolean tensor: whether ``apply`` ran.
@@ -102,6 +118,12 @@ class GuardState:
         # is two small selects after it, not writes inside a branch that
         # runs every step (see benchmarks/RESULTS.md, "The guard's branches").
         may_apply = tf.cond(clean, lambda: tf.constant(True), not_clean)
+        if self.spikes is not None:
+            judged = self._judge_spike(tensors, unscale(half_squares), inverse_scale)
+            spike = judged[1]
+            may_apply = tf.logical_and(may_apply, tf.logical_not(spike))
+            if halt_updates:
+                may_apply = tf.logical_and(may_apply, tf.logical_not(self.spikes.tripped))
         # Every applied step is a finite one (an overflowed sum is kept as
         # Inf, which the host reports as unknown).
         self.last_finite_half_squares.assign(
@@ -118,13 +140,30 @@ class GuardState:
         def skipped():
             if on_skip is not None:
                 on_skip()
+            if self.spikes is not None:
+                def record_skip():
+                    self.spikes.record_skip(judged, *spike_update)
+                    return tf.no_op()
+
+                tf.cond(tf.logical_and(spike, tf.logical_not(self.spikes.tripped)), record_skip, tf.no_op)
             return tf.no_op()
 
         # A branch of its own: the update is traced once (a large model's
         # update is a good part of its step's graph; tracing it into two
         # branches cost the MobileNet ~170 MB of peak memory).
         tf.cond(may_apply, update, skipped)
+        self.applied = may_apply  # the step's decision, for the metrics (`metrics_before_step`)
+        if self.spikes is not None:
+            self.spikes.after_step(*judged, accepted=may_apply)
         return may_apply
+
+    def _judge_spike(self, tensors, every_step_half_squares, inverse_scale):
+        """`SpikeState.judge` of the step, from the loss and the weight gradients' sums of squares."""
+        squares = 2.0 * self._spread(every_step_half_squares)
+        loss = tf.cast(tensors[self.names.index("loss/loss")], tf.float32)
+        if inverse_scale is not None:
+            loss = loss * tf.cast(inverse_scale, tf.float32)
+        return self.spikes.judge(loss, tf.gather(squares, self._weight_rows))
 
     def _unscale_half_squares(self, inverse_scale):
         """``fn(half squares of the every-step tensors) -> those of the unscaled loss's tensors``."""
@@ -144,6 +183,13 @@ class GuardState:
             return every_step_values
         positions = [[i] for i, name in enumerate(self.names) if name not in self.on_trip_only]
         return tf.scatter_nd(positions, every_step_values, [len(self.names)])
+
+    def read_spikes(self, optimizer):
+        """Host side: the spike rule's `kgrad.plan.spike_rule.SpikeSnapshot`, or ``None`` without it."""
+        if self.spikes is None:
+            return None
+        weights = [split_name(self.names[row])[1] for row in self._weight_rows]
+        return self.spikes.read(weights, optimizer)
 
     def read_report(self, last_summaries_for):
         """Host side: the `NonFiniteReport` of a tripped guard, or ``None``.
@@ -172,6 +218,8 @@ class GuardState:
     def reset(self, everything=False):
         """Re-arms the guard; with ``everything``, also forgets earlier steps."""
         self.tripped.assign(False)
+        if self.spikes is not None:
+            self.spikes.reset(everything)
         if everything:
             self.trip_step.assign(-1)
             self.counts.assign(tf.zeros_like(self.counts))
@@ -195,12 +243,12 @@ class SharedGuardStates:
         self._model = model
         self._states = {}
 
-    def get(self, tape_name, names, on_trip_only):
+    def get(self, tape_name, names, on_trip_only, spikes=None):
         """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
-        key = (tape_name, tuple(names), frozenset(on_trip_only))
+        key = (tape_name, tuple(names), frozenset(on_trip_only), spikes)
         if key not in self._states:
             self._states[key] = replicas.create_variables(
-                self._model, lambda: GuardState(names, on_trip_only)
+                self._model, lambda: GuardState(names, on_trip_only, spikes)
             )
         return self._states[key]
 

@@ -1,0 +1,169 @@
+"""The spike rule inside JAX's guarded step: a `SpikeRecord` that travels from step to step.
+
+Pure functions of the record, as `kgrad.backends.jax.guard.sentinel`'s: `judge`
+says whether the step spikes (`kgrad.plan.spike_rule`, the NumPy reference),
+the guard then keeps the state of before exactly as for a non-finite step,
+and `after_step` writes the window, the streak and the step's row. In the
+branch of a spiking step only (a ``lax.cond``), `skip_table` computes the
+update the step would have made (``stateless_apply``, never kept) and the
+per-weight values of the skip.
+
+Example:
+
+>>> import jax.numpy as jnp
+>>> from kgrad.plan.spike_rule import SpikeRule
+>>> rule = SpikeRule(sigmas=6, window=4, row_capacity=8)
+>>> record = initial_record(rule, 1)
+>>> for loss in (1.0, 1.1, 0.9, 1.0):
+...     judged = judge(record, rule, jnp.float32(loss), jnp.array([1.0]))
+...     record = after_step(record, rule, judged, accepted=jnp.logical_not(judged[1]))
+>>> bool(judge(record, rule, jnp.float32(9.0), jnp.array([1.0]))[1])
+True
+"""
+
+import typing
+
+import jax
+import jax.numpy as jnp
+
+from kgrad.backends.common.moment_rules import inner_optimizer
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
+from kgrad.plan.spike_rule import ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS
+
+
+class SpikeRecord(typing.NamedTuple):
+    """The spike rule's device arrays (`kgrad.backends.tensorflow.guard.spikes.SpikeState`'s variables)."""
+
+    window: jax.Array
+    accepted: jax.Array
+    streak: jax.Array
+    tripped: jax.Array
+    news: jax.Array
+    rows: jax.Array
+    row_count: jax.Array
+    skip_values: jax.Array
+    skip_steps: jax.Array
+    skip_count: jax.Array
+
+
+def initial_record(rule, weights):
+    """The `SpikeRecord` before any step, for ``weights`` checked weight gradients."""
+    zero = jnp.asarray(0, jnp.int32)
+    return SpikeRecord(
+        window=jnp.zeros((rule.window, 2 + weights), jnp.float32), accepted=zero, streak=zero,
+        tripped=jnp.asarray(False), news=jnp.asarray(False),
+        rows=jnp.zeros((rule.row_capacity, len(ROW_COLUMNS)), jnp.float32), row_count=zero,
+        skip_values=jnp.zeros((SKIP_SLOTS, max(weights, 1), len(SKIP_COLUMNS)), jnp.float32),
+        skip_steps=jnp.full((SKIP_SLOTS,), -1, jnp.int32), skip_count=zero,
+    )
+
+
+def judge(record, rule, loss, weight_squares):
+    """``(values, spike, score, mean, std)`` of one step (see the TensorFlow `SpikeState.judge`)."""
+    values = jnp.concatenate([
+        jnp.stack([jnp.asarray(loss, jnp.float32), jnp.sqrt(jnp.sum(weight_squares))]),
+        jnp.sqrt(weight_squares.astype(jnp.float32)),
+    ])
+    filled = jnp.minimum(record.accepted, rule.window)
+    count = filled.astype(jnp.float32)
+    in_window = (jnp.arange(rule.window) < filled).astype(jnp.float32)[:, None]
+    mean = jnp.sum(record.window * in_window, 0) / jnp.maximum(count, 1.0)
+    variance = jnp.sum(jnp.square((record.window - mean) * in_window), 0) / jnp.maximum(count - 1.0, 1.0)
+    std = jnp.sqrt(variance)
+    judged = (filled >= rule.warmup) & (std[:2] > 0)
+    z = jnp.where(judged, (values[:2] - mean[:2]) / jnp.where(judged, std[:2], 1.0), -jnp.inf)
+    score = jnp.max(z)
+    spike = jnp.all(jnp.isfinite(values)) & (score > rule.sigmas)
+    score = jnp.where(jnp.any(judged), score, jnp.nan)
+    enough = filled >= 2
+    return values, spike, score, jnp.where(enough, mean, jnp.nan), jnp.where(enough, std, jnp.nan)
+
+
+def after_step(record, rule, judged, accepted):
+    """The record after the step's decision: window row, streak, trip and the step's row.
+
+    Steps are numbered by the rows: every step run since the fit began,
+    skipped ones too (``optimizer.iterations`` does not count a skipped step).
+    """
+    values, spike, score, mean, std = judged
+    slot = record.accepted % rule.window
+    window = record.window.at[slot].set(jnp.where(accepted, values, record.window[slot]))
+    streak = jnp.where(spike, record.streak + 1, jnp.where(accepted, 0, record.streak))
+    row = jnp.stack([
+        record.row_count.astype(jnp.float32), 1.0 - accepted.astype(jnp.float32), score,
+        mean[0], std[0], mean[1], std[1],
+    ])
+    return record._replace(
+        window=window, accepted=record.accepted + accepted.astype(jnp.int32), streak=streak,
+        tripped=record.tripped | (streak >= rule.max_skips), news=record.news | spike,
+        rows=record.rows.at[record.row_count % rule.row_capacity].set(row), row_count=record.row_count + 1,
+    )
+
+
+def with_skip(record, spike, table):
+    """The record with ``table`` kept as the skip of the step of the next row where ``spike``."""
+    slot = record.skip_count % SKIP_SLOTS
+    return record._replace(
+        skip_values=record.skip_values.at[slot].set(jnp.where(spike, table, record.skip_values[slot])),
+        skip_steps=record.skip_steps.at[slot].set(
+            jnp.where(spike, record.row_count, record.skip_steps[slot])
+        ),
+        skip_count=record.skip_count + spike.astype(jnp.int32),
+    )
+
+
+def skip_table(model, judged, gradients, trainable, optimizer_variables):
+    """``[weights, len(SKIP_COLUMNS)]``: the would-be update's per-weight values (``stateless_apply``)."""
+    new_trainable, new_optimizer = model.optimizer.stateless_apply(optimizer_variables, gradients, trainable)
+    flat = lambda t: jnp.ravel(t).astype(jnp.float32)  # noqa: E731
+    weight_norms = jnp.stack([jnp.linalg.norm(flat(w)) for w in trainable])
+    update_norms = jnp.stack([jnp.linalg.norm(flat(a) - flat(b)) for a, b in zip(new_trainable, trainable)])
+    dots = jnp.stack([jnp.sum(flat(g) * flat(w)) for g, w in zip(gradients, trainable)])
+    values, _, _, mean, std = judged
+    norms = values[2:]
+    known = std[2:] > 0
+    z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
+    rms = _adam_rms(model, gradients, new_optimizer)
+    return jnp.stack([norms, update_norms / weight_norms, dots / (norms * weight_norms), rms, z], axis=1)
+
+
+def _adam_rms(model, gradients, state_after):
+    """``[weights]`` adam_rms from the optimizer's state after the would-be update (NaN without one)."""
+    weights = model.trainable_variables
+    moments = OptimizerMoments(model.optimizer, weights)
+    if moments.rule is None:
+        return jnp.full((len(weights),), jnp.nan, jnp.float32)
+    inner = inner_optimizer(model.optimizer)
+    applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
+    step = moments.step_after(state_after)
+    hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
+    rms = []
+    for number in range(len(weights)):
+        kept = moments.moments_after(number, state_after)
+        if kept is None:  # the optimizer does not update this weight
+            rms.append(jnp.float32(jnp.nan))
+            continue
+        rms.append(moment_statistics(moments.rule, applied[number], *kept, step, hyper, 6.0)[0])
+    return jnp.stack(rms)
+
+
+def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_variables):
+    """`skip_table` where the step spiked and the streak had not stopped training, else zeros.
+
+    Call it inside the branch of a skipped update (the same ``lax.cond`` as the
+    update): there the weights' buffers are not needed by anything after the
+    update, which then writes them in place.
+    """
+    spike = judged[1] & jnp.logical_not(spikes.tripped)
+    width = (len(gradients), len(SKIP_COLUMNS))
+    return jax.lax.cond(
+        spike, lambda: skip_table(model, judged, gradients, trainable, optimizer_variables),
+        lambda: jnp.zeros(width, jnp.float32),
+    )
+
+
+def record_step(rule, spikes, judged, table, accepted):
+    """The record after the decision: ``table`` kept as a skip where the step newly spiked, its row."""
+    spike = judged[1] & jnp.logical_not(spikes.tripped)
+    return after_step(with_skip(spikes, spike, table), rule, judged, accepted)

@@ -1,0 +1,179 @@
+"""The spike rule inside TensorFlow's guarded step: its device variables and their graph code.
+
+`SpikeState` judges every step (`kgrad.plan.spike_rule`, the NumPy
+reference): the step's loss and global gradient norm against mean + kσ of
+the last N accepted steps, a window kept in a device variable. Its
+`GuardState` (`kgrad.backends.tensorflow.guard.sentinel`) then skips the
+update of a spiking step exactly as it skips a non-finite one. Every step
+also writes one row of per-step values (skipped, score, the window's mean
+and σ) into a device buffer that the host reads only when a skip has
+happened, at an epoch's end, or when the buffer is full. In the branch of a
+skipped step only, the update the step would have made is applied, measured
+and undone (`SpikeState.record_skip`): the per-weight values of the skip.
+"""
+
+import tensorflow as tf
+
+from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
+from kgrad.backends.tensorflow import keras_internals
+from kgrad.backends.tensorflow.handover.replicas import state_variable
+from kgrad.backends.tensorflow.summarize.optimizer_state import moment_statistics
+from kgrad.plan.spike_rule import ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
+
+
+class SpikeState:
+    """Device variables of the spike rule for ``weights`` checked gradients.
+
+    Args:
+        rule: The `kgrad.plan.spike_rule.SpikeRule`.
+        weights: How many weight gradients the guard checks.
+    """
+
+    def __init__(self, rule, weights):
+        self.rule, self.weights = rule, weights
+        columns = 2 + weights  # loss, global norm, each weight's norm
+        self.window = state_variable(tf.zeros([rule.window, columns]), "kgrad_spike_window")
+        self.accepted = state_variable(tf.constant(0, tf.int64), "kgrad_spike_accepted")
+        self.streak = state_variable(tf.constant(0, tf.int64), "kgrad_spike_streak")
+        self.tripped = state_variable(False, "kgrad_spike_tripped")
+        self.news = state_variable(False, "kgrad_spike_news")  # a skip the host has not read
+        self.rows = state_variable(tf.zeros([rule.row_capacity, len(ROW_COLUMNS)]), "kgrad_spike_rows")
+        self.row_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_row_count")
+        self.skip_values = state_variable(
+            tf.zeros([SKIP_SLOTS, max(weights, 1), len(SKIP_COLUMNS)]), "kgrad_spike_skip_values"
+        )
+        self.skip_steps = state_variable(tf.fill([SKIP_SLOTS], tf.constant(-1, tf.int64)), "kgrad_skip_steps")
+        self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
+
+    def judge(self, loss, weight_squares):
+        """Graph code: ``(values, spike, score, mean, std)`` of this step.
+
+        Args:
+            loss: The step's loss (unscaled, a scalar).
+            weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
+        """
+        norms = tf.sqrt(weight_squares)
+        values = tf.concat([[tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], norms], 0)
+        filled = tf.minimum(self.accepted, self.rule.window)
+        count = tf.cast(filled, tf.float32)
+        in_window = tf.cast(tf.range(self.rule.window, dtype=tf.int64) < filled, tf.float32)[:, None]
+        mean = tf.reduce_sum(self.window * in_window, 0) / tf.maximum(count, 1.0)
+        squares = tf.reduce_sum(tf.square((self.window - mean) * in_window), 0)
+        variance = squares / tf.maximum(count - 1.0, 1.0)
+        std = tf.sqrt(variance)
+        judged = tf.logical_and(filled >= self.rule.warmup, std[:2] > 0)
+        z = tf.where(judged, (values[:2] - mean[:2]) / tf.where(judged, std[:2], 1.0), float("-inf"))
+        score = tf.reduce_max(z)
+        finite = tf.reduce_all(tf.math.is_finite(values))
+        spike = tf.logical_and(finite, score > self.rule.sigmas)
+        score = tf.where(tf.reduce_any(judged), score, float("nan"))
+        enough = filled >= 2
+        mean = tf.where(enough, mean, float("nan"))
+        std = tf.where(enough, std, float("nan"))
+        return values, spike, score, mean, std
+
+    def after_step(self, values, spike, score, mean, std, accepted):
+        """Graph code after the decision: the window, the streak, the trip and the step's row.
+
+        Steps are numbered by the rows: every step run since the fit began,
+        skipped ones too (``optimizer.iterations`` does not count a skipped step).
+
+        No branch: a clean step writes one window row (unchanged unless
+        ``accepted``), the streak and one row of per-step values.
+        """
+        slot = self.accepted % self.rule.window
+        old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
+        self.window.scatter_nd_update([[slot]], [tf.where(accepted, values, old)])
+        self.accepted.assign_add(tf.cast(accepted, tf.int64))
+        streak = tf.where(spike, self.streak + 1, tf.where(accepted, tf.constant(0, tf.int64), self.streak))
+        self.streak.assign(streak)
+        self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
+        self.news.assign(tf.logical_or(self.news, spike))
+        row = tf.stack([
+            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score,
+            mean[0], std[0], mean[1], std[1],
+        ])
+        self.rows.scatter_nd_update([[self.row_count % self.rule.row_capacity]], [row])
+        self.row_count.assign_add(1)
+
+    def record_skip(self, judged, optimizer, applied, measured):
+        """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
+
+        The update the step would have made is applied, measured and undone:
+        every weight and optimizer variable is assigned back the value it
+        had (bit for bit), as if the branch had not run.
+
+        Args:
+            judged: What `judge` returned: the per-weight norms, the window's means and σ from column 2.
+            optimizer: ``model.optimizer``.
+            applied: ``[(gradient, weight)]``: the whole update, as the step applies it.
+            measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
+        """
+        weights = [weight for _, weight in applied]
+        before = [tf.identity(weight) for weight in weights]
+        state = [tf.identity(variable) for variable in optimizer.variables]
+        rms = self._adam_rms(optimizer, measured)
+        with tf.control_dependencies(before + state + [rms]):
+            optimizer.apply_gradients(applied)
+        position = {id(weight): index for index, weight in enumerate(weights)}
+        after = [tf.identity(weight) for weight in weights]
+        with tf.control_dependencies(after):
+            for variable, value in zip(weights + list(optimizer.variables), before + state):
+                variable.assign(value)
+        flat = lambda t: tf.reshape(tf.cast(tf.convert_to_tensor(t), tf.float32), [-1])  # noqa: E731
+        old = [flat(before[position[id(w)]]) for _, w in measured]
+        new = [flat(after[position[id(w)]]) for _, w in measured]
+        weight_norms = tf.stack([tf.norm(w) for w in old])
+        update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
+        dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
+        values, _, _, mean, std = judged
+        grad_norms = values[2:]
+        # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
+        known = std[2:] > 0
+        z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
+        table = tf.stack([
+            grad_norms, update_norms / weight_norms, dots / (grad_norms * weight_norms), rms, z,
+        ], axis=1)
+        slot = self.skip_count % SKIP_SLOTS
+        self.skip_values.scatter_nd_update([[slot]], [table])
+        self.skip_steps.scatter_nd_update([[slot]], [self.row_count.read_value()])
+        self.skip_count.assign_add(1)
+
+    def _adam_rms(self, optimizer, measured):
+        """``[weights]`` adam_rms of the update about to be made (NaN without a second moment)."""
+        rule, _ = moment_rule(optimizer)
+        if rule is None:
+            return tf.fill([len(measured)], float("nan"))
+        inner = inner_optimizer(optimizer)
+        applied = keras_internals.clip_gradients(
+            inner, [tf.cast(tf.convert_to_tensor(g), tf.float32) for g, _ in measured]
+        )
+        indices = [keras_internals.variable_index(inner, weight) for _, weight in measured]
+        rms, _ = moment_statistics(rule, inner, indices, applied, sigmas=6.0)
+        return rms
+
+    def read(self, weights, optimizer):
+        """Host side (a device read: on a skip, at an epoch's end): the `SpikeSnapshot`; clears the news.
+
+        Args:
+            weights: The weight paths of the tables' rows.
+            optimizer: ``model.optimizer`` (for why ``adam_rms`` may be absent).
+        """
+        snapshot = SpikeSnapshot(
+            rows=self.rows.numpy(), row_count=int(self.row_count.numpy()),
+            skip_values=self.skip_values.numpy(), skip_steps=self.skip_steps.numpy(),
+            skip_count=int(self.skip_count.numpy()), tripped=bool(self.tripped.numpy()),
+            weights=tuple(weights), adam_reason=moment_rule(optimizer)[1],
+        )
+        self.news.assign(False)
+        return snapshot
+
+    def reset(self, everything=False):
+        """Re-arms after a stop report; with ``everything``, forgets the window and the buffers."""
+        self.tripped.assign(False)
+        self.streak.assign(0)
+        if everything:
+            self.accepted.assign(0)
+            self.news.assign(False)
+            self.row_count.assign(0)
+            self.skip_count.assign(0)

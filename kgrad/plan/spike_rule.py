@@ -1,0 +1,140 @@
+"""The spike rule of `kgrad.NonFiniteGuard` (``skip_spikes=``): its options and its host-side reference.
+
+A step *spikes* when its loss or its global gradient norm exceeds the mean
+plus k standard deviations of the same value over the last N accepted steps
+(OLMo-core's ``SkipStepOptimizer``, MaxText's ``skip_step_on_spikes``). Each
+backend judges it inside the step, on the device
+(`kgrad.backends.tensorflow.guard.spikes`, `kgrad.backends.jax.guard.spikes`);
+`judge` is the same rule in NumPy, the reference the tests compare them with.
+
+The window holds one row per accepted step: the loss, the global gradient
+norm, then each trainable weight's gradient norm (the z-scores of a skipped
+step's per-weight values are taken against those columns). σ is the sample
+standard deviation (n − 1), as ``torch.std`` in OLMo-core.
+
+Example:
+
+>>> import numpy as np
+>>> window = np.array([[1.0, 2.0], [1.2, 2.2], [0.8, 1.8], [1.0, 2.0]])
+>>> spike, score = judge(window, np.array([1.0, 9.0]), SpikeRule(sigmas=6, window=4))
+>>> bool(spike), round(score, 2)
+(True, 43.3)
+"""
+
+import dataclasses
+import typing
+
+import numpy as np
+
+#: The columns of the per-step rows each backend buffers on the device, written
+#: as ``global/step_skipped``, ``global/spike_score`` and ``spike_window_{mean,std}/{loss,grad_norm}``.
+ROW_COLUMNS = ("step", "skipped", "score", "mean_loss", "std_loss", "mean_grad_norm", "std_grad_norm")
+
+#: The per-weight values of a skipped step, in the order the backends compute them.
+SKIP_VALUES = ("grad_norm", "update_ratio", "cos_grad_weight", "adam_rms")
+
+#: Rows of per-step values kept on the device between host reads, when the epoch's length is unknown.
+DEFAULT_ROW_CAPACITY = 1024
+
+#: Skipped steps whose per-weight values are kept on the device between host reads.
+SKIP_SLOTS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikeRule:
+    """When a step spikes, and when skipping stops training.
+
+    Args:
+        sigmas: k: a value above mean + k·σ of the window spikes.
+        window: N: the last N accepted steps (spiking steps never enter it).
+        warmup: Accepted steps before any step is judged (``None``: ``window``,
+            a full window, as OLMo-core waits for its full history).
+        max_skips: M: this many skipped steps in a row stop training with a
+            report, as a NaN does.
+        row_capacity: Rows of per-step values kept on the device between
+            host reads (set by the guard from the epoch's length).
+    """
+
+    sigmas: float = 6.0
+    window: int = 128
+    warmup: object = None
+    max_skips: int = 3
+    row_capacity: int = DEFAULT_ROW_CAPACITY
+
+    def __post_init__(self):
+        for name in ("sigmas", "window", "max_skips", "row_capacity"):
+            value = getattr(self, name)
+            kind = (int, float) if name == "sigmas" else (int,)
+            if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < float("inf"):
+                raise ValueError(
+                    f"`{_ARGUMENTS[name]}` must be a positive {'number' if name == 'sigmas' else 'int'}. "
+                    f"Received: {_ARGUMENTS[name]}={value!r}. Example: {_ARGUMENTS[name]}="
+                    f"{_EXAMPLES[name]}."
+                )
+        warmup = self.window if self.warmup is None else self.warmup
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or not 2 <= warmup <= self.window:
+            raise ValueError(
+                f"`spike_warmup` must be None or an int from 2 to spike_window ({self.window}): "
+                f"σ needs two accepted steps, and the window holds spike_window. Received: "
+                f"spike_warmup={self.warmup!r}. Example: spike_warmup=32."
+            )
+        object.__setattr__(self, "warmup", warmup)
+
+
+_ARGUMENTS = {"sigmas": "spike_sigmas", "window": "spike_window", "max_skips": "max_skips",
+              "row_capacity": "row_capacity"}
+_EXAMPLES = {"sigmas": 6, "window": 128, "max_skips": 3, "row_capacity": 1024}
+
+
+def judge(window, values, rule):
+    """``(spikes, score)`` of one step: NumPy's reading of the rule both backends compute.
+
+    Args:
+        window: ``[accepted steps, k]``: the accepted steps' values (the last
+            ``rule.window`` of them are used), the first two columns the
+            loss and the global gradient norm.
+        values: The step's loss and global gradient norm.
+        rule: The `SpikeRule`.
+
+    Returns:
+        Whether the step spikes, and its score: the largest (x − mean)/σ
+        of the two (``None`` during the warm-up, or where σ is 0 for both).
+    """
+    window = np.asarray(window, np.float64)[-rule.window:, :2]
+    if len(window) < rule.warmup:
+        return False, None
+    mean, std = window.mean(axis=0), window.std(axis=0, ddof=1)
+    judged = std > 0
+    if not judged.any():
+        return False, None
+    score = float(np.max((np.asarray(values, np.float64)[judged] - mean[judged]) / std[judged]))
+    return score > rule.sigmas, score
+
+
+#: The columns of a skipped step's per-weight table on the device: `SKIP_VALUES`, then
+#: the z-score of the weight's gradient norm against its column of the window.
+SKIP_COLUMNS = SKIP_VALUES + ("z_grad_norm",)
+
+
+class SpikeSnapshot(typing.NamedTuple):
+    """What the host reads of a backend's spike state (NumPy values).
+
+    Attributes:
+        rows: ``[capacity, len(ROW_COLUMNS)]``: per-step rows, row ``i % capacity`` of step row ``i``.
+        row_count: Rows written since the fit began.
+        skip_values: ``[SKIP_SLOTS, weights, len(SKIP_COLUMNS)]``: the latest skipped steps' tables.
+        skip_steps: ``[SKIP_SLOTS]``: their step numbers.
+        skip_count: Skipped steps recorded since the fit began.
+        tripped: Whether ``max_skips`` skips in a row have happened.
+        weights: The weight paths of the tables' rows.
+        adam_reason: Why ``adam_rms`` is absent (the optimizer keeps no second moment), or ``None``.
+    """
+
+    rows: object
+    row_count: int
+    skip_values: object
+    skip_steps: object
+    skip_count: int
+    tripped: bool
+    weights: tuple
+    adam_reason: object = None

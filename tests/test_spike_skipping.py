@@ -1,0 +1,213 @@
+"""`NonFiniteGuard(skip_spikes=True)`: a spiking step is skipped inside the step, bit for bit.
+
+Backend-free (Keras and NumPy): tests/jax/test_spike_skipping_jax.py runs the same lines on JAX.
+A linear model trained with Adam on 48 batches; the last batch's inputs are scaled ×1000 (a
+transient fault). Its gradients are known by hand, so the skipped step's per-weight values are
+checked against NumPy.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+from kgrad.plan.spike_rule import SpikeRule, judge
+
+BATCH, STEPS, FEATURES = 8, 48, 4
+SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
+
+
+def _data(steps=STEPS, fault=(SPIKE,), scale=1000.0):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(steps * BATCH, FEATURES)).astype("float32")
+    y = (x @ rng.normal(size=(FEATURES, 1)) + 0.1 * rng.normal(size=(steps * BATCH, 1))).astype("float32")
+    for step in fault:
+        x[step * BATCH : (step + 1) * BATCH] *= scale
+    return x, y
+
+
+def _fit(x, y, guard=None, steps=None):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, name="out")])
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    steps = len(x) // BATCH if steps is None else steps
+    losses = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: losses.append(logs["loss"])
+    )
+    model.fit(
+        x[: steps * BATCH],
+        y[: steps * BATCH],
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[record] if guard is None else [guard, record],
+    )
+    model._kgrad_test_losses = [float(loss) for loss in losses]
+    return model
+
+
+def _state(model):
+    return [np.array(v) for v in model.weights + model.optimizer.variables + model.metrics_variables]
+
+
+@pytest.fixture(scope="module")
+def spiked(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("spike")
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir)
+    x, y = _data()
+    model = _fit(x, y, guard)
+    return guard, model, x, y, log_dir
+
+
+def test_a_planted_spike_is_skipped_and_only_it(spiked):
+    guard, model, _, _, log_dir = spiked
+    assert [s.step for s in guard.skipped_steps] == [SPIKE]
+    assert guard.spike_report is None and guard.report is None
+    assert int(model.optimizer.iterations) == SPIKE  # the skipped update did not count
+    logs = kgrad.read_logs(str(log_dir))["kgrad"]["scalars"]
+    skipped = logs["global/step_skipped"]
+    assert list(skipped.steps) == list(range(STEPS)) and list(np.flatnonzero(skipped.values)) == [SPIKE]
+    score = logs["global/spike_score"]
+    assert list(score.steps) == list(range(16, STEPS))  # judged once the window holds 16 steps
+    assert score.values[-1] > 6 and max(score.values[:-1]) < 6
+    assert {
+        "spike_window_mean/loss",
+        "spike_window_std/grad_norm",
+        "skip_grad_norm/out/kernel",
+        "skip_update_ratio/out/bias",
+        "skip_cos_grad_weight/out/kernel",
+        "skip_adam_rms/out/kernel",
+        "skip_z_grad_norm/out/kernel",
+    } <= set(logs)
+
+
+def test_the_state_after_a_skipped_step_is_the_state_before_it_bit_for_bit(spiked):
+    _, model, x, y, _ = spiked
+    before = _fit(x, y, steps=SPIKE)  # the same run, stopped before the spiking batch
+    for kept, reference in zip(_state(model), _state(before), strict=True):
+        np.testing.assert_array_equal(kept, reference)
+
+
+def test_the_device_window_is_the_mean_and_sigma_of_the_last_accepted_losses(spiked):
+    guard, _, _, _, _ = spiked
+    averages = np.array(spiked[1]._kgrad_test_losses, np.float64)  # Keras' running mean per batch
+    losses = averages * np.arange(1, STEPS + 1) - np.concatenate([[0.0], averages[:-1] * np.arange(1, STEPS)])
+    rows = dict(guard._spikes.logs[None].rows)
+    for step in range(2, STEPS):
+        window = losses[max(0, step - 16) : step]
+        np.testing.assert_allclose(rows[step]["spike_window_mean/loss"], window.mean(), rtol=1e-3)
+        np.testing.assert_allclose(rows[step]["spike_window_std/loss"], window.std(ddof=1), rtol=1e-2)
+    assert "spike_window_mean/loss" not in rows[1]  # σ needs two accepted steps: absent, not 0
+
+
+def test_the_numpy_rule_waits_for_its_warmup_and_leaves_a_flat_window_unjudged():
+    rule = SpikeRule(sigmas=6, window=8, warmup=4)
+    assert judge([[1.0, 1.0]] * 3, [9.0, 9.0], rule) == (False, None)
+    assert judge([[1.0, 1.0]] * 8, [9.0, 9.0], rule) == (False, None)
+    spike, score = judge([[1.0, 1.0], [2.0, 1.0]] * 2, [9.0, 1.0], rule)
+    assert spike and score == pytest.approx((9.0 - 1.5) / np.std([1, 2, 1, 2], ddof=1))
+
+
+def _hand_reference(model, x, y):
+    """The skipped step's values from NumPy: MSE gradients of a Dense layer and Adam's update."""
+    kernel, bias = (np.array(w, np.float64) for w in model.get_layer("out").weights)
+    xb, yb = (a[SPIKE * BATCH : (SPIKE + 1) * BATCH].astype(np.float64) for a in (x, y))
+    residual = xb @ kernel + bias - yb
+    grads = {
+        "out/kernel": 2 * xb.T @ residual / residual.size,
+        "out/bias": 2 * residual.sum(0) / residual.size,
+    }
+    optimizer = model.optimizer
+    t = int(optimizer.iterations) + 1
+    values = {name: {} for name in ("grad_norm", "update_ratio", "cos_grad_weight", "adam_rms")}
+    for name, weight in (("out/kernel", kernel), ("out/bias", bias)):
+        variable = model.get_layer("out").weights[0 if name.endswith("kernel") else 1]
+        index = optimizer._get_variable_index(variable)
+        g = grads[name]
+        m = 0.9 * np.array(optimizer._momentums[index], np.float64) + 0.1 * g
+        v = 0.999 * np.array(optimizer._velocities[index], np.float64) + 0.001 * g * g
+        alpha = 0.01 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+        update = alpha * m / (np.sqrt(v) + 1e-7)
+        values["grad_norm"][name] = np.linalg.norm(g)
+        values["update_ratio"][name] = np.linalg.norm(update) / np.linalg.norm(weight)
+        values["cos_grad_weight"][name] = np.sum(g * weight) / (np.linalg.norm(g) * np.linalg.norm(weight))
+        values["adam_rms"][name] = np.sqrt(
+            np.mean(np.square(g * np.sqrt(1 - 0.999**t) / (np.sqrt(v) + 1e-7)))
+        )
+    return values
+
+
+def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
+    guard, model, x, y, _ = spiked
+    (skipped,) = guard.skipped_steps
+    reference = _hand_reference(model, x, y)
+    for name, per_weight in reference.items():
+        for weight, value in per_weight.items():
+            np.testing.assert_allclose(
+                skipped.values[name][weight], value, rtol=1e-4, err_msg=f"{name} {weight}"
+            )
+    # Only the gradient norm has running statistics: its z-score is there, the others say why not.
+    assert set(skipped.z_scores) == {"grad_norm"} and skipped.z_scores["grad_norm"]["out/kernel"] > 6
+    assert set(skipped.absent) == {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"}
+
+
+def test_max_skips_in_a_row_stop_training_with_a_report(capsys):
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, max_skips=3)
+    first = 30
+    x, y = _data(steps=STEPS, fault=range(first, STEPS))  # a fault that lasts
+    model = _fit(x, y, guard)
+    assert [s.step for s in guard.skipped_steps] == [first, first + 1, first + 2]
+    report = guard.spike_report
+    assert report is not None and report.step == first + 2
+    assert "3 steps in a row spiked (steps 30, 31, 32)" in str(report)
+    assert "stopped training" in capsys.readouterr().err
+    assert int(model.optimizer.iterations) == first  # the weights of before the first skip
+    reference = _fit(x, y, steps=first)
+    for kept, expected in zip(_state(model)[:2], _state(reference)[:2], strict=True):
+        np.testing.assert_array_equal(kept, expected)
+
+
+def test_no_step_is_skipped_in_a_clean_run_of_2000_steps():
+    # Bounded inputs, 32 examples a batch, tanh: a batch's loss and gradient norm are not
+    # heavy-tailed. Measured on TensorFlow with a ReLU layer and normal inputs, 53 (21, 4) of
+    # 2000 clean steps crossed 6σ with 4 (16, 64) examples a batch; on JAX, uniform inputs
+    # and a ReLU layer, 1 (docs/guard.md, "Skip a spiking step": false alarms).
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-2, 2, size=(2000 * 32, 8)).astype("float32")
+    y = (np.sin(x[:, :1]) + 0.1 * rng.normal(size=(2000 * 32, 1))).astype("float32")
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]
+    )
+    model.compile(keras.optimizers.Adam(1e-3), "mse", steps_per_execution=20)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True)
+    model.fit(x, y, batch_size=32, shuffle=True, verbose=0, callbacks=[guard])
+    assert guard.skipped_steps == [] and guard.spike_report is None
+    rows = guard._spikes.logs[None].rows
+    scores = [r["global/spike_score"] for _, r in rows if "global/spike_score" in r]
+    assert len(rows) == 2000 and len(scores) == 2000 - 128 and max(scores) < 6
+
+
+def test_bad_spike_options_are_named():
+    with pytest.raises(ValueError, match="spike_sigmas"):
+        kgrad.NonFiniteGuard(skip_spikes=True, spike_sigmas=0)
+    with pytest.raises(ValueError, match="spike_warmup"):
+        kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8, spike_warmup=9)
+    with pytest.raises(TypeError, match="skip_spikes"):
+        kgrad.NonFiniteGuard(skip_spikes="yes")
+
+
+def fit_with_a_fault(callbacks, steps_per_epoch, epochs, fault_step=None, batch=8):
+    """A guard skipping spikes (window 8) on a linear model; ``fault_step``'s inputs ×1000 (each epoch)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(steps_per_epoch * batch, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    if fault_step is not None:
+        x[fault_step * batch : (fault_step + 1) * batch] *= 1000.0
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
+    model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[*callbacks, guard])
+    return guard
