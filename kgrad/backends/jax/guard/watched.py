@@ -40,7 +40,7 @@ _SPLIT = 4096.0
 
 def check_row(tensor):
     """``[squares, NaN count high, low, Inf count high, low]`` of ``tensor``, in float32 (see `decode`)."""
-    values = jnp.ravel(tensor).astype(jnp.float32)
+    values = jnp.asarray(tensor).astype(jnp.float32)  # not flattened: a sharded tensor stays where it is
     squares = jnp.sum(jnp.square(values))
 
     def counted():
