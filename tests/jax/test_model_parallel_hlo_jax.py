@@ -67,8 +67,36 @@ def test_no_tensor_is_moved_beyond_what_keras_step_moves(steps, kind):
 
 def test_no_tensor_is_sent_to_one_device(steps):
     for kind in ("keras", "probed", "guarded"):
-        assert not [m for m in only(steps[kind])["moves"] if m[0] == "maximal" and m[1] > LARGE], kind
+        step = only(steps[kind])
+        assert not [m for m in step["moves"] if m[0] == "maximal" and m[1] > LARGE], kind
+        # Before partitioning, a host callback's operands are placed on one device (then gathered there).
+        assert not step["maximal"], (kind, step["maximal"][:3])
 
 
 def test_xla_replicates_no_tensor_involuntarily(steps):
     assert not steps["warnings"], steps["warnings"][:3]
+
+
+def per_device_bytes(step):
+    """What one device holds while the step runs: temporaries, arguments and outputs (less the donated)."""
+    memory = step["memory"]
+    return memory["temp"] + memory["argument"] + memory["output"] - memory["alias"]
+
+
+# Measured on this model (bytes per device, temp + arguments + outputs - donated): Keras' step
+# 373,668; the probed step 790,268 (its records 29,496 of it); the guarded step 417,326.
+# Issue 52 asks for these bounds; they do not hold yet (see docs/sharded.md, "What it costs").
+@pytest.mark.xfail(strict=True, reason="issue 52: the probed step's temporaries (histogram indices, "
+                   "the weights before the update for update_ratio/) are 2.1x Keras' step's memory")
+def test_the_probed_step_holds_at_most_keras_step_and_its_statistics(steps):
+    keras_step, probed = only(steps["keras"]), only(steps["probed"])
+    # The statistics: what the probed step returns beyond the state (its records).
+    statistics = probed["memory"]["output"] - keras_step["memory"]["output"]
+    assert 0 < statistics < 64 * 1024
+    assert per_device_bytes(probed) <= 1.05 * per_device_bytes(keras_step) + statistics
+
+
+@pytest.mark.xfail(strict=True, reason="issue 52: the guarded step holds 11.7% more than Keras' step "
+                   "(its update behind a lax.cond), not 5%")
+def test_the_guarded_step_holds_at_most_keras_step_and_5_percent(steps):
+    assert per_device_bytes(only(steps["guarded"])) <= 1.05 * per_device_bytes(only(steps["keras"]))

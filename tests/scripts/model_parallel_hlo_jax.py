@@ -131,13 +131,16 @@ def measure(log):
     """``{step name: {"moves": [...], "memory": {...}}}`` of each recorded step, compiled again."""
     measured = {}
     for recorded, name, abstract in log:
-        compiled = recorded._jitted.lower(*abstract).compile()
+        lowered = recorded._jitted.lower(*abstract)
+        compiled = lowered.compile()
         memory = compiled.memory_analysis()
         if os.environ.get("HLO_DUMP_DIR"):  # to read a step by hand
             with open(os.path.join(os.environ["HLO_DUMP_DIR"], f"{name}.txt"), "w") as file:
                 file.write(compiled.as_text())
         measured[name] = {
             "moves": moves(compiled.as_text()),
+            # Before partitioning: what is placed on one device (a host callback's operands).
+            "maximal": [line.strip()[:300] for line in lowered.as_text().splitlines() if "maximal" in line],
             "memory": {
                 "temp": memory.temp_size_in_bytes,
                 "argument": memory.argument_size_in_bytes,
