@@ -42,6 +42,18 @@ def on_several_devices():
     return distribution is not None and distribution.device_mesh.devices.size > 1
 
 
+def reducible(x):
+    """``x`` as its statistics read it: flattened on one device, its own shape under a distribution.
+
+    A reduction of a flattened tensor is what one device's probed step has
+    always run (XLA's CPU backend reduces one axis fastest); under a
+    ``keras.distribution`` a reshape would first gather a sharded tensor
+    onto every device, and a reduction over its own axes is local partial
+    results and an all-reduce of them.
+    """
+    return x if on_several_devices() else jnp.ravel(x)
+
+
 def careful_summary_on_device(values, bucket_count, needed):
     """`kgrad.backends.jax.summarize.careful.careful_summary`, computed by XLA: ``(row [7], histogram)``.
 

@@ -10,10 +10,11 @@ edge, right edge, count) over the finite elements, between their min and max
 edges of `kgrad.plan.histogram_buckets` when the bucket count is its
 ``LOG_BUCKET_COUNT``.
 
-Each is computed with plain reductions over the tensor's own shape, fused
-with what made the tensor (never flattened: under a ``keras.distribution`` a
-reduction of a sharded tensor is local partial results and an all-reduce of
-them, where a flattened one is first gathered onto every device); when
+Each is computed with plain reductions, fused with what made the tensor
+(under a ``keras.distribution``, over the tensor's own shape, never
+flattened: a reduction of a sharded tensor is then local partial results and
+an all-reduce of them, where a flattened one is first gathered onto every
+device; `kgrad.backends.jax.summarize.on_device.reducible`); when
 its sum of squares is not finite (a NaN, an Inf, or squares beyond float32:
 gradients beyond 1e19), a ``lax.cond`` replaces them by the exact values of
 `kgrad.backends.jax.summarize.careful`, computed on the host in float64.
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 from kgrad.backends.jax.summarize.careful import careful_summaries
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
+from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.plan.histogram_buckets import is_log_magnitude_count
 from kgrad.plan.tag_names import MOMENT_NAMES
 
@@ -59,7 +61,7 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     if is_log_magnitude_count(bucket_count):
         # Fixed edges: the histogram needs neither the min and max nor the exact path.
         return summarize(x, None, columns)[0], log_magnitude_histogram(x)
-    values = jnp.asarray(x).astype(jnp.float32)
+    values = reducible(jnp.asarray(x).astype(jnp.float32))
     if values.size == 0:
         histogram = None if bucket_count is None else histogram_of(values, 0.0, 0.0, bucket_count)
         return jnp.zeros([ROW], jnp.float32), histogram
@@ -92,7 +94,7 @@ def summarize_group(items):
             # Fixed edges: only the moments go through the branch.
             log_histograms[index] = log_magnitude_histogram(x)
             bucket_count = None
-        tensor = jnp.asarray(x).astype(jnp.float32)  # (its own shape: see the module's docstring)
+        tensor = reducible(jnp.asarray(x).astype(jnp.float32))  # (see the module's docstring)
         if tensor.size == 0:
             results[index] = summarize(tensor, bucket_count, columns)
             continue
