@@ -32,7 +32,8 @@ def steps():
                           timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout)
-    measured["warnings"] = [line for line in done.stderr.splitlines() if "Involuntary full rematerialization" in line]
+    warned = [line for line in done.stderr.splitlines() if "Involuntary full rematerialization" in line]
+    measured["warnings"] = warned
     return measured
 
 
@@ -49,7 +50,8 @@ def large_moves(step):
 def test_the_kernels_are_split_on_both_axes(steps):
     assert steps["devices"] == 8
     shardings = steps["shardings"]
-    assert shardings["up/kernel"] == "P('batch', 'model')" and shardings["down/kernel"] == "P('model', 'batch')"
+    assert shardings["up/kernel"] == "P('batch', 'model')"
+    assert shardings["down/kernel"] == "P('model', 'batch')"
     assert shardings["embedding/embeddings"] == "P(None, 'model')"
     assert shardings["attention/query/kernel"] == "P(None, 'model', None)"
 

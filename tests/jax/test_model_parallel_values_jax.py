@@ -30,7 +30,7 @@ def runs():
 
 
 def rounding_noise(runs):
-    """Weights whose gradient is rounding noise: Keras' own sharded gradients (no kgrad) differ from one device's.
+    """Weights whose gradient is rounding noise: Keras' own sharded gradients (no kgrad) differ from one's.
 
     The witness of a statistic that differs between one device and the mesh:
     ``attention/key/bias``, whose true gradient is 0 (a softmax does not
@@ -73,7 +73,8 @@ def test_model_parallel_logs_the_values_of_one_device(runs, kind):
         assert split["scalars"].keys() == one["scalars"].keys()
         # Every kind of statistic is there: a both-axes kernel, the embedding, the instruments.
         assert {"weight_grad_norm/up/kernel", "weight_grad_zero_fraction/embedding/embeddings",
-                "adam_rms/down/kernel", "logit_lse_mean/output", "attention_entropy/attention/head_3", "update_ratio/up/kernel"} <= split["scalars"].keys()
+                "adam_rms/down/kernel", "logit_lse_mean/output", "attention_entropy/attention/head_3",
+                "update_ratio/up/kernel"} <= split["scalars"].keys()
         assert split["histograms"].keys() == one["histograms"].keys() and one["histograms"]
         explained = []
         for tag, value in one["scalars"].items():

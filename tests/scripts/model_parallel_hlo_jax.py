@@ -110,7 +110,7 @@ def record_steps(log):
 
 
 def moves(hlo_text):
-    """``[(op, bytes per device, result, op_name)]`` of each collective that moves elements, and each transfer to one device."""
+    """``[(op, bytes per device, result, op_name)]`` of each collective that moves elements, or to one device."""
     found = []
     for line in hlo_text.splitlines():
         op = next((op for op in _MOVES if f" {op}(" in line or f" {op}-start(" in line), None)
@@ -122,8 +122,8 @@ def moves(hlo_text):
         size = sum(_DTYPE_BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
                    for dtype, dims in shapes)
         where = re.search(r'op_name="([^"]*)"', line)
-        found.append((op or "maximal", size, line.split("=", 1)[0].strip() + " = " + result.split("(", 1)[0].strip(),
-                      where.group(1) if where else ""))
+        named = line.split("=", 1)[0].strip() + " = " + result.split("(", 1)[0].strip()
+        found.append((op or "maximal", size, named, where.group(1) if where else ""))
     return found
 
 

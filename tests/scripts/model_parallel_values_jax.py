@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "jax"))
 from guide_model import GuideModel  # noqa: E402  (a model with its own train_step)
+from data_parallel_jax import as_json  # noqa: E402  (records as JSON)
 from model_parallel_hlo_jax import build, model_parallel, targets, tokens  # noqa: E402
 
 rng = np.random.default_rng(1)
@@ -55,7 +56,8 @@ def keras_gradients(distribution):
         logits, _ = model.stateless_call(trainable, state[1], tokens[:8], training=True)
         return model.loss(targets[:8], logits)
 
-    return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, jax.jit(jax.grad(loss))(state[0]))}
+    gradients = jax.jit(jax.grad(loss))(state[0])
+    return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, gradients)}
 
 
 def float_model(distribution):
@@ -83,14 +85,6 @@ def guard_report(distribution):
         "weights": [np.asarray(w).tolist() for w in model.get_weights()],
         "sharding": str(getattr(model.get_layer("up").kernel.value.sharding, "spec", "one device")),
     }
-
-
-def as_json(records):
-    return [
-        {"step": r.step, "scalars": r.scalars,
-         "histograms": {tag: np.asarray(h).tolist() for tag, h in r.histograms.items()}}
-        for r in records
-    ]
 
 
 def main():

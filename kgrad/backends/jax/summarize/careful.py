@@ -14,8 +14,9 @@ needed. Under a ``keras.distribution`` over several devices a host callback
 would first gather each whole tensor onto one device: there the same values
 are computed on the devices that hold the tensor
 (`kgrad.backends.jax.summarize.on_device`). In float64 the square of any
-float32 is finite, so the norm needs no rescaling. The histogram's bucket indices are computed in float32 with the
-fast path's arithmetic (`linear_histograms.histogram_of`), so that both bucket an element
+float32 is finite, so the norm needs no rescaling. The histogram's bucket
+indices are computed in float32 with the fast path's arithmetic
+(`linear_histograms.histogram_of`), so that both bucket an element
 alike (its edges agree to a float32 rounding: XLA may fuse a multiply-add).
 
 Example:
