@@ -110,7 +110,7 @@ def record_steps(log):
 
 
 def moves(hlo_text):
-    """``[(op, bytes per device, result, op_name)]``: each collective that moves elements, or to one device."""
+    """``[(op, bytes per device, result, op_name)]``: each collective moving elements, or to one device."""
     found = []
     for line in hlo_text.splitlines():
         op = next((op for op in _MOVES if f" {op}(" in line or f" {op}-start(" in line), None)
