@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from kgrad.backends.jax.capture.taps import Taps, intercept
-from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize import linear_histograms, stats
 from kgrad.plan import selection
 
 
@@ -129,7 +129,7 @@ def _one_pass_and_histogram_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
     row, histogram = _one_pass_summary(x, bucket_count, columns)
     values = jnp.ravel(x).astype(jnp.float32)
     if bucket_count is not None and values.size:
-        histogram = stats._histogram_of(values, jnp.min(values), row[0], bucket_count)
+        histogram = linear_histograms.histogram_of(values, jnp.min(values), row[0], bucket_count)
     return row, histogram
 
 

@@ -45,7 +45,11 @@ def example_norms(x):
     [5.0, 1.0]
     """
     x = ops.cast(x, "float32")
-    return safe_norm(ops.reshape(x, (ops.shape(x)[0], -1)), axis=1)
+    if len(x.shape) < 2:
+        return safe_norm(ops.reshape(x, (ops.shape(x)[0], -1)), axis=1)
+    # Over the example's own axes, not flattened: a tensor split over devices (JAX's
+    # ModelParallel) is reduced where it lives, where a reshape would gather it.
+    return safe_norm(x, axis=tuple(range(1, len(x.shape))))
 
 
 def global_norm(tensors):

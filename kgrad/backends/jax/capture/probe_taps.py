@@ -16,6 +16,7 @@ from kgrad.backends.common import norms
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.instrumented import Listener
 from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.plan.tag_names import GRAD_NORM_TAG
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
@@ -130,8 +131,8 @@ def add_weight_rows(rows, config, paths, before, gradients, after, inverse_scale
         gradient_norms.append(row[0])
         rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
         if weight_tags_written(config.statistics, gradient, has_matrix):
-            norm = norms.safe_norm(jnp.ravel(weight).astype(jnp.float32))
-            change = norms.safe_norm(jnp.ravel(updated.astype(jnp.float32) - weight.astype(jnp.float32)))
+            norm = norms.safe_norm(reducible(weight.astype(jnp.float32)))
+            change = norms.safe_norm(reducible(updated.astype(jnp.float32) - weight.astype(jnp.float32)))
             rows.add_scalar(f"weight_norm/{path}", norm)
             # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
             ratio = jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0)

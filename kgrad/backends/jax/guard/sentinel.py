@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kgrad.backends.jax.summarize.on_device import non_finite_counts_on_device, on_several_devices
+
 
 class GuardRecord(typing.NamedTuple):
     """What the sentinel keeps on the device between steps (one row per checked tensor).
@@ -80,7 +82,11 @@ def non_finite_counts(tensors):
     on CPU (1.026 counting in float32), against 0.99–1.005 counting here:
     XLA's CPU backend turns each integer sum into a tree of partial sums
     with scratch arrays the size of its tensor, and what the branch
-    compiles to costs every step.
+    compiles to costs every step. Under a ``keras.distribution`` over
+    several devices, where a host callback would first gather each tensor
+    onto one device, they are counted on the devices that hold each tensor
+    instead (`kgrad.backends.jax.summarize.on_device`): per-shard counts and
+    an all-reduce of them.
 
     Example:
 
@@ -88,6 +94,8 @@ def non_finite_counts(tensors):
     >>> non_finite_counts([jnp.array([jnp.nan, jnp.inf, -jnp.inf]), jnp.ones(2)]).tolist()
     [[1, 2], [0, 0]]
     """
+    if on_several_devices():
+        return non_finite_counts_on_device(tensors)
     shape = jax.ShapeDtypeStruct((len(tensors), 2), jnp.int32)
     # Counts have no derivative: inside a differentiated function (a watched forward tensor) too.
     tensors = [jax.lax.stop_gradient(tensor) for tensor in tensors]

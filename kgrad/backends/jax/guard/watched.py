@@ -31,6 +31,7 @@ from kgrad.backends.common.model_io import float_input_names
 from kgrad.backends.jax.capture.carriers import tap_gradient
 from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener, keras_step_loss
 from kgrad.backends.jax.guard.sentinel import non_finite_counts
+from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.plan import selection
 from kgrad.plan.tag_names import io_names
 
@@ -40,7 +41,7 @@ _SPLIT = 4096.0
 
 def check_row(tensor):
     """``[squares, NaN count high, low, Inf count high, low]`` of ``tensor``, in float32 (see `decode`)."""
-    values = jnp.ravel(tensor).astype(jnp.float32)
+    values = reducible(jnp.asarray(tensor).astype(jnp.float32))  # (a sharded tensor is not flattened)
     squares = jnp.sum(jnp.square(values))
 
     def counted():

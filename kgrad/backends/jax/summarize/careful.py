@@ -10,9 +10,13 @@ probed step, whether it runs or not. Written in JAX (each reduction masked,
 each sum rescaled), it was most of what compiling a probed step added to the
 host's peak memory (+160 of +210 MB on the benchmark MLP). As one callback it
 is a single call in the compiled step, and it runs only on the rare step it is
-needed. In float64 the square of any float32 is finite, so the norm needs no
-rescaling. The histogram's bucket indices are computed in float32 with the
-fast path's arithmetic (`stats._histogram_of`), so that both bucket an element
+needed. Under a ``keras.distribution`` over several devices a host callback
+would first gather each whole tensor onto one device: there the same values
+are computed on the devices that hold the tensor
+(`kgrad.backends.jax.summarize.on_device`). In float64 the square of any
+float32 is finite, so the norm needs no rescaling. The histogram's bucket
+indices are computed in float32 with the fast path's arithmetic
+(`linear_histograms.histogram_of`), so that both bucket an element
 alike (its edges agree to a float32 rounding: XLA may fuse a multiply-add).
 
 Example:
@@ -30,6 +34,7 @@ import functools
 import jax
 import numpy as np
 
+from kgrad.backends.jax.summarize.on_device import careful_summary_on_device, on_several_devices
 from kgrad.plan.tag_names import MOMENT_NAMES
 
 ROW = len(MOMENT_NAMES)
@@ -45,7 +50,7 @@ def careful_summary(values, bucket_count, needed):
     elements (0 when there is none). The histogram counts the finite
     elements in ``bucket_count`` equal buckets between their min and max.
     """
-    values = np.asarray(values, np.float32).ravel()
+    values = np.asarray(values, np.float32).ravel()  # (any shape)
     finite = np.isfinite(values)
     safe = values[finite].astype(np.float64)
     count = safe.size
@@ -83,11 +88,15 @@ def _histogram(finite_values, low, high, bucket_count):
 
 
 def careful_summaries(values, bucket_counts, needed):
-    """`careful_summary` of each flat float32 tensor in ``values``, on the host, from inside a jitted step.
+    """`careful_summary` of each float32 tensor in ``values``, on the host, from inside a jitted step.
 
     ``bucket_counts`` and ``needed`` hold each tensor's bucket count (or
     ``None``) and needed columns. Returns ``[(row, histogram)]`` device arrays.
+    Under a distribution over several devices, computed on them instead
+    (`kgrad.backends.jax.summarize.on_device`): nothing is gathered.
     """
+    if on_several_devices():
+        return [careful_summary_on_device(v, b, n) for v, b, n in zip(values, bucket_counts, needed)]
     shapes = [
         (jax.ShapeDtypeStruct([ROW], np.float32), jax.ShapeDtypeStruct([buckets or 0, 3], np.float32))
         for buckets in bucket_counts

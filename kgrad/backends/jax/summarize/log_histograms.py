@@ -28,17 +28,19 @@ from kgrad.plan.histogram_buckets import (
     SMALLEST_NORMAL,
     log_magnitude_edges,
 )
+from kgrad.backends.jax.summarize.on_device import reducible
 
 
 def log_magnitude_histogram(x):
     """TensorBoard's ``[LOG_BUCKET_COUNT, 3]`` float32 histogram of ``x``'s finite elements."""
     edges = jnp.asarray(log_magnitude_edges())
-    counts = log_magnitude_counts(jnp.ravel(x).astype(jnp.float32))
+    # Not flattened under a distribution: a sharded tensor's counts are local counts, summed.
+    counts = log_magnitude_counts(reducible(jnp.asarray(x).astype(jnp.float32)))
     return jnp.stack([edges[:-1], edges[1:], counts.astype(jnp.float32)], axis=1)
 
 
 def log_magnitude_counts(values):
-    """``[LOG_BUCKET_COUNT]`` int32 counts of the finite flat float32 ``values``."""
+    """``[LOG_BUCKET_COUNT]`` int32 counts of the finite float32 ``values`` (any shape)."""
     side = BUCKETS_PER_SIDE
     if values.size == 0:
         return jnp.zeros([int(LOG_BUCKET_COUNT)], jnp.int32)

@@ -10,7 +10,11 @@ edge, right edge, count) over the finite elements, between their min and max
 edges of `kgrad.plan.histogram_buckets` when the bucket count is its
 ``LOG_BUCKET_COUNT``.
 
-Each is computed with plain reductions, fused with what made the tensor; when
+Each is computed with plain reductions, fused with what made the tensor
+(under a ``keras.distribution``, over the tensor's own shape, never
+flattened: a reduction of a sharded tensor is then local partial results and
+an all-reduce of them, where a flattened one is first gathered onto every
+device; `kgrad.backends.jax.summarize.on_device.reducible`); when
 its sum of squares is not finite (a NaN, an Inf, or squares beyond float32:
 gradients beyond 1e19), a ``lax.cond`` replaces them by the exact values of
 `kgrad.backends.jax.summarize.careful`, computed on the host in float64.
@@ -26,7 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from kgrad.backends.jax.summarize.careful import careful_summaries
+from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
+from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.plan.histogram_buckets import is_log_magnitude_count
 from kgrad.plan.tag_names import MOMENT_NAMES
 
@@ -55,9 +61,9 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     if is_log_magnitude_count(bucket_count):
         # Fixed edges: the histogram needs neither the min and max nor the exact path.
         return summarize(x, None, columns)[0], log_magnitude_histogram(x)
-    values = jnp.ravel(x).astype(jnp.float32)
+    values = reducible(jnp.asarray(x).astype(jnp.float32))
     if values.size == 0:
-        histogram = None if bucket_count is None else _histogram_of(values, 0.0, 0.0, bucket_count)
+        histogram = None if bucket_count is None else histogram_of(values, 0.0, 0.0, bucket_count)
         return jnp.zeros([ROW], jnp.float32), histogram
     needed = set(columns) | ({_MIN, _MAX} if bucket_count is not None else set())
     squares = jnp.sum(jnp.square(values))
@@ -88,20 +94,20 @@ def summarize_group(items):
             # Fixed edges: only the moments go through the branch.
             log_histograms[index] = log_magnitude_histogram(x)
             bucket_count = None
-        flat = jnp.ravel(x).astype(jnp.float32)
-        if flat.size == 0:
-            results[index] = summarize(flat, bucket_count, columns)
+        tensor = reducible(jnp.asarray(x).astype(jnp.float32))  # (see the module's docstring)
+        if tensor.size == 0:
+            results[index] = summarize(tensor, bucket_count, columns)
             continue
         needed = set(columns) | ({_MIN, _MAX} if bucket_count is not None else set())
-        squares.append(jnp.sum(jnp.square(flat)))
-        values.append((index, flat, bucket_count, needed))
-        fast.append(_plain_summary(flat, squares[-1], needed, bucket_count))
+        squares.append(jnp.sum(jnp.square(tensor)))
+        values.append((index, tensor, bucket_count, needed))
+        fast.append(_plain_summary(tensor, squares[-1], needed, bucket_count))
     if values:
         exact = jax.lax.cond(
             jnp.all(jnp.isfinite(jnp.stack(squares))),
             lambda: fast,
             lambda: careful_summaries(
-                [flat for _, flat, _, _ in values],
+                [tensor for _, tensor, _, _ in values],
                 [buckets for _, _, buckets, _ in values],
                 [needed for _, _, _, needed in values],
             ),
@@ -129,33 +135,7 @@ def _plain_summary(values, squares, needed, bucket_count):
         row[_ZEROS] = jnp.sum((values == 0).astype(jnp.int32)).astype(jnp.float32) / size
     row[_NONFINITE] = jnp.float32(0.0)
     row = jnp.stack([jnp.asarray(value, jnp.float32) for value in row])
-    histogram = _empty_histogram(bucket_count)
+    histogram = empty_histogram(bucket_count)
     if bucket_count is not None:
-        histogram = _histogram_of(values, row[_MIN], row[_MAX], bucket_count)
+        histogram = histogram_of(values, row[_MIN], row[_MAX], bucket_count)
     return row, histogram
-
-
-def _empty_histogram(bucket_count):
-    # Both branches of the cond return the same structure: a [0, 3] stand-in without buckets.
-    return jnp.zeros([bucket_count or 0, 3], jnp.float32)
-
-
-def _histogram_of(values, low, high, bucket_count):
-    """TensorBoard's ``[k, 3]`` histogram of finite ``values`` in ``k`` equal buckets of [low, high]."""
-    low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
-    degenerate = high <= low
-    low, high = jnp.where(degenerate, low - 0.5, low), jnp.where(degenerate, high + 0.5, high)
-    width = (high - low) / bucket_count
-    edges = low + width * jnp.arange(bucket_count + 1, dtype=jnp.float32)
-    edges = edges.at[-1].set(high)  # float rounding never cuts off the max
-    if values.size:
-        # Clipped as integers: even a NaN (converted to any integer) lands in range (the
-        # exact path replaces the counts of a tensor holding one).
-        index = jnp.clip(jnp.floor((values - low) / width).astype(jnp.int32), 0, bucket_count - 1)
-        # Integer counts: a float32 count stops growing at 2**24 elements.
-        ones = jnp.ones(values.shape, jnp.int32)
-        # In range by the clip: promised, the scatter skips its bounds checks (~20% less on CPU).
-        counts = jnp.zeros([bucket_count], jnp.int32).at[index].add(ones, mode="promise_in_bounds")
-    else:
-        counts = jnp.zeros([bucket_count], jnp.int32)
-    return jnp.stack([edges[:-1], edges[1:], counts.astype(jnp.float32)], axis=1)

@@ -1,0 +1,104 @@
+"""Under `keras.distribution.ModelParallel` on 8 CPU devices, kgrad's probed and guarded steps move no tensor
+between devices that Keras' own step does not: every statistic is local partial results and an all-reduce
+of them (issue 52).
+
+The model's `LayoutMap` splits kernels on both axes of a ``(2, 4)`` mesh, the
+embedding and the vocabulary head on ``model``, the attention heads on
+``model`` (tests/scripts/model_parallel_hlo_jax.py, run in its own process:
+the number of host devices is fixed when JAX starts). The probe writes
+``statistics="all"``, histograms and the optimizer, logits and attention
+instruments. Each step is compiled again and its HLO read: an all-gather,
+all-to-all or collective-permute, or a transfer to one device, of more than
+a few KB is a tensor moved, not a statistic.
+"""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "model_parallel_hlo_jax.py")
+#: Bytes per device above which a collective moves a tensor (the largest statistic, a histogram, is 780).
+LARGE = 4096
+
+
+@pytest.fixture(scope="module")
+def steps():
+    # ~2 min on a loaded machine (each step compiled twice); the timeout only stops a hung process.
+    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, env=dict(os.environ),
+                          timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout)
+    warned = [line for line in done.stderr.splitlines() if "Involuntary full rematerialization" in line]
+    measured["warnings"] = warned
+    return measured
+
+
+def only(step_kind):
+    """The one step of a kind that ran (Keras' own train_step, the probed step, the guard's plain step)."""
+    assert len(step_kind) == 1, sorted(step_kind)
+    return next(iter(step_kind.values()))
+
+
+def large_moves(step):
+    return collections.Counter((op, size) for op, size, _, _ in step["moves"] if size > LARGE)
+
+
+def test_the_kernels_are_split_on_both_axes(steps):
+    assert steps["devices"] == 8
+    shardings = steps["shardings"]
+    assert shardings["up/kernel"] == "P('batch', 'model')"
+    assert shardings["down/kernel"] == "P('model', 'batch')"
+    assert shardings["embedding/embeddings"] == "P(None, 'model')"
+    assert shardings["attention/query/kernel"] == "P(None, 'model', None)"
+
+
+@pytest.mark.parametrize("kind", ["probed", "guarded"])
+def test_no_tensor_is_moved_beyond_what_keras_step_moves(steps, kind):
+    keras_moves, moved = large_moves(only(steps["keras"])), large_moves(only(steps[kind]))
+    # The test can fail: Keras' step itself gathers the kernels its matmuls need.
+    assert keras_moves, "Keras' own step moves nothing: the layout no longer tests anything"
+    extra = moved - keras_moves
+    details = [(op, size, result, where) for op, size, result, where in only(steps[kind])["moves"]
+               if (op, size) in extra]
+    assert not extra, f"{kind} step moves tensors that Keras' step does not: {details}"
+
+
+def test_no_tensor_is_sent_to_one_device(steps):
+    for kind in ("keras", "probed", "guarded"):
+        step = only(steps[kind])
+        assert not [m for m in step["moves"] if m[0] == "maximal" and m[1] > LARGE], kind
+        # Before partitioning, a host callback's operands are placed on one device (then gathered there).
+        assert not step["maximal"], (kind, step["maximal"][:3])
+
+
+def test_xla_replicates_no_tensor_involuntarily(steps):
+    assert not steps["warnings"], steps["warnings"][:3]
+
+
+def per_device_bytes(step):
+    """What one device holds while the step runs: temporaries, arguments and outputs (less the donated)."""
+    memory = step["memory"]
+    return memory["temp"] + memory["argument"] + memory["output"] - memory["alias"]
+
+
+# Measured on this model (bytes per device, temp + arguments + outputs - donated): Keras' step
+# 373,668; the probed step 790,268 (its records 29,496 of it); the guarded step 417,326.
+# Issue 52 asks for these bounds; they do not hold yet (see docs/sharded.md, "What it costs").
+@pytest.mark.xfail(strict=True, reason="issue 52: the probed step's temporaries (histogram indices, "
+                   "the weights before the update for update_ratio/) are 2.1x Keras' step's memory")
+def test_the_probed_step_holds_at_most_keras_step_and_its_statistics(steps):
+    keras_step, probed = only(steps["keras"]), only(steps["probed"])
+    # The statistics: what the probed step returns beyond the state (its records).
+    statistics = probed["memory"]["output"] - keras_step["memory"]["output"]
+    assert 0 < statistics < 64 * 1024
+    assert per_device_bytes(probed) <= 1.05 * per_device_bytes(keras_step) + statistics
+
+
+@pytest.mark.xfail(strict=True, reason="issue 52: the guarded step holds 11.7% more than Keras' step "
+                   "(its update behind a lax.cond), not 5%")
+def test_the_guarded_step_holds_at_most_keras_step_and_5_percent(steps):
+    assert per_device_bytes(only(steps["guarded"])) <= 1.05 * per_device_bytes(only(steps["keras"]))
