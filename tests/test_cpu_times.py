@@ -33,7 +33,9 @@ def test_runs_a_subprocess():
 
 def test_each_phase_counts_own_and_subprocess_cpu_seconds(tmp_path, capsys):
     (tmp_path / "test_inner.py").write_text(TESTS)
-    env = {**os.environ, "KGRAD_TEST_CPU_TIMES": str(tmp_path / "times.json"), "PYTHONPATH": str(HERE)}
+    # Not this run's PYTEST_* variables: under xdist, PYTEST_XDIST_WORKER would name the inner run's file.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
+    env.update(KGRAD_TEST_CPU_TIMES=str(tmp_path / "times.json"), PYTHONPATH=str(HERE))
     subprocess.run([sys.executable, "-m", "pytest", "-p", "cpu_times", "-p", "no:cacheprovider", "-q", "test_inner.py"],
                    cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
     record = json.loads((tmp_path / "times.json").read_text())

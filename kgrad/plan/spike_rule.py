@@ -18,7 +18,7 @@ Example:
 >>> window = np.array([[1.0, 2.0], [1.2, 2.2], [0.8, 1.8], [1.0, 2.0]])
 >>> spike, score = judge(window, np.array([1.0, 9.0]), SpikeRule(sigmas=6, window=4))
 >>> bool(spike), round(score, 2)
-(True, 43.3)
+(True, 42.87)
 """
 
 import dataclasses
