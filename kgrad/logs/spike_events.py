@@ -16,7 +16,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from kgrad.logs.event_file import EventFile
 from kgrad.logs.summary_bytes import scalar_proto
-from kgrad.plan.tag_names import describe_tag
+from kgrad.logs.writer import described_entry
 
 
 class SpikeEvents:
@@ -39,12 +39,7 @@ class SpikeEvents:
             self._events = EventFile(self.run_dir)
         summary = summary_pb2.Summary()
         for tag, value in scalars.items():
-            entry = summary.value.add(tag=tag)
-            if tag not in self._described:
-                self._described.add(tag)
-                entry.metadata.CopyFrom(
-                    scalar_metadata.create_summary_metadata(display_name=tag, description=describe_tag(tag))
-                )
+            entry = described_entry(summary, tag, scalar_metadata, self._described)
             entry.tensor.CopyFrom(scalar_proto(value))
         self._events.write_summary(summary.SerializeToString(), step)
 

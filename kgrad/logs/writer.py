@@ -177,13 +177,7 @@ class ProbeWriter:
         return layout.fill(scalars, histograms)
 
     def _add(self, summary, tag, plugin_metadata):
-        entry = summary.value.add(tag=tag)
-        if tag not in self._described:
-            self._described.add(tag)
-            entry.metadata.CopyFrom(
-                plugin_metadata.create_summary_metadata(display_name=tag, description=describe_tag(tag))
-            )
-        return entry
+        return described_entry(summary, tag, plugin_metadata, self._described)
 
     def flush(self):
         """Writes buffered events to disk (called at the end of each epoch)."""
@@ -195,3 +189,18 @@ class ProbeWriter:
         if self._events is not None:
             self._events.close()
             self._events = None
+
+
+def described_entry(summary, tag, plugin_metadata, described):
+    """A new value of ``summary`` for ``tag``, with its plugin and description the first time.
+
+    ``described`` is the set of tags that already have them in this event file (updated):
+    TensorBoard reads a tag's plugin and description from its first event in a file.
+    """
+    entry = summary.value.add(tag=tag)
+    if tag not in described:
+        described.add(tag)
+        entry.metadata.CopyFrom(
+            plugin_metadata.create_summary_metadata(display_name=tag, description=describe_tag(tag))
+        )
+    return entry
