@@ -45,13 +45,13 @@ VOCABULARY, LENGTH, BATCH, STEPS, RANK = 64, 8, 8, 3, 4
 
 
 def build(distribution):
-    """The tiny Gemma causal LM, LoRA rank 4, compiled, its weights placed by ``distribution`` (None: one device)."""
+    """The tiny Gemma causal LM, LoRA rank 4, compiled, under ``distribution`` (None: one device)."""
     import keras_hub  # (imports TensorFlow: only here)
 
     keras.backend.clear_session()
     keras.distribution.set_distribution(distribution)  # (clear_session unsets it)
     keras.utils.set_random_seed(0)
-    # Heads and the vocabulary divisible by the 4 devices of the model axis, widths by the 2 of the batch axis.
+    # Heads and vocabulary divisible by the 4 devices of the model axis, widths by the 2 of the batch axis.
     backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCABULARY, num_layers=2, num_query_heads=4,
                                               num_key_value_heads=4, hidden_dim=16, intermediate_dim=64,
                                               head_dim=8)

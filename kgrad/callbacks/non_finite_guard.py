@@ -165,12 +165,15 @@ class NonFiniteGuard(keras.callbacks.Callback):
         return self.action != "warn"
 
     def on_train_begin(self, logs=None):
-        self._sinks.open()
+        # Every worker guards (the step's collectives need all of them); only the chief writes.
+        self._writes = backends.current().is_chief(self.model)
+        self._sinks.open(enabled=self._writes)
         try:
             if self._spikes is not None:
                 rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
                 self.config = dataclasses.replace(self.config, spikes=rule)
-                self._spikes.start(self.log_dir, int(self.model.optimizer.iterations))
+                log_dir = self.log_dir if self._writes else None
+                self._spikes.start(log_dir, int(self.model.optimizer.iterations))
             self._step = backends.current().attach(self.model, "guard", self.config)
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
@@ -254,7 +257,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         report = self._replayed(report, batch)
         self.reports.append(report)
         self.report = self.report or report
-        if self.log_dir is not None:
+        if self.log_dir is not None and self._writes:
             write_guard_report(self.log_dir, report)
         self._sinks.guard_report(report)
         self._sinks.html_report(self.log_dir, report.step, "nonfinite")

@@ -1,4 +1,4 @@
-"""examples/sharded_lora.py: a LoRA-tuned KerasHub Gemma split over 8 devices logs its LoRA gradients and heads.
+"""examples/sharded_lora.py: a LoRA-tuned Gemma split over 8 devices logs its LoRA gradients and its heads.
 
 The example runs in a fork of the preloaded Python (tests/forked_python.py; the
 8 simulated devices are set before JAX starts its backend there). Its logs
@@ -27,8 +27,8 @@ import sharded_lora  # noqa: E402  (the model and the data, built here on one de
 def example(preloaded_python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sharded_lora")
     # Under a minute on 2 loaded cores; the timeout only stops a hung run.
-    status, stdout, stderr = preloaded_python.run_script(EXAMPLES / "sharded_lora.py", [folder / "logs"], folder,
-                                                         timeout=300)
+    status, stdout, stderr = preloaded_python.run_script(EXAMPLES / "sharded_lora.py", [folder / "logs"],
+                                                         folder, timeout=300)
     assert status == 0, stderr[-3000:]
     return stdout, stderr, kgrad.read_logs(str(folder / "logs"))["kgrad"]
 

@@ -51,6 +51,10 @@ def replay_fields(model, batch, seeds_after=None):
         finite), and the primitive and source line ``checkify`` names.
     """
     del seeds_after
+    if jax.process_count() > 1:
+        raise NotImplementedError(
+            f"not replayed with {jax.process_count()} JAX processes: the replay reads the step's batch and "
+            "weights on this host, and each process holds only its part of them")
     if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
         return replay_own_step(model, batch)
     x, y, sample_weight = (_as_fed(part) for part in unpack_batch(batch))

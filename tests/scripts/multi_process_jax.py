@@ -1,0 +1,105 @@
+"""One of two JAX processes (4 CPU devices each) that train one model split over all 8 (issue 52).
+
+Run by tests/jax/test_multi_process_jax.py as two processes:
+``python multi_process_jax.py PROCESS_ID PORT OUT_DIR``; the coordinator (process
+0's) listens on 127.0.0.1:PORT. A ``(2, 4)`` mesh ``["batch", "model"]`` over the 8
+devices of both processes (process 0's four hold row 0 of ``batch``); the model's
+kernels are split on both axes. Each process feeds its half of each global batch
+(``auto_shard_dataset = False``). Three fits, in order, each saying on stdout what
+it did:
+
+1. ``probe``: a `kgrad.GradientProbe` (``statistics="all"``, histograms, the
+   optimizer instrument) writing to ``OUT_DIR/probe_<id>``, every step; its records
+   go to ``OUT_DIR/records_<id>.json``.
+2. ``guard``: a `kgrad.NonFiniteGuard` logging to ``OUT_DIR/guard_<id>``; a NaN in
+   an example of step 1 that only process 1 holds. The report and the steps each
+   process ran go to ``OUT_DIR/guard_<id>.json``.
+3. ``long``: a probed fit that runs until the test kills a process, writing to
+   ``OUT_DIR/long_<id>``; it prints ``step N`` after each step.
+"""
+
+import json
+import os
+import sys
+
+if __name__ == "__main__":  # (pytest imports this file for its doctests: leave its environment alone)
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["KERAS_BACKEND"] = "jax"
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kgrad  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_parallel_hlo_jax as hlo_script  # noqa: E402  (the layout: kernels split on both axes)
+# The model (two Dense layers) and its data (2 global batches of 8).
+from model_parallel_values_jax import features, float_model as build, labels  # noqa: E402
+
+GLOBAL_BATCH = 8
+#: The guard's NaN: step 1, example 6 of its global batch (in process 1's half).
+NAN_AT = (1 * GLOBAL_BATCH + 6, 3)
+
+
+def probe(log_dir=None, on_probe=None):
+    return kgrad.GradientProbe(log_dir, every_n_steps=1, on_probe=on_probe, statistics="all", histograms=True,
+                               instruments=["optimizer"])
+
+
+def model_parallel():
+    """The layout of tests/scripts/model_parallel_hlo_jax.py over the devices of both processes."""
+    distribution = hlo_script.model_parallel()
+    distribution.auto_shard_dataset = False  # each process feeds its own half of each global batch
+    return distribution
+
+
+def half(array, process):
+    """The examples of ``array`` that ``process`` feeds: its half of each global batch."""
+    per_batch = array.reshape(-1, 2, GLOBAL_BATCH // 2, *array.shape[1:])
+    return per_batch[:, process].reshape(-1, *array.shape[1:])
+
+
+class Progress(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"step {batch}", flush=True)
+
+
+def main(process, port, out):
+    import jax
+
+    # When the other process dies, this one's collective fails at once, and its exit waits for the
+    # distributed service to miss the dead one's heartbeats: 20 s, not the default 100.
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process,
+                               heartbeat_timeout_seconds=20)
+    assert jax.process_count() == 2 and len(jax.devices()) == 8 and len(jax.local_devices()) == 4
+
+    records = []
+    model = build(model_parallel())
+    model.fit(half(features, process), half(labels, process), batch_size=GLOBAL_BATCH // 2, shuffle=False,
+              verbose=0, callbacks=[probe(os.path.join(out, f"probe_{process}"), records.append)])
+    with open(os.path.join(out, f"records_{process}.json"), "w") as file:
+        json.dump([{"step": r.step, "scalars": r.scalars,
+                    "histograms": {tag: np.asarray(h).tolist() for tag, h in r.histograms.items()}}
+                   for r in records], file)
+    print("probe done", flush=True)
+
+    bad = features.copy()
+    bad[NAN_AT] = np.nan
+    guard = kgrad.NonFiniteGuard(log_dir=os.path.join(out, f"guard_{process}"))
+    model = build(model_parallel())
+    model.fit(half(bad, process), half(labels, process), batch_size=GLOBAL_BATCH // 2, shuffle=False,
+              verbose=0, callbacks=[guard])
+    report = guard.report
+    with open(os.path.join(out, f"guard_{process}.json"), "w") as file:
+        json.dump({"iterations": int(model.optimizer.iterations), "step": report.step,
+                   "tensor": report.tensor, "born_in": report.born_in, "born_at": report.born_at}, file)
+    print("guard done", flush=True)
+
+    model = build(model_parallel())
+    many, their_labels = np.concatenate([features] * 1000), np.concatenate([labels] * 1000)
+    model.fit(half(many, process), half(their_labels, process), batch_size=GLOBAL_BATCH // 2, shuffle=False,
+              verbose=0, callbacks=[probe(os.path.join(out, f"long_{process}")), Progress()])
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
