@@ -165,15 +165,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
         return self.action != "warn"
 
     def on_train_begin(self, logs=None):
-        # Every worker guards (the step's collectives need all of them); only the chief writes.
-        self._writes = backends.current().is_chief(self.model)
+        self._writes = backends.current().is_chief(self.model)  # every worker guards, the chief writes
         self._sinks.open(enabled=self._writes)
         try:
             if self._spikes is not None:
                 rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
                 self.config = dataclasses.replace(self.config, spikes=rule)
-                log_dir = self.log_dir if self._writes else None
-                self._spikes.start(log_dir, int(self.model.optimizer.iterations))
+                self._spikes.start(self._writes and self.log_dir or None, int(self.model.optimizer.iterations))
             self._step = backends.current().attach(self.model, "guard", self.config)
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
