@@ -137,6 +137,11 @@ def test_a_guard_trip_stops_both_and_process_0_writes_the_report(run):
     assert reports[0]["iterations"] == 1 and reports[0]["step"] == 1 and reports[0]["tensor"] == "loss/loss"
     (written,) = guard_reports(read_run(sorted((out / "guard_0" / "kgrad").iterdir())))
     assert written["step"] == 1 and written["tensor"] == "loss/loss"
+    # Counted on the devices of both processes. The NaN of one example's feature 3 reaches every
+    # output of `up` (relu passes NaN on, but its gradient there is 0): row 3 of up's kernel (64
+    # NaN gradients), all of down's kernel (64 x 8) and bias (8); up's bias gets 0s, no NaN.
+    assert written["non_finite"] == [["loss/loss", 1, 0], ["weight_grad/up/kernel", 64, 0],
+                                     ["weight_grad/down/kernel", 512, 0], ["weight_grad/down/bias", 8, 0]]
     # The replay would read the batch and the weights on one host: it says why it did not run.
     assert "not replayed with 2 JAX processes" in written["replay_note"]
 
