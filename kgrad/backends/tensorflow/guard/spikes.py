@@ -1,8 +1,9 @@
 """The spike rule inside TensorFlow's guarded step: its device variables and their graph code.
 
 `SpikeState` judges every step (`kgrad.plan.spike_rule`, the NumPy
-reference): the step's loss and global gradient norm against mean + kσ of
-the last N accepted steps, a window kept in a device variable. Its
+reference): the logarithms of the step's loss and global gradient norm
+against mean + kσ of the last N accepted steps, a window kept in a device
+variable. Its
 `GuardState` (`kgrad.backends.tensorflow.guard.sentinel`) then skips the
 update of a spiking step exactly as it skips a non-finite one. Every step
 also writes one row of per-step values (skipped, score, the window's mean
@@ -12,13 +13,16 @@ skipped step only, the update the step would have made is applied, measured
 and undone (`SpikeState.record_skip`): the per-weight values of the skip.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.handover.replicas import state_variable
 from kgrad.backends.tensorflow.summarize.optimizer_state import moment_statistics
-from kgrad.plan.spike_rule import ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
+from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
+
+_TINY = float(np.finfo(np.float32).tiny)  # float32's smallest normal: the logarithm of a 0 norm is finite
 
 
 class SpikeState:
@@ -48,28 +52,37 @@ class SpikeState:
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
 
+        ``values`` are the step's logarithms (the window's rows); ``mean`` and
+        ``std`` the window's, per column (NaN before two accepted steps, or
+        where the window holds a loss that is not positive).
+
         Args:
             loss: The step's loss (unscaled, a scalar).
             weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
         """
-        norms = tf.sqrt(weight_squares)
-        values = tf.concat([[tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], norms], 0)
+        raw = tf.concat([
+            [tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], tf.sqrt(weight_squares)
+        ], 0)
+        # ln of each (float32's smallest for a 0 norm); NaN for a loss that is not positive.
+        values = tf.math.log(tf.maximum(raw, _TINY))
+        values = tf.concat([tf.where(raw[:1] > 0, values[:1], float("nan")), values[1:]], 0)
         filled = tf.minimum(self.accepted, self.rule.window)
         count = tf.cast(filled, tf.float32)
         in_window = tf.cast(tf.range(self.rule.window, dtype=tf.int64) < filled, tf.float32)[:, None]
+        # Rows past `filled` were never written (zeros): the mask keeps a NaN loss inside only.
         mean = tf.reduce_sum(self.window * in_window, 0) / tf.maximum(count, 1.0)
         squares = tf.reduce_sum(tf.square((self.window - mean) * in_window), 0)
-        variance = squares / tf.maximum(count - 1.0, 1.0)
-        std = tf.sqrt(variance)
-        judged = tf.logical_and(filled >= self.rule.warmup, std[:2] > 0)
-        z = tf.where(judged, (values[:2] - mean[:2]) / tf.where(judged, std[:2], 1.0), float("-inf"))
-        score = tf.reduce_max(z)
-        finite = tf.reduce_all(tf.math.is_finite(values))
-        spike = tf.logical_and(finite, score > self.rule.sigmas)
-        score = tf.where(tf.reduce_any(judged), score, float("nan"))
+        std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
         enough = filled >= 2
         mean = tf.where(enough, mean, float("nan"))
         std = tf.where(enough, std, float("nan"))
+        scale = tf.maximum(std[:2], MIN_LOG_SIGMA)
+        z = (values[:2] - mean[:2]) / scale
+        judged = tf.logical_and(filled >= self.rule.warmup, tf.math.is_finite(z))
+        score = tf.reduce_max(tf.where(judged, z, float("-inf")))
+        finite = tf.reduce_all(tf.math.is_finite(raw))
+        spike = tf.logical_and(finite, score > self.rule.sigmas)
+        score = tf.where(tf.reduce_any(judged), score, float("nan"))
         return values, spike, score, mean, std
 
     def after_step(self, values, spike, score, mean, std, accepted):
@@ -127,10 +140,9 @@ class SpikeState:
         update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
         dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
         values, _, _, mean, std = judged
-        grad_norms = values[2:]
-        # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
-        known = std[2:] > 0
-        z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
+        grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
+        # ln of the norm against the weight's own column of the window: NaN (absent) where unknown.
+        z = (values[2:] - mean[2:]) / tf.maximum(std[2:], MIN_LOG_SIGMA)
         table = tf.stack([
             grad_norms, update_norms / weight_norms, dots / (grad_norms * weight_norms), rms, z,
         ], axis=1)
