@@ -175,7 +175,9 @@ class TapeCollection:
         )
         state = self._guard_state_for(name, [tensor_name for tensor_name, _ in watched], on_trip_only)
         self._guard_states.append(state)
-        self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler))
+        # The spike rule's per-weight rows: the weight gradients last to first (`watched_tensors`).
+        measured = [(g, w) for g, w in zip(gradients, weights) if g is not None][::-1]
+        self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler, measured))
 
     def _guarded(self, optimizer, apply):
         def guarded_apply(grads, trainable_variables=None):
@@ -191,11 +193,14 @@ class TapeCollection:
             if not optimizer.built:  # as Keras' apply does, outside the branch below
                 with keras_internals.name_scope(optimizer.name, caller=optimizer):
                     optimizer.build(variables)
-            _, _, state, tensors, scaler = check
+            name, _, state, tensors, scaler, measured = check
             self.applied.append(state.guarded_apply(
                 tensors, tf.identity(optimizer.iterations),
                 lambda: apply(grads, variables), self._plan.guard.halt_updates,
                 inverse_loss_scale(scaler),
+                spike_update=None if state.spikes is None else spike_update(
+                    name, optimizer, grads, variables, measured
+                ),
             ))
 
         return guarded_apply
@@ -228,6 +233,27 @@ class TapeCollection:
             "optimizer that is an attribute of the model (e.g. `self.d_optimizer = "
             "keras.optimizers.Adam()` in compile(), or the model's compiled optimizer)."
         )
+
+
+def spike_update(name, optimizer, grads, variables, measured):
+    """``(optimizer, the update's pairs, the checked pairs)`` of a tape's update: `SpikeState.record_skip`'s.
+
+    Raises:
+        ValueError: When this optimizer does not update every weight the tape
+            differentiated: the spike rule judges the tape's gradients as one step.
+    """
+    applied = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    updated = {id(v) for _, v in applied}
+    missing = [w.path for _, w in measured if id(w) not in updated]
+    if missing:
+        raise ValueError(
+            f"kgrad.NonFiniteGuard(skip_spikes=True): ProbeTape {name!r} differentiated weights that "
+            f"its optimizer's update does not include ({', '.join(missing)}), so a spiking step of "
+            "the tape cannot be skipped as one update. Received: an update of "
+            f"{len(applied)} weights. Apply each tape's gradients in one optimizer call, or pass "
+            "skip_spikes=False."
+        )
+    return optimizer, applied, measured
 
 
 def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_for):
@@ -268,7 +294,7 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
         tf.cond(tf.reduce_all(tf.stack(collection.applied)), tf.no_op, skipped)
     if plan.guard is not None:
         # The flag travels with the logs that Keras reads anyway.
-        tripped = [state.tripped.read_value() for state in collection.guard_states()]
+        tripped = [state.flag() for state in collection.guard_states()]
         outputs = {**outputs, guard_module.TRIPPED_OUTPUT: tf.reduce_any(tf.stack(tripped))}
     return outputs
 

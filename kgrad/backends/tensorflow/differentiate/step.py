@@ -296,5 +296,6 @@ class ProbingStep:
         )
 
     def _guard_state_for_tape(self, name, names, on_trip_only):
-        self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only)
+        spikes = self._running.plan.guard.spikes  # each tape judged on its own loss and gradients
+        self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only, spikes)
         return self._running.tape_guard_states[name]

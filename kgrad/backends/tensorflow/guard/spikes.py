@@ -35,6 +35,7 @@ class SpikeState:
 
     def __init__(self, rule, weights):
         self.rule, self.weights = rule, weights
+        self.optimizer = None  # the optimizer of the judged update (set when the step is traced)
         columns = 2 + weights  # loss, global norm, each weight's norm
         self.window = state_variable(tf.zeros([rule.window, columns]), "kgrad_spike_window")
         self.accepted = state_variable(tf.constant(0, tf.int64), "kgrad_spike_accepted")
@@ -169,13 +170,14 @@ class SpikeState:
 
         Args:
             weights: The weight paths of the tables' rows.
-            optimizer: ``model.optimizer`` (for why ``adam_rms`` may be absent).
+            optimizer: ``model.optimizer`` (for why ``adam_rms`` may be absent), unless the
+                judged update's own optimizer is known (a model's own ``train_step``).
         """
         snapshot = SpikeSnapshot(
             rows=self.rows.numpy(), row_count=int(self.row_count.numpy()),
             skip_values=self.skip_values.numpy(), skip_steps=self.skip_steps.numpy(),
             skip_count=int(self.skip_count.numpy()), tripped=bool(self.tripped.numpy()),
-            weights=tuple(weights), adam_reason=moment_rule(optimizer)[1],
+            weights=tuple(weights), adam_reason=moment_rule(self.optimizer or optimizer)[1],
         )
         self.news.assign(False)
         return snapshot
