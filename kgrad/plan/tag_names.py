@@ -113,7 +113,7 @@ PREFIXES = {
     "skip_update_ratio": "‖Δw‖ / ‖w‖ that a skipped step would have made to weight `{name}`",
     "skip_cos_grad_weight": "cos(dJ/dw, w) of weight `{name}` in a skipped step",
     "skip_adam_rms": "RMS of g/(√v̂+ε) of weight `{name}` in a skipped step (Adam's moments)",
-    "skip_z_grad_norm": "z-score of ln ‖dJ/dw‖ of weight `{name}` in a skipped step, against the "
+    "skip_z_grad_norm": "z-score of ‖dJ/dw‖ of weight `{name}` in a skipped step, against the "
                         "guard's window of accepted steps",
 }
 #: The folder of the tags that are of the whole model, not of a name.

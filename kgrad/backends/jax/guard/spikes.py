@@ -62,14 +62,15 @@ def initial_record(rule, weights):
 def judge(record, rule, loss, weight_squares):
     """``(values, spike, score, mean, std)`` of one step (see the TensorFlow `SpikeState.judge`).
 
-    ``values`` are the step's logarithms (NaN for a loss that is not positive).
+    ``values`` are the window's row: ln loss (NaN for a loss that is not positive), ln global
+    norm, then each weight's gradient norm as it is (its z-scores rank weights, decide nothing).
     """
     raw = jnp.concatenate([
         jnp.stack([jnp.asarray(loss, jnp.float32), jnp.sqrt(jnp.sum(weight_squares))]),
         jnp.sqrt(weight_squares.astype(jnp.float32)),
     ])
-    values = jnp.log(jnp.maximum(raw, jnp.finfo(jnp.float32).tiny))
-    values = values.at[0].set(jnp.where(raw[0] > 0, values[0], jnp.nan))
+    logs = jnp.log(jnp.maximum(raw[:2], jnp.finfo(jnp.float32).tiny))
+    values = jnp.concatenate([jnp.where(raw[:1] > 0, logs[:1], jnp.nan), logs[1:], raw[2:]])
     filled = jnp.minimum(record.accepted, rule.window)
     count = filled.astype(jnp.float32)
     in_window = (jnp.arange(rule.window) < filled).astype(jnp.float32)[:, None]
@@ -126,8 +127,8 @@ def skip_table(model, judged, gradients, trainable, optimizer_variables):
     dots = jnp.stack([jnp.sum(flat(g) * flat(w)) for g, w in zip(gradients, trainable)])
     values, _, _, mean, std = judged
     norms = jnp.stack([jnp.linalg.norm(flat(g)) for g in gradients])
-    # ln of the norm against the weight's own column of the window: NaN (absent) where unknown.
-    z = (values[2:] - mean[2:]) / jnp.maximum(std[2:], MIN_LOG_SIGMA)
+    known = std[2:] > 0
+    z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
     rms = _adam_rms(model, gradients, new_optimizer)
     return jnp.stack([norms, update_norms / weight_norms, dots / (norms * weight_norms), rms, z], axis=1)
 

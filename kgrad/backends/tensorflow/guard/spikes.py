@@ -53,9 +53,11 @@ class SpikeState:
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
 
-        ``values`` are the step's logarithms (the window's rows); ``mean`` and
-        ``std`` the window's, per column (NaN before two accepted steps, or
-        where the window holds a loss that is not positive).
+        ``values`` are the window's row of the step: the logarithms of the loss
+        and of the global norm, then each weight's gradient norm as it is (the
+        skip's per-weight z-scores rank weights, they decide nothing);
+        ``mean`` and ``std`` the window's, per column (NaN before two accepted
+        steps, or where the window holds a loss that is not positive).
 
         Args:
             loss: The step's loss (unscaled, a scalar).
@@ -65,8 +67,8 @@ class SpikeState:
             [tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], tf.sqrt(weight_squares)
         ], 0)
         # ln of each (float32's smallest for a 0 norm); NaN for a loss that is not positive.
-        values = tf.math.log(tf.maximum(raw, _TINY))
-        values = tf.concat([tf.where(raw[:1] > 0, values[:1], float("nan")), values[1:]], 0)
+        logs = tf.math.log(tf.maximum(raw[:2], _TINY))
+        values = tf.concat([tf.where(raw[:1] > 0, logs[:1], float("nan")), logs[1:], raw[2:]], 0)
         filled = tf.minimum(self.accepted, self.rule.window)
         count = tf.cast(filled, tf.float32)
         in_window = tf.cast(tf.range(self.rule.window, dtype=tf.int64) < filled, tf.float32)[:, None]
@@ -142,8 +144,9 @@ class SpikeState:
         dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
         values, _, _, mean, std = judged
         grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
-        # ln of the norm against the weight's own column of the window: NaN (absent) where unknown.
-        z = (values[2:] - mean[2:]) / tf.maximum(std[2:], MIN_LOG_SIGMA)
+        # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
+        known = std[2:] > 0
+        z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
         table = tf.stack([
             grad_norms, update_norms / weight_norms, dots / (grad_norms * weight_norms), rms, z,
         ], axis=1)
