@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard import watched as guard_module
+from kgrad.backends.tensorflow.guard.spikes import own_step_update
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
 from kgrad.backends.tensorflow.summarize.loss_scale import inverse_loss_scale, scales_loss
@@ -173,10 +174,9 @@ class TapeCollection:
         watched, on_trip_only = guard_module.watched_tensors(
             guard, tape.model, tape.probe, target, None, gradients, weights, None
         )
-        state = self._guard_state_for(name, [tensor_name for tensor_name, _ in watched], on_trip_only)
+        state = self._guard_state_for(name, [n for n, _ in watched], on_trip_only, guard.spikes)
         self._guard_states.append(state)
-        # The spike rule's per-weight rows: the weight gradients last to first (`watched_tensors`).
-        measured = [(g, w) for g, w in zip(gradients, weights) if g is not None][::-1]
+        measured = [(g, w) for g, w in zip(gradients, weights) if g is not None][::-1]  # rows' order
         self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler, measured))
 
     def _guarded(self, optimizer, apply):
@@ -198,7 +198,7 @@ class TapeCollection:
                 tensors, tf.identity(optimizer.iterations),
                 lambda: apply(grads, variables), self._plan.guard.halt_updates,
                 inverse_loss_scale(scaler),
-                spike_update=None if state.spikes is None else spike_update(
+                spike_update=None if state.spikes is None else own_step_update(
                     name, optimizer, grads, variables, measured
                 ),
             ))
@@ -233,27 +233,6 @@ class TapeCollection:
             "optimizer that is an attribute of the model (e.g. `self.d_optimizer = "
             "keras.optimizers.Adam()` in compile(), or the model's compiled optimizer)."
         )
-
-
-def spike_update(name, optimizer, grads, variables, measured):
-    """``(optimizer, the update's pairs, the checked pairs)`` of a tape's update: `SpikeState.record_skip`'s.
-
-    Raises:
-        ValueError: When this optimizer does not update every weight the tape
-            differentiated: the spike rule judges the tape's gradients as one step.
-    """
-    applied = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    updated = {id(v) for _, v in applied}
-    missing = [w.path for _, w in measured if id(w) not in updated]
-    if missing:
-        raise ValueError(
-            f"kgrad.NonFiniteGuard(skip_spikes=True): ProbeTape {name!r} differentiated weights that "
-            f"its optimizer's update does not include ({', '.join(missing)}), so a spiking step of "
-            "the tape cannot be skipped as one update. Received: an update of "
-            f"{len(applied)} weights. Apply each tape's gradients in one optimizer call, or pass "
-            "skip_spikes=False."
-        )
-    return optimizer, applied, measured
 
 
 def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_for):

@@ -194,3 +194,27 @@ class SpikeState:
             self.news.assign(False)
             self.row_count.assign(0)
             self.skip_count.assign(0)
+
+
+def own_step_update(name, optimizer, grads, variables, measured):
+    """``(optimizer, the update's pairs, the checked pairs)`` of a `kgrad.ProbeTape`'s update: `record_skip`'s.
+
+    ``measured``: the tape's ``(gradient, weight)`` pairs in its rows' order
+    (the weight gradients last to first, `kgrad.backends.tensorflow.guard.watched.watched_tensors`).
+
+    Raises:
+        ValueError: When this optimizer does not update every weight the tape
+            differentiated: the spike rule judges the tape's gradients as one step.
+    """
+    applied = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    updated = {id(v) for _, v in applied}
+    missing = [w.path for _, w in measured if id(w) not in updated]
+    if missing:
+        raise ValueError(
+            f"kgrad.NonFiniteGuard(skip_spikes=True): ProbeTape {name!r} differentiated weights that "
+            f"its optimizer's update does not include ({', '.join(missing)}), so a spiking step of "
+            "the tape cannot be skipped as one update. Received: an update of "
+            f"{len(applied)} weights. Apply each tape's gradients in one optimizer call, or pass "
+            "skip_spikes=False."
+        )
+    return optimizer, applied, measured
