@@ -26,10 +26,10 @@ def _data(steps=STEPS, fault=(SPIKE,), scale=1000.0):
     return x, y
 
 
-def _fit(x, y, guard=None, steps=None):
+def _fit(x, y, guard=None, steps=None, **compile_options):
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, name="out")])
-    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"], **compile_options)
     steps = len(x) // BATCH if steps is None else steps
     losses = []
     record = keras.callbacks.LambdaCallback(
@@ -160,6 +160,18 @@ def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
     # Only the gradient norm has running statistics: its z-score is there, the others say why not.
     assert set(skipped.z_scores) == {"grad_norm"} and skipped.z_scores["grad_norm"]["out/kernel"] > 6
     assert set(skipped.absent) == {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"}
+
+
+@pytest.mark.parametrize("options", [dict(run_eagerly=True), dict(jit_compile=True)], ids=["eager", "xla"])
+def test_the_skip_and_its_values_are_the_same_eagerly_and_under_xla(spiked, options):
+    # TensorFlow (the skip's measure is a function call of its own there); JAX jits by default.
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
+    model = _fit(*spiked[2:4], guard, **options)
+    (skipped,), (expected,) = guard.skipped_steps, spiked[0].skipped_steps
+    assert skipped.step == expected.step == SPIKE and int(model.optimizer.iterations) == SPIKE
+    for name, per_weight in expected.values.items():
+        for weight, value in per_weight.items():
+            np.testing.assert_allclose(skipped.values[name][weight], value, rtol=1e-4, err_msg=name)
 
 
 def test_max_skips_in_a_row_stop_training_with_a_report(capsys):

@@ -113,6 +113,22 @@ class SpikeState:
         self.row_count.assign_add(1)
 
     def record_skip(self, judged, optimizer, applied, measured):
+        """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
+
+        Not inlined: TensorFlow's graph executor visits every op of a branch
+        not taken (its dead tensors propagate), and the would-be update is
+        hundreds of ops on a large model; one call op is one visit. Measured
+        on the benchmark transformer, the guard with spike skipping cost
+        1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
+        """
+        @tf.function(autograph=False, experimental_attributes={"_noinline": True})
+        def measure():
+            self.measure_skip(judged, optimizer, applied, measured)
+            return tf.constant(0)
+
+        measure()
+
+    def measure_skip(self, judged, optimizer, applied, measured):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
