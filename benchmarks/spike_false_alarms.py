@@ -3,7 +3,7 @@
 Two steps. ``record`` trains each clean setup once with
 ``NonFiniteGuard(skip_spikes=True, spike_sigmas=1e30)`` (the guard's step as
 it runs, nothing skipped) and keeps the loss and global gradient norm that the
-device's rule judged at every step (the backend's ``judge`` is wrapped to copy
+device's rule judged at every step, as they are (the backend's ``judge`` is wrapped to copy
 them out: TensorFlow into a device buffer read at the end, JAX through
 ``jax.debug.callback``); ``table`` then judges every series with each
 candidate rule in NumPy (k = 6, N = 128, a full window's warm-up; a flagged
@@ -132,10 +132,9 @@ def _recorded(build):
         seen, original = [], spikes.judge
 
         def judge(record, rule, loss, weight_squares):
-            judged = original(record, rule, loss, weight_squares)
-            jax.debug.callback(lambda step, v: seen.append((int(step), np.array(v))),
-                               record.row_count, judged[0][:2])
-            return judged
+            values = jax.numpy.stack([loss.astype("float32"), jax.numpy.sqrt(jax.numpy.sum(weight_squares))])
+            jax.debug.callback(lambda step, v: seen.append((int(step), np.array(v))), record.row_count, values)
+            return original(record, rule, loss, weight_squares)
 
         spikes.judge = judge
         try:
@@ -157,7 +156,8 @@ def _recorded(build):
             with tf.init_scope():
                 self._seen = state_variable(tf.zeros([1 << 16, 2]), "spike_false_alarms_seen")
             buffers.append(self._seen)
-        self._seen.scatter_nd_update([[self.row_count % (1 << 16)]], [judged[0][:2]])
+        values = tf.stack([tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))])
+        self._seen.scatter_nd_update([[self.row_count % (1 << 16)]], [values])
         return judged
 
     spikes.SpikeState.judge = judge
