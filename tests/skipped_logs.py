@@ -37,8 +37,8 @@ def write_skipped_run(run_dir, stability=True):
     for step in range(STEPS):
         scalars = {"global/step_skipped": 1.0 if step in SKIPPED else 0.0,
                    "global/spike_score": 9.0 if step in SKIPPED else float(rng.uniform(0, 2)),
-                   "spike_window_mean/loss": 1.0, "spike_window_std/loss": 0.05,
-                   "spike_window_mean/grad_norm": 0.5, "spike_window_std/grad_norm": 0.1}
+                   "spike_window_mean/log_loss": 1.0, "spike_window_std/log_loss": 0.05,
+                   "spike_window_mean/log_grad_norm": 0.5, "spike_window_std/log_grad_norm": 0.1}
         for layer in LAYERS:
             scalars[f"grad_norm/{layer}"] = float(rng.uniform(0.1, 0.2))
             scalars[f"weight_grad_norm/{layer}/kernel"] = float(rng.uniform(0.1, 0.2))

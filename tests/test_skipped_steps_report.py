@@ -28,8 +28,8 @@ def test_the_skipped_steps_are_read_back_with_their_window_and_leaders(log_dir):
     (run,) = kgrad.health_report(kgrad.read_logs(log_dir))
     assert [step.step for step in run.skipped] == list(SKIPPED)
     first, second = run.skipped
-    assert (first.spike_score, first.loss_mean, first.loss_std) == (9.0, 1.0, pytest.approx(0.05))
-    assert (first.grad_norm_mean, first.grad_norm_std) == (0.5, pytest.approx(0.1))
+    assert (first.spike_score, first.log_loss_mean, first.log_loss_std) == (9.0, 1.0, pytest.approx(0.05))
+    assert (first.log_grad_norm_mean, first.log_grad_norm_std) == (0.5, pytest.approx(0.1))
     # Step 18: zeta (z 41) and alpha (z 40.5) cannot be told apart: a tie, then the query.
     assert _layers(first.leaders) == [["zeta", "alpha"], ["block/mha/query"], ["block/mha/key"]]
     # The key bias's z-scores (900, 800) are the largest, but its gradient is rounding noise.
@@ -50,11 +50,11 @@ def test_kgrad_report_lists_them_in_the_table(log_dir, capsys):
     lines = out.splitlines()
     start = lines.index("skipped steps (the guard did not apply their update): 2")
     assert lines[start + 1].startswith(
-        "  step 18: spike score 9 (loss window 1 ± 0.05); moved most (above 6σ of their history), largest "
+        "  step 18: spike score 9 (ln loss window 1 ± 0.05); moved most (above 6σ of their history), largest "
         "first: 2 tied: zeta (grad_norm of kernel z 41, 0.9), alpha (grad_norm of kernel z 40.5, 0.1); "
         "block/mha/query (grad_norm of kernel z 12, 0.5)")
     assert lines[start + 2].startswith("    not scored: block/mha/key/bias (rounding noise: gradient norm 3e-10")
-    assert lines[start + 3].startswith("  step 27: spike score 9 (loss window 1 ± 0.05); moved most (above 6σ "
+    assert lines[start + 3].startswith("  step 27: spike score 9 (ln loss window 1 ± 0.05); moved most (above 6σ "
                                        "of their history), largest first: alpha (update_ratio of kernel z 70")
     assert "block/mha/key adam_rms" not in out
     assert lines[-1] == "No layer flagged in 1 run; 1 loss spike (stability, above); 2 steps skipped by the guard (above)."
@@ -65,7 +65,7 @@ def test_kgrad_report_json_holds_them(log_dir, capsys):
     data = json.loads(capsys.readouterr().out)
     (run,) = data["runs"]
     first, second = run["skipped_steps"]
-    assert (first["step"], first["spike_score"], first["window"]["loss_mean"]) == (18, 9.0, 1.0)
+    assert (first["step"], first["spike_score"], first["window"]["log_loss_mean"]) == (18, 9.0, 1.0)
     assert [[entry["layer"] for entry in group] for group in first["layers"]] == [
         ["zeta", "alpha"], ["block/mha/query"], ["block/mha/key"]]
     assert first["leaders"][0][0] == {"layer": "zeta", "weight": "zeta/kernel", "value_name": "grad_norm",

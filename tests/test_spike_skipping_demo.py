@@ -12,14 +12,10 @@ import kgrad
 from kgrad import demo
 
 
-# Measured on TensorFlow (2026-12-06): relu_deep (SGD with momentum 0.9, 32 examples a batch)
-# crosses 6σ first at step 304 (score up to 11.3) and is skipped there: a false alarm of the
-# rule on a clean run, reported in docs/guard.md. Strict: this fails once it no longer happens.
-_CASES = [
-    pytest.param(index, run, marks=[pytest.mark.xfail(strict=True, reason="6σ false alarm at step 304")]
-                 if run == "relu_deep" else [])
-    for index, run in enumerate(demo.MODELS, start=1)
-]
+# Judged on the values themselves (OLMo-core's rule), relu_deep (SGD with momentum 0.9, 32
+# examples a batch) crossed 6σ at step 304 on TensorFlow (14 steps, scores up to 12.4) and at
+# step 568 on JAX; judged on their logarithms, its largest score is 2.7 (3.2 on JAX).
+_CASES = list(enumerate(demo.MODELS, start=1))
 
 
 @pytest.mark.slow

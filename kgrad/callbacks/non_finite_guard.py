@@ -79,9 +79,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
         replay: Whether a trip is replayed to locate where the NaN was born.
         sinks: Trackers that also get each report and, with ``log_dir``, the HTML report of
             ``log_dir`` at the trip (`kgrad.WandbSink`...; see `kgrad.GradientProbe`).
-        skip_spikes: Also skip the update of a step whose loss or global
-            gradient norm is above mean + ``spike_sigmas``·σ of the last
-            ``spike_window`` accepted steps, judged on the device (no host
+        skip_spikes: Also skip the update of a step whose loss or global gradient norm has
+            a logarithm above mean + ``spike_sigmas``·σ (σ ≥ 0.05) of the last
+            ``spike_window`` accepted steps', judged on the device (no host
             read on a step that does not spike), skipped as a NaN step is;
             ``max_skips`` skips in a row stop training with a report
             (`spike_report`). docs/guard.md, "Skip a spiking step".

@@ -107,8 +107,8 @@ def row_scalars(row):
     step, skipped, score, mean_loss, std_loss, mean_norm, std_norm = (float(v) for v in row)
     named = {
         "global/spike_score": score,
-        "spike_window_mean/loss": mean_loss, "spike_window_std/loss": std_loss,
-        "spike_window_mean/grad_norm": mean_norm, "spike_window_std/grad_norm": std_norm,
+        "spike_window_mean/log_loss": mean_loss, "spike_window_std/log_loss": std_loss,
+        "spike_window_mean/log_grad_norm": mean_norm, "spike_window_std/log_grad_norm": std_norm,
     }
     scalars = {"global/step_skipped": skipped}
     scalars.update({tag: value for tag, value in named.items() if math.isfinite(value)})

@@ -40,10 +40,12 @@ class SpikeStopReport:
 
     def __str__(self):
         steps = ", ".join(str(s.step) for s in self.skipped) or str(self.step)
+        part = self.skipped[-1].part if self.skipped else None
+        of = "" if part is None else f" of ProbeTape {part!r}"
         text = (
-            f"{self.rule.max_skips} steps in a row spiked (steps {steps}): the loss or the global "
-            f"gradient norm was above mean + {self.rule.sigmas:g}σ of the last {self.rule.window} "
-            "accepted steps, and each update was skipped. Skipping does not help a spike that lasts: "
+            f"{self.rule.max_skips} steps in a row{of} spiked (steps {steps}): the logarithm of the loss "
+            f"or of the global gradient norm was above mean + {self.rule.sigmas:g}σ of the last "
+            f"{self.rule.window} accepted steps', and each update was skipped. Skipping does not help a spike that lasts: "
             "the weights are those of before the first of them."
         )
         return text if self.leaders is None else f"{text} {self.leaders}"
@@ -75,11 +77,12 @@ class SpikeSkipping:
                 f"optimizer={type(model.optimizer).__name__}. Train in float32 (or without "
                 "loss scaling), or pass skip_spikes=False."
             )
-        if has_own_train_step(model):
+        if has_own_train_step(model) and keras.backend.backend() != "tensorflow":
             raise ValueError(
                 "kgrad.NonFiniteGuard(skip_spikes=True) does not support a model's own train_step "
-                f"yet ({type(model).__name__}.train_step): it judges Keras' own step. Pass "
-                "skip_spikes=False for this model."
+                f"on {keras.backend.backend()} yet ({type(model).__name__}.train_step): there it "
+                "judges Keras' own step only (on TensorFlow, each kgrad.ProbeTape of the step is "
+                "judged on its own). Pass skip_spikes=False for this model."
             )
         capacity = DEFAULT_ROW_CAPACITY
         if steps_per_epoch:

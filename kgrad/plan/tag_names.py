@@ -105,10 +105,10 @@ PREFIXES = {
     "noise_example_sq_norm_mean": "mean over examples of |G_i|², layer `{name}` (gradient noise scale)",
     "noise_batch_sq_norm": "|G_B|², the batch gradient's squared norm, layer `{name}` (gradient noise scale)",
     # NonFiniteGuard(skip_spikes=True): every step, and per weight for each skipped step.
-    "spike_window_mean": "mean of `{name}` (the loss or the global gradient norm) over the guard's "
-                         "spike window, the last N accepted steps",
-    "spike_window_std": "σ (n − 1) of `{name}` (the loss or the global gradient norm) over the "
-                        "guard's spike window",
+    "spike_window_mean": "mean of `{name}` (ln of the loss or of the global gradient norm) over the "
+                         "guard's spike window, the last N accepted steps",
+    "spike_window_std": "σ (n − 1) of `{name}` (ln of the loss or of the global gradient norm) over "
+                        "the guard's spike window",
     "skip_grad_norm": "‖dJ/dw‖ of weight `{name}` in a step the guard skipped for a spike",
     "skip_update_ratio": "‖Δw‖ / ‖w‖ that a skipped step would have made to weight `{name}`",
     "skip_cos_grad_weight": "cos(dJ/dw, w) of weight `{name}` in a skipped step",
@@ -129,8 +129,8 @@ GLOBAL_TAGS = {
     "global/noise_batch_sq_norm": "|G_B|² over the model (gradient noise scale)",
     "global/batch_size": "examples in the probed batch (of the per-example instrument)",
     "global/step_skipped": "1 if NonFiniteGuard(skip_spikes=True) skipped the step's update, else 0",
-    "global/spike_score": "the step's largest (x − mean)/σ over its loss and global gradient norm, "
-                          "against the guard's spike window",
+    "global/spike_score": "the step's largest (ln x − mean)/σ over its loss and global gradient "
+                          "norm, against the guard's spike window of logarithms",
 }
 #: Text tags: a tripped `kgrad.NonFiniteGuard`'s report (JSON), at the bad step.
 GUARD_REPORT_TAG = "guard/report"

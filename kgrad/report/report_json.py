@@ -89,8 +89,9 @@ def _tie(tie):
 
 def _skipped(step):
     fields = {"step": step.step, "spike_score": step.spike_score,
-              "window": {"loss_mean": step.loss_mean, "loss_std": step.loss_std,
-                         "grad_norm_mean": step.grad_norm_mean, "grad_norm_std": step.grad_norm_std}}
+              "window": {"log_loss_mean": step.log_loss_mean, "log_loss_std": step.log_loss_std,
+                         "log_grad_norm_mean": step.log_grad_norm_mean,
+                         "log_grad_norm_std": step.log_grad_norm_std}}
     if step.leaders is None:
         return {**fields, "leaders": None, "why": step.why}
     return {

@@ -2,7 +2,7 @@
 
 The guard (``skip_spikes``) logs every step ``global/step_skipped`` (1.0 when the
 step's update was skipped), ``global/spike_score`` and the running window's mean
-and σ of the loss and the gradient norm; for each skipped step its replay logs,
+and σ of the logarithms of the loss and the gradient norm; for each skipped step its replay logs,
 per trainable weight ``<w>``, ``skip_<value>/<w>`` and, where the weight has
 enough history, ``skip_z_<value>/<w>`` (``<value>`` in
 `kgrad.report.spike_leaders.VALUE_NAMES`). `skipped_steps` reads them back and
@@ -34,10 +34,10 @@ STEP_SKIPPED_TAG = "global/step_skipped"
 SPIKE_SCORE_TAG = "global/spike_score"
 #: The window's statistics: ``(field of SkippedStep, tag)``.
 WINDOW_TAGS = (
-    ("loss_mean", "spike_window_mean/loss"),
-    ("loss_std", "spike_window_std/loss"),
-    ("grad_norm_mean", "spike_window_mean/grad_norm"),
-    ("grad_norm_std", "spike_window_std/grad_norm"),
+    ("log_loss_mean", "spike_window_mean/log_loss"),
+    ("log_loss_std", "spike_window_std/log_loss"),
+    ("log_grad_norm_mean", "spike_window_mean/log_grad_norm"),
+    ("log_grad_norm_std", "spike_window_std/log_grad_norm"),
 )
 
 
@@ -48,8 +48,8 @@ class SkippedStep:
     Attributes:
         step: The step.
         spike_score: ``global/spike_score`` there (NaN if not logged).
-        loss_mean, loss_std, grad_norm_mean, grad_norm_std: The window's statistics
-            there (NaN where not logged).
+        log_loss_mean, log_loss_std, log_grad_norm_mean, log_grad_norm_std: The
+            window's statistics of ln loss and ln gradient norm there (NaN where not logged).
         leaders: A `kgrad.report.spike_leaders.SkipLeaders`, or ``None`` when no
             per-weight value was logged for the step (``why`` says so).
         why: Why ``leaders`` is ``None``; ``""`` otherwise.
@@ -57,10 +57,10 @@ class SkippedStep:
 
     step: int
     spike_score: float = math.nan
-    loss_mean: float = math.nan
-    loss_std: float = math.nan
-    grad_norm_mean: float = math.nan
-    grad_norm_std: float = math.nan
+    log_loss_mean: float = math.nan
+    log_loss_std: float = math.nan
+    log_grad_norm_mean: float = math.nan
+    log_grad_norm_std: float = math.nan
     leaders: object = None
     why: str = ""
 
@@ -123,8 +123,8 @@ def describe(skipped, named=3):
     lines = [f"skipped steps (the guard did not apply their update): {len(skipped)}"]
     for step in skipped:
         head = f"  step {step.step}: spike score {_number(step.spike_score)}"
-        if not math.isnan(step.loss_mean):
-            head += f" (loss window {_number(step.loss_mean)} ± {_number(step.loss_std)})"
+        if not math.isnan(step.log_loss_mean):
+            head += f" (ln loss window {_number(step.log_loss_mean)} ± {_number(step.log_loss_std)})"
         if step.leaders is None:
             lines.append(f"{head}; {step.why}")
             continue

@@ -1,7 +1,7 @@
 """The spike rule inside JAX's guarded step: a `SpikeRecord` that travels from step to step.
 
 Pure functions of the record, as `kgrad.backends.jax.guard.sentinel`'s: `judge`
-says whether the step spikes (`kgrad.plan.spike_rule`, the NumPy reference),
+says whether the step spikes (the logarithms of its loss and gradient norm) (`kgrad.plan.spike_rule`, the NumPy reference),
 the guard then keeps the state of before exactly as for a non-finite step,
 and `after_step` writes the window, the streak and the step's row. In the
 branch of a spiking step only (a ``lax.cond``), `skip_table` computes the
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
-from kgrad.plan.spike_rule import ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS
+from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS
 
 
 class SpikeRecord(typing.NamedTuple):
@@ -60,24 +60,29 @@ def initial_record(rule, weights):
 
 
 def judge(record, rule, loss, weight_squares):
-    """``(values, spike, score, mean, std)`` of one step (see the TensorFlow `SpikeState.judge`)."""
-    values = jnp.concatenate([
+    """``(values, spike, score, mean, std)`` of one step (see the TensorFlow `SpikeState.judge`).
+
+    ``values`` are the window's row: ln loss (NaN for a loss that is not positive), ln global
+    norm, then each weight's gradient norm as it is (its z-scores rank weights, decide nothing).
+    """
+    raw = jnp.concatenate([
         jnp.stack([jnp.asarray(loss, jnp.float32), jnp.sqrt(jnp.sum(weight_squares))]),
         jnp.sqrt(weight_squares.astype(jnp.float32)),
     ])
+    logs = jnp.log(jnp.maximum(raw[:2], jnp.finfo(jnp.float32).tiny))
+    values = jnp.concatenate([jnp.where(raw[:1] > 0, logs[:1], jnp.nan), logs[1:], raw[2:]])
     filled = jnp.minimum(record.accepted, rule.window)
     count = filled.astype(jnp.float32)
     in_window = (jnp.arange(rule.window) < filled).astype(jnp.float32)[:, None]
     mean = jnp.sum(record.window * in_window, 0) / jnp.maximum(count, 1.0)
     variance = jnp.sum(jnp.square((record.window - mean) * in_window), 0) / jnp.maximum(count - 1.0, 1.0)
-    std = jnp.sqrt(variance)
-    judged = (filled >= rule.warmup) & (std[:2] > 0)
-    z = jnp.where(judged, (values[:2] - mean[:2]) / jnp.where(judged, std[:2], 1.0), -jnp.inf)
-    score = jnp.max(z)
-    spike = jnp.all(jnp.isfinite(values)) & (score > rule.sigmas)
-    score = jnp.where(jnp.any(judged), score, jnp.nan)
     enough = filled >= 2
-    return values, spike, score, jnp.where(enough, mean, jnp.nan), jnp.where(enough, std, jnp.nan)
+    mean, std = jnp.where(enough, mean, jnp.nan), jnp.where(enough, jnp.sqrt(variance), jnp.nan)
+    z = (values[:2] - mean[:2]) / jnp.maximum(std[:2], MIN_LOG_SIGMA)
+    judged = (filled >= rule.warmup) & jnp.isfinite(z)
+    score = jnp.max(jnp.where(judged, z, -jnp.inf))
+    spike = jnp.all(jnp.isfinite(raw)) & (score > rule.sigmas)
+    return values, spike, jnp.where(jnp.any(judged), score, jnp.nan), mean, std
 
 
 def after_step(record, rule, judged, accepted):
@@ -121,7 +126,7 @@ def skip_table(model, judged, gradients, trainable, optimizer_variables):
     update_norms = jnp.stack([jnp.linalg.norm(flat(a) - flat(b)) for a, b in zip(new_trainable, trainable)])
     dots = jnp.stack([jnp.sum(flat(g) * flat(w)) for g, w in zip(gradients, trainable)])
     values, _, _, mean, std = judged
-    norms = values[2:]
+    norms = jnp.stack([jnp.linalg.norm(flat(g)) for g in gradients])
     known = std[2:] > 0
     z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
     rms = _adam_rms(model, gradients, new_optimizer)

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard import watched as guard_module
+from kgrad.backends.tensorflow.guard.spikes import own_step_update
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
 from kgrad.backends.tensorflow.summarize.loss_scale import inverse_loss_scale, scales_loss
@@ -173,9 +174,10 @@ class TapeCollection:
         watched, on_trip_only = guard_module.watched_tensors(
             guard, tape.model, tape.probe, target, None, gradients, weights, None
         )
-        state = self._guard_state_for(name, [tensor_name for tensor_name, _ in watched], on_trip_only)
+        state = self._guard_state_for(name, [n for n, _ in watched], on_trip_only, guard.spikes)
         self._guard_states.append(state)
-        self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler))
+        measured = [(g, w) for g, w in zip(gradients, weights) if g is not None][::-1]  # rows' order
+        self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler, measured))
 
     def _guarded(self, optimizer, apply):
         def guarded_apply(grads, trainable_variables=None):
@@ -191,11 +193,14 @@ class TapeCollection:
             if not optimizer.built:  # as Keras' apply does, outside the branch below
                 with keras_internals.name_scope(optimizer.name, caller=optimizer):
                     optimizer.build(variables)
-            _, _, state, tensors, scaler = check
+            name, _, state, tensors, scaler, measured = check
             self.applied.append(state.guarded_apply(
                 tensors, tf.identity(optimizer.iterations),
                 lambda: apply(grads, variables), self._plan.guard.halt_updates,
                 inverse_loss_scale(scaler),
+                spike_update=None if state.spikes is None else own_step_update(
+                    name, optimizer, grads, variables, measured
+                ),
             ))
 
         return guarded_apply
@@ -268,7 +273,7 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
         tf.cond(tf.reduce_all(tf.stack(collection.applied)), tf.no_op, skipped)
     if plan.guard is not None:
         # The flag travels with the logs that Keras reads anyway.
-        tripped = [state.tripped.read_value() for state in collection.guard_states()]
+        tripped = [state.flag() for state in collection.guard_states()]
         outputs = {**outputs, guard_module.TRIPPED_OUTPUT: tf.reduce_any(tf.stack(tripped))}
     return outputs
 

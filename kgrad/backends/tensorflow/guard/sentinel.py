@@ -119,6 +119,7 @@ class GuardState:
         # runs every step (see benchmarks/RESULTS.md, "The guard's branches").
         may_apply = tf.cond(clean, lambda: tf.constant(True), not_clean)
         if self.spikes is not None:
+            self.spikes.optimizer = spike_update[0]  # the part's own, for what the host says of Adam
             judged = self._judge_spike(tensors, unscale(half_squares), inverse_scale)
             spike = judged[1]
             may_apply = tf.logical_and(may_apply, tf.logical_not(spike))

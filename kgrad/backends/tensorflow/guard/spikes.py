@@ -1,8 +1,9 @@
 """The spike rule inside TensorFlow's guarded step: its device variables and their graph code.
 
 `SpikeState` judges every step (`kgrad.plan.spike_rule`, the NumPy
-reference): the step's loss and global gradient norm against mean + kσ of
-the last N accepted steps, a window kept in a device variable. Its
+reference): the logarithms of the step's loss and global gradient norm
+against mean + kσ of the last N accepted steps, a window kept in a device
+variable. Its
 `GuardState` (`kgrad.backends.tensorflow.guard.sentinel`) then skips the
 update of a spiking step exactly as it skips a non-finite one. Every step
 also writes one row of per-step values (skipped, score, the window's mean
@@ -12,13 +13,16 @@ skipped step only, the update the step would have made is applied, measured
 and undone (`SpikeState.record_skip`): the per-weight values of the skip.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.handover.replicas import state_variable
 from kgrad.backends.tensorflow.summarize.optimizer_state import moment_statistics
-from kgrad.plan.spike_rule import ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
+from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
+
+_TINY = float(np.finfo(np.float32).tiny)  # float32's smallest normal: the logarithm of a 0 norm is finite
 
 
 class SpikeState:
@@ -31,6 +35,7 @@ class SpikeState:
 
     def __init__(self, rule, weights):
         self.rule, self.weights = rule, weights
+        self.optimizer = None  # the optimizer of the judged update (set when the step is traced)
         columns = 2 + weights  # loss, global norm, each weight's norm
         self.window = state_variable(tf.zeros([rule.window, columns]), "kgrad_spike_window")
         self.accepted = state_variable(tf.constant(0, tf.int64), "kgrad_spike_accepted")
@@ -48,28 +53,39 @@ class SpikeState:
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
 
+        ``values`` are the window's row of the step: the logarithms of the loss
+        and of the global norm, then each weight's gradient norm as it is (the
+        skip's per-weight z-scores rank weights, they decide nothing);
+        ``mean`` and ``std`` the window's, per column (NaN before two accepted
+        steps, or where the window holds a loss that is not positive).
+
         Args:
             loss: The step's loss (unscaled, a scalar).
             weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
         """
-        norms = tf.sqrt(weight_squares)
-        values = tf.concat([[tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], norms], 0)
+        raw = tf.concat([
+            [tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], tf.sqrt(weight_squares)
+        ], 0)
+        # ln of each (float32's smallest for a 0 norm); NaN for a loss that is not positive.
+        logs = tf.math.log(tf.maximum(raw[:2], _TINY))
+        values = tf.concat([tf.where(raw[:1] > 0, logs[:1], float("nan")), logs[1:], raw[2:]], 0)
         filled = tf.minimum(self.accepted, self.rule.window)
         count = tf.cast(filled, tf.float32)
         in_window = tf.cast(tf.range(self.rule.window, dtype=tf.int64) < filled, tf.float32)[:, None]
+        # Rows past `filled` were never written (zeros): the mask keeps a NaN loss inside only.
         mean = tf.reduce_sum(self.window * in_window, 0) / tf.maximum(count, 1.0)
         squares = tf.reduce_sum(tf.square((self.window - mean) * in_window), 0)
-        variance = squares / tf.maximum(count - 1.0, 1.0)
-        std = tf.sqrt(variance)
-        judged = tf.logical_and(filled >= self.rule.warmup, std[:2] > 0)
-        z = tf.where(judged, (values[:2] - mean[:2]) / tf.where(judged, std[:2], 1.0), float("-inf"))
-        score = tf.reduce_max(z)
-        finite = tf.reduce_all(tf.math.is_finite(values))
-        spike = tf.logical_and(finite, score > self.rule.sigmas)
-        score = tf.where(tf.reduce_any(judged), score, float("nan"))
+        std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
         enough = filled >= 2
         mean = tf.where(enough, mean, float("nan"))
         std = tf.where(enough, std, float("nan"))
+        scale = tf.maximum(std[:2], MIN_LOG_SIGMA)
+        z = (values[:2] - mean[:2]) / scale
+        judged = tf.logical_and(filled >= self.rule.warmup, tf.math.is_finite(z))
+        score = tf.reduce_max(tf.where(judged, z, float("-inf")))
+        finite = tf.reduce_all(tf.math.is_finite(raw))
+        spike = tf.logical_and(finite, score > self.rule.sigmas)
+        score = tf.where(tf.reduce_any(judged), score, float("nan"))
         return values, spike, score, mean, std
 
     def after_step(self, values, spike, score, mean, std, accepted):
@@ -97,6 +113,22 @@ class SpikeState:
         self.row_count.assign_add(1)
 
     def record_skip(self, judged, optimizer, applied, measured):
+        """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
+
+        Not inlined: TensorFlow's graph executor visits every op of a branch
+        not taken (its dead tensors propagate), and the would-be update is
+        hundreds of ops on a large model; one call op is one visit. Measured
+        on the benchmark transformer, the guard with spike skipping cost
+        1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
+        """
+        @tf.function(autograph=False, experimental_attributes={"_noinline": True})
+        def measure():
+            self.measure_skip(judged, optimizer, applied, measured)
+            return tf.constant(0)
+
+        measure()
+
+    def measure_skip(self, judged, optimizer, applied, measured):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -127,7 +159,7 @@ class SpikeState:
         update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
         dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
         values, _, _, mean, std = judged
-        grad_norms = values[2:]
+        grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
         # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
         known = std[2:] > 0
         z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
@@ -157,13 +189,14 @@ class SpikeState:
 
         Args:
             weights: The weight paths of the tables' rows.
-            optimizer: ``model.optimizer`` (for why ``adam_rms`` may be absent).
+            optimizer: ``model.optimizer`` (for why ``adam_rms`` may be absent), unless the
+                judged update's own optimizer is known (a model's own ``train_step``).
         """
         snapshot = SpikeSnapshot(
             rows=self.rows.numpy(), row_count=int(self.row_count.numpy()),
             skip_values=self.skip_values.numpy(), skip_steps=self.skip_steps.numpy(),
             skip_count=int(self.skip_count.numpy()), tripped=bool(self.tripped.numpy()),
-            weights=tuple(weights), adam_reason=moment_rule(optimizer)[1],
+            weights=tuple(weights), adam_reason=moment_rule(self.optimizer or optimizer)[1],
         )
         self.news.assign(False)
         return snapshot
@@ -177,3 +210,27 @@ class SpikeState:
             self.news.assign(False)
             self.row_count.assign(0)
             self.skip_count.assign(0)
+
+
+def own_step_update(name, optimizer, grads, variables, measured):
+    """``(optimizer, the update's pairs, the checked pairs)`` of a `kgrad.ProbeTape`'s update: `record_skip`'s.
+
+    ``measured``: the tape's ``(gradient, weight)`` pairs in its rows' order
+    (the weight gradients last to first, `kgrad.backends.tensorflow.guard.watched.watched_tensors`).
+
+    Raises:
+        ValueError: When this optimizer does not update every weight the tape
+            differentiated: the spike rule judges the tape's gradients as one step.
+    """
+    applied = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    updated = {id(v) for _, v in applied}
+    missing = [w.path for _, w in measured if id(w) not in updated]
+    if missing:
+        raise ValueError(
+            f"kgrad.NonFiniteGuard(skip_spikes=True): ProbeTape {name!r} differentiated weights that "
+            f"its optimizer's update does not include ({', '.join(missing)}), so a spiking step of "
+            "the tape cannot be skipped as one update. Received: an update of "
+            f"{len(applied)} weights. Apply each tape's gradients in one optimizer call, or pass "
+            "skip_spikes=False."
+        )
+    return optimizer, applied, measured
