@@ -62,7 +62,50 @@ def pytest_ignore_collect(collection_path, config):
     return any(folder in path and name != backend for name, folder in _BACKEND_FOLDERS.items()) or None
 
 
+#: The modules that took the most CPU seconds (docs/development.md's ranking), run first:
+#: `--dist loadscope` hands whole modules to the two workers in this order, so a long module
+#: started last cannot leave the other worker idle at the end (the small ones fill the gaps).
+LONGEST_MODULES_FIRST = {
+    "tensorflow": (
+        "tests/test_docs.py",
+        "tests/test_benchmarks_quick.py",
+        "tests/test_attention_instrument.py",
+        "tests/test_long_run.py",
+        "tests/test_distribute.py",
+        "tests/test_non_finite_guard.py",
+        "tests/test_training_unchanged.py",
+        "tests/test_per_example.py",
+        "tests/test_custom_train_step_guard.py",
+        "tests/test_replay_steps_per_execution.py",
+        "tests/test_replay.py",
+        "tests/test_trace_reuse.py",
+        "tests/test_fit_compat.py",
+        "tests/test_custom_train_step.py",
+    ),
+    "jax": (
+        "tests/jax/test_guard_own_step_jax.py",
+        "tests/jax/test_data_parallel_jax.py",
+        "tests/jax/test_guard_jax.py",
+        "tests/jax/test_gradient_probe_jax.py",
+    ),
+}
+
+
+def longest_first(items, backend):
+    """``items`` with the modules of ``LONGEST_MODULES_FIRST[backend]`` first, in that order.
+
+    The others keep their order after them, and each module's tests stay together in theirs.
+    """
+    rank = {module: index for index, module in enumerate(LONGEST_MODULES_FIRST.get(backend, ()))}
+
+    def module_rank(item):
+        return rank.get(item.nodeid.split("::")[0], len(rank))
+
+    return sorted(items, key=module_rank)  # stable
+
+
 def pytest_collection_modifyitems(config, items):
+    items[:] = longest_first(items, keras.config.backend())
     if keras.config.backend() == "jax":
         return
     skip = pytest.mark.skip(reason="JAX backend tests: run `KERAS_BACKEND=jax python -m pytest tests/jax`")
