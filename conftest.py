@@ -71,8 +71,9 @@ LONGEST_MODULES_FIRST = {
         "tests/test_benchmarks_quick.py",
         "tests/test_attention_instrument.py",
         "tests/test_long_run.py",
-        "tests/test_distribute.py",
+        "tests/test_backends_agree.py",
         "tests/test_non_finite_guard.py",
+        "tests/test_distribute.py",
         "tests/test_training_unchanged.py",
         "tests/test_per_example.py",
         "tests/test_custom_train_step_guard.py",
@@ -85,8 +86,13 @@ LONGEST_MODULES_FIRST = {
     "jax": (
         "tests/jax/test_guard_own_step_jax.py",
         "tests/jax/test_data_parallel_jax.py",
+        "tests/jax/test_own_step_jax.py",
         "tests/jax/test_guard_jax.py",
         "tests/jax/test_gradient_probe_jax.py",
+        "tests/jax/test_instruments_jax.py",
+        "tests/jax/test_demo_command_jax.py",
+        "tests/jax/test_stats_jax.py",
+        "tests/jax/test_examples_jax.py",
     ),
 }
 
