@@ -4,6 +4,8 @@ and the guard reports what it reports on one device: with Keras' own train_step,
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,15 +14,14 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "da
 
 
 @pytest.fixture(scope="module")
-def runs(preloaded_python, tmp_path_factory):
-    # The script in a process of its own: a fork of the preloaded Python (tests/forked_python.py),
-    # whose imports start no XLA backend, so the script's XLA_FLAGS (2 host devices) still hold.
+def runs():
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     # 63 s on an idle machine; the timeout only keeps a hung process from hanging the suite,
     # with room for a machine loaded 10 times over (300 s failed there).
-    status, stdout, stderr = preloaded_python.run_script(SCRIPT, [], tmp_path_factory.mktemp("data_parallel"),
-                                                         timeout=3600)
-    assert status == 0, stderr[-3000:]
-    return json.loads(stdout)
+    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, env=environment,
+                          timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
 @pytest.fixture(params=["keras_step", "own_step"])

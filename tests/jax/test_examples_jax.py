@@ -1,7 +1,10 @@
 """The JAX examples run, and what they print and write is what the probe logged."""
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import kgrad
 
@@ -9,16 +12,16 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 NUMBER = r"([-+0-9.e]+)"
 
 
-def test_the_jax_gan_example_logs_each_sub_model_as_a_run_of_its_own(preloaded_python, tmp_path):
-    # `python examples/jax_gan.py` in a fork of a Python that imported Keras (on this run's
-    # backend, JAX) and kgrad (tests/forked_python.py): the example as a user runs it, without
-    # the fresh process's imports.
-    log_dir = tmp_path / "logs"
-    status, out, stderr = preloaded_python.run_script(EXAMPLES / "jax_gan.py", [log_dir], tmp_path / "run",
-                                                      timeout=180)
-    assert status == 0, stderr[-3000:]
-    assert f"logs: {log_dir} (runs discriminator, generator); see them with: kgrad report {log_dir}" in out
-    logs = kgrad.read_logs(str(log_dir))
+def test_the_jax_gan_example_logs_each_sub_model_as_a_run_of_its_own(tmp_path):
+    environment = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "jax_gan.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=180, env=environment, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert f"logs: {tmp_path} (runs discriminator, generator); see them with: kgrad report {tmp_path}" in out
+    logs = kgrad.read_logs(str(tmp_path))
     assert sorted(logs) == ["discriminator/kgrad", "generator/kgrad"]
     for part, hidden in (("discriminator", "d_hidden"), ("generator", "g_hidden")):
         step, activation, weight = re.search(
