@@ -67,7 +67,7 @@ def pytest_ignore_collect(collection_path, config):
 #: started last cannot leave the other worker idle at the end (the small ones fill the gaps).
 LONGEST_MODULES_FIRST = {
     # CPU-s at f33aa79 (JAX: this branch), measured with tests/cpu_times.py in a whole `-n 2`
-    # run of each half on a loaded machine (the JAX half's first 268 of 289 tests).
+    # run of each half on a loaded machine.
     "tensorflow": (
         "tests/test_benchmarks_quick.py",  # 77
         "tests/test_long_run.py",  # 76
