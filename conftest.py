@@ -62,7 +62,67 @@ def pytest_ignore_collect(collection_path, config):
     return any(folder in path and name != backend for name, folder in _BACKEND_FOLDERS.items()) or None
 
 
+#: The modules that took the most CPU seconds (docs/development.md's ranking), run first:
+#: `--dist loadscope` hands whole modules to the two workers in this order, so a long module
+#: started last cannot leave the other worker idle at the end (the small ones fill the gaps).
+LONGEST_MODULES_FIRST = {
+    # CPU-s at f33aa79 (JAX: this branch), measured with tests/cpu_times.py in a whole `-n 2`
+    # run of each half on a loaded machine.
+    "tensorflow": (
+        "tests/test_benchmarks_quick.py",  # 77
+        "tests/test_long_run.py",  # 76
+        "tests/test_docs.py",  # 74
+        "tests/test_backends_agree.py",  # 69 (40 with forks)
+        "tests/test_attention_instrument.py",  # 53
+        "tests/test_non_finite_guard.py",  # 43
+        "tests/test_summaries_after_step.py",  # 37
+        "tests/test_distribute.py",  # 37
+        "tests/test_training_unchanged.py",  # 35
+        "tests/test_per_example.py",  # 34
+        "tests/test_custom_train_step_guard.py",  # 33
+        "tests/test_keras_hub_instruments.py",  # 32
+        "tests/test_replay_steps_per_execution.py",  # 31
+        "tests/test_replay.py",  # 29
+        "tests/test_trace_reuse.py",  # 28
+        "tests/test_fit_compat.py",  # 28
+        "tests/test_custom_train_step.py",  # 26
+    ),
+    "jax": (
+        "tests/jax/test_guard_own_step_jax.py",  # 139
+        "tests/jax/test_instruments_jax.py",  # 116
+        "tests/jax/test_own_step_jax.py",  # 96
+        "tests/jax/test_own_step_loss_scale_jax.py",  # 84
+        "tests/jax/test_own_step_instruments_jax.py",  # 83
+        "tests/jax/test_data_parallel_jax.py",  # 82
+        "tests/jax/test_model_parallel_values_jax.py",  # 72
+        "tests/jax/test_guard_jax.py",  # 60
+        "tests/jax/test_model_parallel_hlo_jax.py",  # 39
+        "tests/jax/test_guard_watch_jax.py",  # 38
+        "tests/jax/test_instability_example_jax.py",  # 28
+        "tests/jax/test_rounding_noise_attention_jax.py",  # 26
+        "tests/jax/test_loss_scale_jax.py",  # 23
+        "tests/jax/test_gradient_probe_jax.py",  # 21
+        "tests/jax/test_tap_and_prediction_gradient_jax.py",  # 20
+        "tests/jax/test_stats_jax.py",  # 19
+    ),
+}
+
+
+def longest_first(items, backend):
+    """``items`` with the modules of ``LONGEST_MODULES_FIRST[backend]`` first, in that order.
+
+    The others keep their order after them, and each module's tests stay together in theirs.
+    """
+    rank = {module: index for index, module in enumerate(LONGEST_MODULES_FIRST.get(backend, ()))}
+
+    def module_rank(item):
+        return rank.get(item.nodeid.split("::")[0], len(rank))
+
+    return sorted(items, key=module_rank)  # stable
+
+
 def pytest_collection_modifyitems(config, items):
+    items[:] = longest_first(items, keras.config.backend())
     if keras.config.backend() == "jax":
         return
     skip = pytest.mark.skip(reason="JAX backend tests: run `KERAS_BACKEND=jax python -m pytest tests/jax`")

@@ -1,4 +1,4 @@
-"""One model, weights and batch probed on TensorFlow and on JAX (subprocesses): the same tags and values.
+"""One model, weights and batch probed on TensorFlow and on JAX (fresh processes): the same tags and values.
 
 Keras picks one backend per process; the JAX run writes what its probe
 recorded as JSON. Both runs start from the same weights (set from NumPy), so
@@ -10,9 +10,6 @@ backends, exactly; linear ones agree to 1e-4.
 """
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -57,14 +54,28 @@ SCRIPT = """
 """
 
 
-def _probe_on(backend, statistics, instruments="", histogram_buckets="log"):
-    process = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), statistics, instruments, histogram_buckets],
-        capture_output=True, text=True,
-        timeout=300, env={**os.environ, "KERAS_BACKEND": backend},
-    )
-    assert process.returncode == 0, process.stderr[-3000:]
-    return json.loads(process.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def python_on(preloaded_python, tmp_path_factory):
+    """``{backend: PreloadedPython}``: fresh processes on each backend, forks of a preloaded one.
+
+    TensorFlow's is the session's (this run's backend); JAX's imports Keras on JAX once for the
+    module's four runs, not once a run (tests/forked_python.py).
+    """
+    from forked_python import PreloadedPython
+
+    jax = PreloadedPython(tmp_path_factory.mktemp("preloaded_jax") / "server.stderr",
+                          {"KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": ""})
+    yield {"tensorflow": preloaded_python, "jax": jax}
+    jax.close()
+
+
+def _probe_on(python_on, tmp_path, backend, statistics, instruments="", histogram_buckets="log"):
+    script = tmp_path / "probe_on.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    status, stdout, stderr = python_on[backend].run_script(
+        script, [statistics, instruments, histogram_buckets], tmp_path / backend, timeout=300)
+    assert status == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize(
@@ -77,11 +88,11 @@ def _probe_on(backend, statistics, instruments="", histogram_buckets="log"):
     ],
 )
 def test_tensorflow_and_jax_write_the_same_tags_with_the_same_values(
-    statistics, instruments, histogram_buckets
+    python_on, tmp_path, statistics, instruments, histogram_buckets
 ):
     assert keras.config.backend() == "tensorflow"
-    tensorflow = _probe_on("tensorflow", statistics, instruments, histogram_buckets)
-    jax = _probe_on("jax", statistics, instruments, histogram_buckets)
+    tensorflow = _probe_on(python_on, tmp_path, "tensorflow", statistics, instruments, histogram_buckets)
+    jax = _probe_on(python_on, tmp_path, "jax", statistics, instruments, histogram_buckets)
     if instruments:
         assert {
             "adam_rms/out/kernel", "logit_entropy_mean/output", "global/noise_batch_sq_norm",

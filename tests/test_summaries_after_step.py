@@ -59,15 +59,15 @@ def test_with_inputs_names_what_it_expected():
         builder.with_inputs([tf.ones([2]), tf.ones([2])])
 
 
-def _fit(steps_per_execution, monkeypatch=None, contexts=None):
-    if monkeypatch is not None:
-        summarize_many = stats.summarize_many
+def _fit(steps_per_execution, monkeypatch, contexts):
+    """``(model, probe, records)`` of a probed XLA fit; ``contexts``: `stats.in_xla()` at each summary."""
+    summarize_many = stats.summarize_many
 
-        def recording(tensors, bucket_count=None):
-            contexts.append(stats.in_xla())
-            return summarize_many(tensors, bucket_count)
+    def recording(tensors, bucket_count=None):
+        contexts.append(stats.in_xla())
+        return summarize_many(tensors, bucket_count)  # the same values: it only records where
 
-        monkeypatch.setattr(stats, "summarize_many", recording)
+    monkeypatch.setattr(stats, "summarize_many", recording)
     keras.utils.set_random_seed(3)
     x, y = classification_data(samples=22)  # a last batch of 2: a retrace
     model = compile_classifier(
@@ -79,22 +79,34 @@ def _fit(steps_per_execution, monkeypatch=None, contexts=None):
     return model, probe, records
 
 
-def test_under_xla_the_statistics_are_traced_outside_the_compiled_step(monkeypatch):
-    contexts = []
-    _, probe, records = _fit(1, monkeypatch, contexts)
+@pytest.fixture(scope="module")
+def fits():
+    """``{steps_per_execution: (model, probe, records, contexts)}``: both tests read the same two fits.
+
+    One step per execution takes the statistics out of the XLA step; two keep them in it.
+    """
+    result = {}
+    for steps_per_execution in (1, 2):
+        contexts = []
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            result[steps_per_execution] = (*_fit(steps_per_execution, monkeypatch, contexts), contexts)
+    return result
+
+
+def test_under_xla_the_statistics_are_traced_outside_the_compiled_step(fits):
+    _, probe, records, contexts = fits[1]
     assert probe._step.plan.statistics_after_step
     assert contexts and not any(contexts)
     assert [record.step for record in records] == list(range(12))
     # The control: two steps per execution keep the statistics in the step.
-    contexts.clear()
-    _, probe, _ = _fit(2, monkeypatch, contexts)
+    _, probe, _, contexts = fits[2]
     assert not probe._step.plan.statistics_after_step
     assert contexts and all(contexts)
 
 
-def test_statistics_after_the_step_equal_those_computed_inside_it():
-    after_model, _, after = _fit(1)
-    inside_model, _, inside = _fit(2)
+def test_statistics_after_the_step_equal_those_computed_inside_it(fits):
+    after_model, _, after, _ = fits[1]
+    inside_model, _, inside, _ = fits[2]
     assert [r.step for r in after] == [r.step for r in inside] == list(range(12))
     for got, expected in zip(after, inside):
         assert got.scalars.keys() == expected.scalars.keys()

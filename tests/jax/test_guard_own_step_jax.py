@@ -165,11 +165,20 @@ def _ring(batches, bad_batch=None):
     return real
 
 
+#: The plain GAN fits' states, by (batches, jit, the batches' bytes): several tests keep the state
+#: of the same plain fit (a deterministic function of those), computed once (~3 CPU-s a fit).
+_GAN_STATES = {}
+
+
 def _gan_state_after(real, batches, jit):
-    gan = _gan(jit)
-    if batches:
-        gan.fit(real[: batches * BATCH], batch_size=BATCH, shuffle=False, verbose=0)
-    return _state(gan)
+    clean = real[: batches * BATCH]
+    key = (batches, jit, clean.tobytes())
+    if key not in _GAN_STATES:
+        gan = _gan(jit)
+        if batches:
+            gan.fit(clean, batch_size=BATCH, shuffle=False, verbose=0)
+        _GAN_STATES[key] = _state(gan)
+    return {path: value.copy() for path, value in _GAN_STATES[key].items()}
 
 
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "no_jit"])
