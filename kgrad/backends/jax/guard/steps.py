@@ -1,9 +1,11 @@
-"""The guarded JAX train steps: Keras' own ``train_step``, and kgrad's probed one, with the sentinel.
+"""The guarded JAX train step of Keras' own ``train_step`` when no probe runs: the update behind the check.
 
-Each is a pure function ``(state, record, data) -> (logs, state, record)``
-(the probed one also returns its probe record) that computes what Keras'
-``JAXTrainer.train_step`` computes and passes the step's state through
-`kgrad.backends.jax.guard.sentinel.guard_update` before returning it.
+`GuardedSteps.plain` is a pure function ``(state, record, data) -> (logs,
+state, record)`` that computes what Keras' ``JAXTrainer.train_step``
+computes with the optimizer's update behind the sentinel's ``lax.cond``
+(`kgrad.backends.jax.guard.sentinel.guard_apply`), and the spike rule
+(`kgrad.backends.jax.guard.spikes`). Every other guarded step goes through
+`kgrad.backends.jax.guard.run.GuardRun`'s one path.
 """
 
 import jax
@@ -88,27 +90,6 @@ class GuardedSteps:
             return gradients
         return [gradient.astype(jnp.float32) * inverse for gradient in gradients]
 
-    def sentinel(self, record, out, watched=None):
-        """``fn(old_state, new_state, loss, gradients, rows=None) -> state``, leaving the record in ``out``.
-
-        Its ``watch`` attribute is the `WatchedPass` of a guard that watches
-        more than the default (else ``None``): a probed step taps those
-        tensors too, in its own pass, and hands their check rows as ``rows``
-        (``(before, after)``, `WatchedPass.rows`).
-        """
-
-        def check(old_state, new_state, loss, gradients, rows=None):
-            step = old_state[2][self._iterations]
-            checked = self.checked_gradients(gradients, old_state[2])
-            state, out["record"] = guard_update(
-                old_state, new_state, loss, checked, record, step, self.halt_updates, select_keras_state,
-                watched if rows is None else (decode(rows[0]), decode(rows[1])),
-            )
-            return state
-
-        check.watch = self.watch
-        return check
-
     def plain(self, state, record, data):
         """Keras' ``JAXTrainer.train_step``, guarded."""
         model = self.model
@@ -133,14 +114,16 @@ class GuardedSteps:
         )
         if self.spikes is not None:
             return self._judged(state, record, logs, aux, gradients, watched, new_metrics_variables)
-        if not self.compiled:
+        if not self.compiled:  # eagerly: selected after the update ran, as `guard_update` does
             trainable, optimizer_variables = model.optimizer.stateless_apply(
                 optimizer_variables, gradients, trainable
             )
-            out = {}
             new_state = (trainable, non_trainable, optimizer_variables, new_metrics_variables)
-            state = self.sentinel(record, out, watched)(state, new_state, unscaled_loss, gradients)
-            return logs, state, out["record"]
+            state, record = guard_update(
+                state, new_state, unscaled_loss, self.checked_gradients(gradients, state[2]), record,
+                state[2][self._iterations], self.halt_updates, select_keras_state, watched,
+            )
+            return logs, state, record
 
         def update(operands):
             # Runs only on a clean step: the optimizer writes in place, no select over its state.
@@ -202,18 +185,6 @@ class GuardedSteps:
         spikes = spike_rule.record_step(rule, record.spikes, judged, table, apply)
         metrics_variables = select_leaves(apply, new_metrics_variables, metrics_variables)
         return logs, (*kept, metrics_variables), new_record._replace(spikes=spikes)
-
-    def probed(self, probed_step):
-        """``(state, record, data) -> (logs, state, probe records, record)`` of a `ProbedStep`, guarded."""
-
-        def step(state, record, data):
-            out = {}
-            logs, state, probe_records = probed_step(state, data, self.sentinel(record, out))
-            if self.halt_updates:
-                probe_records = dropped_after_trip(probe_records, record.tripped)
-            return logs, state, probe_records, out["record"]
-
-        return step
 
 
 def dropped_after_trip(probe_records, tripped_before):

@@ -1,18 +1,21 @@
-"""`kgrad.NonFiniteGuard` on a model's own JAX ``train_step``: every `kgrad.value_and_grad` call checked.
+"""The guard's collection: every differentiated part of a guarded JAX step checked.
 
-Every step (not only the probed ones) the user's ``train_step`` runs with a
+Every step (not only the probed ones) the model's step (its own ``train_step``,
+or Keras' own with its one part, `kgrad.backends.jax.own_step.keras_step`) runs with a
 `CheckedParts` active (`kgrad.backends.jax.own_step.value_and_grad`): each
 `kgrad.value_and_grad` call in it (a "part": the generator, the
 discriminator) is ``jax.value_and_grad`` (or, on a probed step, the probe's
 `PartCollection` call, which it wraps), and hands its loss and gradients to
 the guard: nothing is captured, a clean step costs one sum of squares per
-tensor. After the step, `kgrad.backends.jax.guard.sentinel.guard_update`
-keeps the whole state passed in (every part's weights, every optimizer's
+tensor. After the step, `kgrad.backends.jax.guard.run.GuardRun` keeps the whole state passed in (every part's weights, every optimizer's
 variables) when a loss or a gradient of any part is not finite. The step
 recorded is the ``iterations`` of the optimizer that applied the first
 part's gradients, before its update (what `kgrad.GradientProbe` logs the
 part at), read from the state by watching each candidate optimizer's
-``stateless_apply`` while the step is traced, as the probe does.
+``stateless_apply`` while the step is traced, as the probe does. A part's
+rows are named as Keras' step names its rows, inside the part's run
+(``loss/<part>``, ``weight_grad/<part>/<path>``, ``grad/<part>/<layer>``);
+Keras' step's part, of the run ``None``, adds no name (``loss/loss``).
 """
 
 import jax
@@ -24,14 +27,9 @@ from kgrad.backends.jax.capture.loss_scale import (
     skips_overflowed_steps,
     value_and_grad_noting_scale,
 )
-from kgrad.backends.jax.guard.run import GuardRun
-from kgrad.backends.jax.guard.sentinel import guard_update, tensor_checks, update_from_checks
-from kgrad.backends.jax.guard.steps import dropped_after_trip, select_keras_state
+from kgrad.backends.jax.guard.sentinel import tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
-from kgrad.backends.jax.handover.train_function import step_jit
-from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, bind_differentiated
-from kgrad.backends.jax.own_step.value_and_grad import activated
-from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, as_role, bind_differentiated
 from kgrad.report.non_finite import name_in_part
 
 
@@ -83,21 +81,29 @@ class CheckedParts:
         return self
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
-        """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)`; keeps what it returns."""
-        resolved = self._resolver.resolve(argnums, args)
+        """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)`; keeps what it returns.
+
+        ``name``: the user's, or a `PartRole` (Keras' own step's: its rows carry no part name).
+        """
+        role = as_role(name)
+        resolved = self._resolver.resolve(argnums, args, role.model)
         owner, leaves, indices = resolved.owner, resolved.leaves, resolved.indices
-        part = self._resolver.run_name(resolved, name)  # the probe's run name for the same call
+        part = role.run(self._resolver, resolved)  # the probe's run name for the same call
         call, values = bind_differentiated(fn, resolved.numbers, args, kwargs)
         watched, watch = None, None
+        scaler, inverse_scale = role.scaler, role.inverse_scale
         if self._inner is None and self._watch is None:
-            # The loss scale, if any, is noted in the pass itself: the checks come after it.
-            result, gradients, scaler, inverse_scale = value_and_grad_noting_scale(
-                call, values, has_aux, self._optimizers, name or owner.name
-            )
+            if role.scale_known:
+                grad_fn = jax.value_and_grad(call, argnums=tuple(range(len(values))), has_aux=has_aux)
+                result, gradients = grad_fn(*values)
+            else:  # the loss scale, if any, is noted in the pass itself: the checks come after it
+                result, gradients, scaler, inverse_scale = value_and_grad_noting_scale(
+                    call, values, has_aux, self._optimizers, role.name or owner.name
+                )
             gradients = as_returned(argnums, gradients)
-        else:
+        elif not role.scale_known:
             # The probe's pass, or the watched gradients' checks inside it, need the scale before.
-            scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name or owner.name)
+            scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, role.name or owner.name)
         checks_gradients = not (self._ignore_loss_scale_skips and skips_overflowed_steps(scaler))
         if self._watch is not None:
             watch = WatchedPass(owner, self._watch, checks_gradients)
@@ -106,30 +112,34 @@ class CheckedParts:
                 fn, argnums, has_aux, name, args, kwargs, watch
             )
         elif watch is not None:
-            result, gradients, watched = watch.part_value_and_grad(call, values, has_aux, inverse_scale)
+            result, gradients, watched = watch.part_value_and_grad(call, values, has_aux, role, inverse_scale)
             gradients = as_returned(argnums, gradients)
-        paths = resolved.paths
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
-        tensors = [result[0] if has_aux else result]
-        names = [f"loss/{part}"]
-        if checks_gradients:
-            tensors += jax.tree_util.tree_leaves(gradients)
-            names += [f"weight_grad/{part}/{path}" for path in paths]
+        self._keep(part, role.logged_loss(result), result[0] if has_aux else result,
+                   jax.tree_util.tree_leaves(gradients) if checks_gradients else [], resolved.paths,
+                   inverse_scale, watched)
+        return result, gradients
+
+    def _keep(self, part, loss, value, gradients, paths, inverse_scale, watched):
+        """Keeps a part's rows: its loss, its watched tensors' rows, its gradients (of the true loss)."""
+        named = (lambda name: name) if part is None else (lambda name: name_in_part(name, part))
         if inverse_scale is not None:  # the true loss and its gradients; a NaN stays NaN, an overflow Inf
-            tensors = [tensor.astype(jnp.float32) * inverse_scale for tensor in tensors]
+            gradients = [gradient.astype(jnp.float32) * inverse_scale for gradient in gradients]
+            if loss is None:
+                loss = value.astype(jnp.float32) * inverse_scale
+        tensors = [value if loss is None else loss] + gradients
+        names = [f"loss/{'loss' if part is None else part}"]
+        names += [named(f"weight_grad/{path}") for path in paths[: len(gradients)]]
         if watched is None:
             self._rows.append(("tensors", len(tensors)))
         else:
             (before_names, before), (after_names, after) = watched
-            names = [name_in_part(n, part) for n in before_names] + names[:1] + [
-                name_in_part(n, part) for n in after_names
-            ] + names[1:]
+            names = [named(n) for n in before_names] + names[:1] + [named(n) for n in after_names] + names[1:]
             self._rows += [("rows", decode(before)), ("tensors", 1), ("rows", decode(after)),
                            ("tensors", len(tensors) - 1)]
         self.names += names
         self.tensors += tensors
-        return result, gradients
 
     def checks(self):
         """``(squares, counts)`` of every row of `names`, in order (the tensors behind one branch)."""
@@ -172,94 +182,3 @@ class CheckedParts:
                 "`optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model."
             )
         return self.step
-
-
-def _as_lists(state):
-    """``(trainable, non-trainable, optimizer, metrics)`` as lists: the old and new state's trees match."""
-    return tuple(list(values) for values in state)
-
-
-class OwnStepGuardRun(GuardRun):
-    """The guard of a ``fit`` of a model with its own ``train_step``: a `GuardRun` of the user's steps.
-
-    Its rows (``names``) are known once the step has been traced: the record
-    is made on the first step (a shape-only pass of the step finds them).
-    """
-
-    def __init__(self, model, config, keras_train_function):
-        self.model, self.config = model, config
-        self.keras_train_function = keras_train_function
-        self.names = None
-        self._jit = step_jit(model)
-        self._plain = self._jit(self._guarded(self._own_step), outputs=4)
-        self._start()
-        self.reset(everything=True)
-
-    @property
-    def _watch(self):
-        """The `GuardConfig` when it watches more than the default (`CheckedParts`' ``watch``)."""
-        return None if tuple(self.config.watch) == SENTINEL_KINDS else self.config
-
-    def _checked_parts(self, state):
-        ignore = self.config.ignore_loss_scale_skips
-        return CheckedParts(self.model, state[0], watch=self._watch, ignore_loss_scale_skips=ignore)
-
-    def _own_step(self, state, data, checked):
-        with activated(checked):
-            logs, state = self.model.train_step(state, data)
-        return logs, state, None
-
-    def _guarded(self, own_step):
-        """``(state, record, data) -> (logs, state, probe records, record)`` of ``own_step``, guarded."""
-
-        def step(state, record, data):
-            tripped_before = record.tripped
-            with self._checked_parts(state) as checked:
-                logs, new_state, probe_records = own_step(state, data, checked)
-            old, new = _as_lists(state), _as_lists(new_state)
-            if self._watch is None:
-                state, record = guard_update(
-                    old, new, checked.tensors[0], checked.tensors[1:], record, checked.checked_step(),
-                    self.config.halt_updates, select_keras_state,
-                )
-            else:
-                squares, counts = checked.checks()
-                state, record = update_from_checks(
-                    old, new, squares, counts, record, checked.checked_step(), self.config.halt_updates,
-                    select_keras_state,
-                )
-            if probe_records is not None and self.config.halt_updates:
-                probe_records = dropped_after_trip(probe_records, tripped_before)
-            return logs, state, probe_records, record
-
-        return step
-
-    def _discover(self, state, data):
-        """The record's rows, from a shape-only pass of the user's step."""
-        found = {}
-
-        def shapes_only(state, data):
-            with self._checked_parts(state) as checked:
-                self._own_step(state, data, checked)
-            checked.checked_step()  # raises, naming what is missing, before any step runs
-            found["names"] = tuple(checked.names)
-
-        jax.eval_shape(shapes_only, state, data)
-        self.names = found["names"]
-        self.reset(everything=True)
-
-    def run_plain(self, state, data):
-        if self.names is None:
-            self._discover(state, data)
-        logs, state, _, self.record = self._plain(state, self.record, data)
-        self._keep(data)
-        return logs, state
-
-    def run_probed(self, probed_step, state, data):
-        """One guarded `OwnProbedStep`: ``(logs, state, {run: probe record})``."""
-        if self.names is None:
-            self._discover(state, data)
-        step = self._guarded_probed(probed_step, self._guarded)
-        logs, state, records, self.record = step(state, self.record, data)
-        self._keep(data)
-        return logs, state, records
