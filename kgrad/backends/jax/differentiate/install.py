@@ -45,12 +45,7 @@ def attach_guard(model, config, probing_function=None):
     check_guard(model, config)
     if has_own_train_step(model):
         check_stateless_train_step(model, "NonFiniteGuard")
-    keras_function = keras_train_function(model)
-    kept = attached.setdefault(model, "kept_guard_runs", [])
-    same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
-    run = same[0] if same else GuardRun(model, config, keras_function)
-    if not same:
-        kept[:] = [r for r in kept if r.keras_train_function is keras_function][-3:] + [run]
+    run = _kept(model, "kept_guard_runs", config, GuardRun)
     run.reset(everything=True)
     attached.put(model, "installed_guard", run)
     if probing_function is not None:
@@ -97,13 +92,7 @@ def attach(model, role, config):
     if role == "guard":
         return attach_guard(model, config, attached.get(model, "installation"))
     _check(model, role)
-    keras_function = keras_train_function(model)
-    kept = attached.setdefault(model, "kept_train_functions", [])
-    same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
-    function = same[0] if same else None
-    if function is None:
-        function = probing_train_function(model, config, keras_function)
-        kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [function]
+    function = _kept(model, "kept_train_functions", config, probing_train_function)
     function.guard = attached_guard(model)
     function.start_at(0)
     function.clear()  # what a fit that raised left unread is not this fit's
@@ -134,6 +123,18 @@ def unprobed_train_function(model):
 def check_supported(role):
     """Both roles, ``"probe"`` and ``"guard"``, run on JAX (with Keras' own ``train_step``)."""
     del role
+
+
+def _kept(model, key, config, make):
+    """The function (or guard run) of an earlier fit with the same options, else ``make``'s, kept."""
+    keras_function = keras_train_function(model)
+    kept = attached.setdefault(model, key, [])
+    same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
+    if same:
+        return same[0]
+    made = make(model, config, keras_function)
+    kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [made]
+    return made
 
 
 def _check(model, role):

@@ -13,23 +13,22 @@ Every guarded step goes through the same path: the model's step (its own
 `kgrad.backends.jax.own_step.keras_step`) runs with a `CheckedParts` active
 (`kgrad.backends.jax.guard.checked_parts`), to which each differentiated part
 reports its loss and gradients, around the probe's `PartCollection` on a
-probed step; `guard_update` keeps the state of before when one is not
-finite. Keras' own step without a probe runs `kgrad.backends.jax.guard.steps`
-instead: its update behind the check's ``lax.cond``, and the spike rule.
+probed step, and the state of before is kept when one is not finite. Off
+probed steps Keras' own step's update runs behind the check (a ``lax.cond``:
+no select over what it writes), with the spike rule's decision.
 """
 
 import jax
 import jax.numpy as jnp
-import keras
 import numpy as np
 
-from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.moment_rules import moment_rule
 from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.checked_parts import CheckedParts
-from kgrad.backends.jax.guard.sentinel import initial_record, update_from_checks
-from kgrad.backends.jax.guard.steps import GuardedSteps, dropped_after_trip, select_keras_state
+from kgrad.backends.jax.guard.sentinel import (
+    dropped_after_trip, initial_record, may_apply, next_record, select_state,
+)
 from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.value_and_grad import activated
@@ -52,24 +51,12 @@ class GuardRun:
         self.keras_train_function = keras_train_function
         self._watch = None if tuple(config.watch) == SENTINEL_KINDS else config
         self._train_step = train_step_of(model)
+        # The spike rule judges Keras' own step (one part, one update).
+        self._spikes = None if has_own_train_step(model) else config.spikes
         self._jit = step_jit(model)
         # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
         self.names, self._weight_names = None, ()
-        if has_own_train_step(model):
-            self._plain = self._jit(self._guarded(self._step), outputs=4)
-        else:
-            compiled = model.jit_compile and not model.run_eagerly
-            self.steps = GuardedSteps(
-                model, config.halt_updates, compiled, config.ignore_loss_scale_skips,
-                watch=self._watch, spikes=config.spikes,
-            )
-            self._weight_names = tuple(
-                f"weight_grad/{model_relative_path(model, weight)}"
-                for weight in (model.trainable_variables if self.steps.checks_gradients else ())
-            )
-            if self._watch is None:
-                self.names = ("loss/loss",) + self._weight_names
-            self._plain = _no_probe_records(self._jit(self.steps.plain, outputs=3))
+        self._plain = self._jit(self._guarded(self._step, behind_check=True), outputs=4)
         self._probed = {}  # id(probed step) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
@@ -87,21 +74,33 @@ class GuardRun:
             logs, state = self._train_step(state, data)
         return logs, state, None
 
-    def _guarded(self, step):
-        """``(state, record, data) -> (logs, state, probe records, record)`` of ``step``, guarded."""
+    def _guarded(self, step, behind_check=False):
+        """``(state, record, data) -> (logs, state, probe records, record)`` of ``step``, guarded.
+
+        ``behind_check``: Keras' step's update runs behind the check
+        (`CheckedParts.behind_check`); not on a probed step, whose update
+        ratios are of the update as computed.
+        """
+        halt_updates = self.config.halt_updates
+        compiled = self.model.jit_compile and not self.model.run_eagerly
 
         def guarded(state, record, data):
-            tripped_before = record.tripped
             with self._checked_parts(state) as checked:
+                if behind_check:
+                    checked.behind_check(record, halt_updates, self._spikes, compiled)
                 logs, new_state, probe_records = step(state, data, checked)
             squares, counts = checked.checks()
-            state, record = update_from_checks(
-                _as_lists(state), _as_lists(new_state), squares, counts, record, checked.checked_step(),
-                self.config.halt_updates, select_keras_state,
-            )
-            if probe_records is not None and self.config.halt_updates:
-                probe_records = dropped_after_trip(probe_records, tripped_before)
-            return logs, state, probe_records, record
+            # Where the last update was decided after every check, its choice is the step's.
+            decision = checked.final_decision()
+            apply, chosen, spiked = decision or (may_apply(counts, record, halt_updates), (), None)
+            kept = select_state(apply, _as_lists(new_state), _as_lists(state), chosen)
+            new_record = next_record(record, squares, counts, apply, checked.checked_step())
+            if spiked is not None:
+                spikes = spike_rule.record_step(self._spikes, record.spikes, *spiked, apply)
+                new_record = new_record._replace(spikes=spikes)
+            if probe_records is not None and halt_updates:
+                probe_records = dropped_after_trip(probe_records, record.tripped)
+            return logs, kept, probe_records, new_record
 
         return guarded
 
@@ -117,6 +116,7 @@ class GuardRun:
 
         jax.eval_shape(shapes_only, state, data)
         self.names = found["names"]
+        self._weight_names = tuple(name for name in self.names if name.startswith("weight_grad/"))
         self.reset(everything=True)
 
     def run_plain(self, state, data):
@@ -129,9 +129,9 @@ class GuardRun:
 
     def _initial_record(self):
         record = initial_record(len(self.names))
-        if self.config.spikes is None:
+        if self._spikes is None:
             return record
-        return record._replace(spikes=spike_rule.initial_record(self.config.spikes, len(self._weight_names)))
+        return record._replace(spikes=spike_rule.initial_record(self._spikes, len(self._weight_names)))
 
     def spike_news(self):
         """Whether a step was skipped for a spike since the last `read_spikes` (reads a computed scalar)."""
@@ -140,7 +140,7 @@ class GuardRun:
 
     def read_spikes(self, optimizer):
         """Host side (waits for the latest step): the `kgrad.plan.spike_rule.SpikeSnapshot`."""
-        if self.config.spikes is None or self.record is None:
+        if self._spikes is None or self.record is None:
             return None
         spikes = jax.device_get(self.record.spikes)
         self._skips_seen = int(spikes.skip_count)
@@ -163,7 +163,8 @@ class GuardRun:
             self._discover(state, data)
         kept = self._probed.get(id(probed_step))
         if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once
-            kept = self._probed[id(probed_step)] = (probed_step, self._jit(self._guarded(probed_step), outputs=4))
+            step = self._jit(self._guarded(probed_step), outputs=4)
+            kept = self._probed[id(probed_step)] = (probed_step, step)
         logs, state, probe_records, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, probe_records
@@ -270,11 +271,3 @@ def _as_lists(state):
     return tuple(list(values) for values in state)
 
 
-def _no_probe_records(step):
-    """``step`` ``(state, record, data) -> (logs, state, record)`` returning ``None`` as its probe records."""
-
-    def plain(state, record, data):
-        logs, state, record = step(state, record, data)
-        return logs, state, None, record
-
-    return plain

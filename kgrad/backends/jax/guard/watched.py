@@ -27,9 +27,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kgrad.backends.common.model_io import float_input_names
 from kgrad.backends.jax.capture.carriers import tap_gradient
-from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener, keras_step_loss
+from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener
 from kgrad.backends.jax.guard.sentinel import non_finite_counts
 from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.plan import selection
@@ -98,19 +97,6 @@ class WatchedPass:
     def listener(self, inverse_scale=None):
         """A `WatchTaps` of one pass; ``inverse_scale``: 1 / its loss scale (checks of the true loss)."""
         return WatchTaps(self, inverse_scale)
-
-    def loss_and_gradients(self, state, x, y, sample_weight, inverse_scale):
-        """``(aux, gradients, (before rows, after rows))``: what Keras' step differentiates, and the checks.
-
-        ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
-        """
-        watch = self.listener(inverse_scale)
-        call = keras_step_loss(self.model, state, x, y, sample_weight)
-        pass_ = InstrumentedPass(self.model, [watch])
-        pass_.discover(call, [state[0]])
-        (_, aux), (gradients,), (forward,), (carried,) = pass_.value_and_grad(call, [state[0]], has_aux=True)
-        input_names = lambda keys: io_names(keys, "input", float_input_names(self.model, x))  # noqa: E731
-        return aux, gradients, watch.rows(forward, carried, input_names, aux[1])
 
     def part_value_and_grad(self, call, values, has_aux, role, inverse_scale=None):
         """``jax.value_and_grad`` of a part, ``call(*values)``, with its watched tensors checked in its pass.

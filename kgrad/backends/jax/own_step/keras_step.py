@@ -20,7 +20,8 @@ from a part of a model's own step, so that the tags stay those of Keras' step:
   it (``compute_loss_and_updates``' unscaled loss);
 - the loss scale is known before the pass: ``model.optimizer``'s, read from
   the step's optimizer variables (no shape-only pass to find who scaled);
-- the guard's rows carry no part name (``loss/loss``, ``weight_grad/<path>``).
+- the guard's rows carry no part name (``loss/loss``, ``weight_grad/<path>``);
+- off probed steps its update runs behind the guard's check (a ``lax.cond``).
 """
 
 import jax
@@ -44,7 +45,7 @@ class KerasStepRole(PartRole):
         optimizer_variables: The step's optimizer variables (before the update).
     """
 
-    tap_inputs = True
+    tap_inputs = update_behind_check = True
     scale_known = True
 
     def __init__(self, model, x, optimizer_variables):
@@ -80,9 +81,12 @@ def keras_train_step(model, state, data):
         (_, aux), gradients = grad_fn(*args, **kwargs)
     else:
         role = KerasStepRole(model, x, optimizer_variables)
-        (_, aux), gradients = parts.value_and_grad(model.compute_loss_and_updates, 0, True, role, args, kwargs)
+        grad_fn = parts.value_and_grad
+        (_, aux), gradients = grad_fn(model.compute_loss_and_updates, 0, True, role, args, kwargs)
     unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-    trainable, optimizer_variables = model.optimizer.stateless_apply(optimizer_variables, gradients, trainable)
+    trainable, optimizer_variables = model.optimizer.stateless_apply(
+        optimizer_variables, gradients, trainable
+    )
     logs, metrics_variables = keras_internals.update_metrics_variables(
         model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
     )

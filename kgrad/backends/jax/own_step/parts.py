@@ -88,7 +88,8 @@ class PartCollection:
         leaves, indices = call.leaves, call.indices
         if None in indices:
             warnings.warn(
-                f"kgrad.value_and_grad{'' if role.name is None else f' {role.name!r}'}: {indices.count(None)} of "
+                f"kgrad.value_and_grad{'' if role.name is None else f' {role.name!r}'}: "
+                f"{indices.count(None)} of "
                 f"the {len(leaves)} arrays it differentiates are not trainable values of the step's "
                 f"`state` (model '{self._model.name}'), so their gradients are not logged. Pass the "
                 "values from `state` (or slices of its list) as they are.",
@@ -179,9 +180,8 @@ class ProbedStep:
         self.train_step = train_step_of(model)
         self.names, self.weight_shapes = {}, {}
         if not has_own_train_step(model):
-            self.weight_shapes[None] = {
-                model_relative_path(model, weight): tuple(weight.shape) for weight in model.trainable_variables
-            }
+            weights = model.trainable_variables
+            self.weight_shapes[None] = {model_relative_path(model, w): tuple(w.shape) for w in weights}
 
     def __call__(self, state, data, checked=None):
         """The probed step; ``checked``: the guard's `CheckedParts` (around the probe's calls) or ``None``."""

@@ -1,7 +1,7 @@
 """Which part of a model's own ``train_step`` a `kgrad.value_and_grad` call differentiates.
 
 The probe (`kgrad.backends.jax.own_step.parts`), the guard's checks
-(`kgrad.backends.jax.guard.own_step`) and the replay
+(`kgrad.backends.jax.guard.checked_parts`) and the replay
 (`kgrad.backends.jax.guard.own_step_replay`) ask the same question of each
 call: the differentiated arrays are matched by identity with the trainable
 values of the step's ``state`` (aligned with ``model.trainable_variables``),
@@ -43,10 +43,14 @@ class PartRole:
         scale_known: Whether ``inverse_scale`` is known before the pass.
         inverse_scale: Then 1 / the loss scale, or ``None`` (unscaled).
         scaler: Then the optimizer that scaled the loss, or ``None``.
+        update_behind_check: Whether the guard may put the update of its
+            gradients behind their check (a ``lax.cond``). Not a part's of a
+            model's own step: a later part must see the update as the step
+            computed it (the guard's report names every part a NaN reached).
     """
 
     model = None
-    tap_inputs = False
+    tap_inputs = update_behind_check = False
     scale_known = False
     inverse_scale = scaler = None
 
