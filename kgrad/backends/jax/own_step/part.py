@@ -1,4 +1,4 @@
-"""One `kgrad.value_and_grad` call of a probed own ``train_step``: its backward pass, with capture.
+"""One `kgrad.value_and_grad` call of a probed step: its backward pass, with capture.
 
 `ProbedPart.differentiate` is ``jax.value_and_grad`` of the user's function
 with the layers of one sub-model (the one whose weights are differentiated)
@@ -11,7 +11,8 @@ taps first. The weights' rows (`add_weights`) follow once the optimizer has
 applied the gradients. The tags are those a TensorFlow `kgrad.ProbeTape` of
 the same sub-model writes: layer and weight paths relative to the sub-model,
 dJ/dŷ as ``pred_grad_*/output``, no dJ/dx (a ``ProbeTape`` watches no input
-unless asked), no ``global/loss``. The instruments ``"per_example"`` (its
+unless asked), no ``global/loss``; Keras' own step's one part writes its
+own (its `kgrad.backends.jax.own_step.keras_step.KerasStepRole`). The instruments ``"per_example"`` (its
 carriers in the same backward pass), ``"logits"`` and ``"attention"`` are
 recorded in the same pass; ``"optimizer"`` once the optimizer that applies
 the part's gradients is known (`add_weights`): unlike a TensorFlow
