@@ -2,7 +2,7 @@
 
 The jitted steps alone, outside ``fit`` (no callbacks, no host reads, no event
 files), on the same batches: Keras' own ``train_step`` and kgrad's probed step
-(`kgrad.backends.jax.differentiate.step.ProbedStep`, jitted as kgrad jits it).
+(`kgrad.backends.jax.own_step.parts.ProbedStep`, jitted as kgrad jits it).
 
 - ``sequences``: CPU time of ``--steps`` steps, unsynchronized, as ratios to
   Keras' step alone: a probed step every ``--every`` steps, the same number

@@ -6,8 +6,8 @@ each selected layer's output (``activation_*``), and, through a carrier, of
 dJ/d(output) (``grad_*``), dJ/dx (``input_grad_*``) and dJ/dŷ
 (``pred_grad_*``, with the mean and max of its per-example norms).
 `add_weight_rows` adds the weights' rows once the optimizer has applied the
-gradients. Keras' own step (`kgrad.backends.jax.differentiate.step`) and a
-part of a model's own step (`kgrad.backends.jax.own_step.part`) both use them.
+gradients. Every probed part (`kgrad.backends.jax.own_step.part`), Keras' own
+step's one part included, uses them.
 """
 
 import jax.numpy as jnp

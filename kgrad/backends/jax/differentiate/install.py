@@ -2,10 +2,10 @@
 
 While a `kgrad.GradientProbe` is attached, executions that hold a probed
 step run a `kgrad.backends.jax.handover.train_function.TrainFunction`, whose
-probed step is Keras' own step with capture (`ProbedStep`) or, for a model
-with its own ``train_step``, that step with its `kgrad.value_and_grad` calls
-capturing (`OwnProbedStep`). Executions without a probed step run Keras' own
-function untouched.
+probed step (`kgrad.backends.jax.own_step.parts.ProbedStep`) is the model's
+own ``train_step`` or Keras' own (a step with one part), its
+`kgrad.value_and_grad` calls capturing. Executions without a probed step run
+Keras' own function untouched.
 
 With a `kgrad.NonFiniteGuard` alone, every execution runs the guard's
 `TrainFunction` (each step Keras' own, guarded). With a `kgrad.GradientProbe` too, the probe's train
@@ -20,11 +20,9 @@ with the same options does not compile its step again.
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common import attached
 from kgrad.backends.common.own_step import check_stateless_train_step, has_own_train_step
-from kgrad.backends.jax.differentiate.step import ProbedStep
-from kgrad.backends.jax.guard.own_step import OwnStepGuardRun
 from kgrad.backends.jax.guard.run import GuardRun
 from kgrad.backends.jax.handover.train_function import TrainFunction
-from kgrad.backends.jax.own_step.parts import OwnProbedStep
+from kgrad.backends.jax.own_step.parts import ProbedStep
 
 # The model's entries (`kgrad.backends.common.attached`). Functions of earlier fits are kept on
 # the model: tracing and compiling the probed step takes seconds, and a later fit with the same
@@ -47,14 +45,7 @@ def attach_guard(model, config, probing_function=None):
     check_guard(model, config)
     if has_own_train_step(model):
         check_stateless_train_step(model, "NonFiniteGuard")
-    keras_function = keras_train_function(model)
-    kept = attached.setdefault(model, "kept_guard_runs", [])
-    same = [run for run in kept if run.config == config and run.keras_train_function is keras_function]
-    # A model with its own train_step is guarded through its kgrad.value_and_grad calls.
-    kind = OwnStepGuardRun if has_own_train_step(model) else GuardRun
-    run = same[0] if same else kind(model, config, keras_function)
-    if not same:
-        kept[:] = [r for r in kept if r.keras_train_function is keras_function][-3:] + [run]
+    run = _kept(model, "kept_guard_runs", config, GuardRun)
     run.reset(everything=True)
     attached.put(model, "installed_guard", run)
     if probing_function is not None:
@@ -93,9 +84,7 @@ def check_guard(model, config):
 
 def probing_train_function(model, config, keras_function):
     """The `TrainFunction` probing ``model`` as ``config`` says."""
-    # A model with its own train_step is probed through its kgrad.value_and_grad calls.
-    kind = OwnProbedStep if has_own_train_step(model) else ProbedStep
-    return TrainFunction(model, config, keras_function, kind(model, config))
+    return TrainFunction(model, config, keras_function, ProbedStep(model, config))
 
 
 def attach(model, role, config):
@@ -103,13 +92,7 @@ def attach(model, role, config):
     if role == "guard":
         return attach_guard(model, config, attached.get(model, "installation"))
     _check(model, role)
-    keras_function = keras_train_function(model)
-    kept = attached.setdefault(model, "kept_train_functions", [])
-    same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
-    function = same[0] if same else None
-    if function is None:
-        function = probing_train_function(model, config, keras_function)
-        kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [function]
+    function = _kept(model, "kept_train_functions", config, probing_train_function)
     function.guard = attached_guard(model)
     function.start_at(0)
     function.clear()  # what a fit that raised left unread is not this fit's
@@ -140,6 +123,18 @@ def unprobed_train_function(model):
 def check_supported(role):
     """Both roles, ``"probe"`` and ``"guard"``, run on JAX (with Keras' own ``train_step``)."""
     del role
+
+
+def _kept(model, key, config, make):
+    """The function (or guard run) of an earlier fit with the same options, else ``make``'s, kept."""
+    keras_function = keras_train_function(model)
+    kept = attached.setdefault(model, key, [])
+    same = [f for f in kept if f.config == config and f.keras_train_function is keras_function]
+    if same:
+        return same[0]
+    made = make(model, config, keras_function)
+    kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [made]
+    return made
 
 
 def _check(model, role):

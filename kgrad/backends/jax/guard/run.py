@@ -1,25 +1,37 @@
 """The guard of one JAX ``fit``, host side: its record, the kept batches, and the train function.
 
-`GuardRun` runs the guarded steps (`kgrad.backends.jax.guard.steps`), keeps
+`GuardRun` runs the guarded steps, keeps
 their `GuardRecord` (device arrays, passed from step to step, never read on
 a clean step: only the trip flag is, after each execution, as TensorFlow's
 guard reads it with the logs) and a reference to the batches of the latest
 execution (no copy), so that a trip can be replayed on its own batch. It is
 what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
 `GuardCheck`).
+
+Every guarded step goes through the same path: the model's step (its own
+``train_step``, or Keras' own written as a step with one part,
+`kgrad.backends.jax.own_step.keras_step`) runs with a `CheckedParts` active
+(`kgrad.backends.jax.guard.checked_parts`), to which each differentiated part
+reports its loss and gradients, around the probe's `PartCollection` on a
+probed step, and the state of before is kept when one is not finite. Off
+probed steps Keras' own step's update runs behind the check (a ``lax.cond``:
+no select over what it writes), with the spike rule's decision.
 """
 
 import jax
 import jax.numpy as jnp
-import keras
 import numpy as np
 
-from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.moment_rules import moment_rule
+from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard import spikes as spike_rule
-from kgrad.backends.jax.guard.sentinel import initial_record
-from kgrad.backends.jax.guard.steps import GuardedSteps
+from kgrad.backends.jax.guard.checked_parts import CheckedParts
+from kgrad.backends.jax.guard.sentinel import (
+    dropped_after_trip, initial_record, may_apply, next_record, select_state,
+)
 from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
+from kgrad.backends.jax.own_step.keras_step import train_step_of
+from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan.options import SENTINEL_KINDS
 from kgrad.plan.spike_rule import SpikeSnapshot
 from kgrad.report.non_finite import report_of_counts
@@ -37,53 +49,89 @@ class GuardRun:
     def __init__(self, model, config, keras_train_function):
         self.model, self.config = model, config
         self.keras_train_function = keras_train_function
-        compiled = model.jit_compile and not model.run_eagerly
-        watches_more = tuple(config.watch) != SENTINEL_KINDS
-        self.steps = GuardedSteps(
-            model, config.halt_updates, compiled, config.ignore_loss_scale_skips,
-            watch=config if watches_more else None, spikes=config.spikes,
-        )
-        self._weight_names = tuple(
-            f"weight_grad/{model_relative_path(model, weight)}"
-            for weight in (model.trainable_variables if self.steps.checks_gradients else ())
-        )
-        # With watch= beyond the default the rows' names are known once the step is traced.
-        self.names = None if watches_more else ("loss/loss",) + self._weight_names
+        self._watch = None if tuple(config.watch) == SENTINEL_KINDS else config
+        self._train_step = train_step_of(model)
+        # The spike rule judges Keras' own step (one part, one update).
+        self._spikes = None if has_own_train_step(model) else config.spikes
         self._jit = step_jit(model)
-        self._plain = self._jit(self.steps.plain, outputs=3)
-        self._start()
-        self.reset(everything=True)
-
-    def _start(self):
-        """What both guards keep: their train function (every step guarded), the guarded probed steps."""
+        # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
+        self.names, self._weight_names = None, ()
+        self._plain = self._jit(self._guarded(self._step, behind_check=True), outputs=4)
         self._probed = {}  # id(probed step) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
         self.latest_record = None
-
-    def _guarded_probed(self, probed_step, guarded):
-        """The jitted ``guarded(probed_step)``, made once per probed step."""
-        kept = self._probed.get(id(probed_step))
-        if kept is None or kept[0] is not probed_step:
-            step = self._jit(guarded(probed_step), outputs=4)
-            kept = self._probed[id(probed_step)] = (probed_step, step)
-        return kept[1]
+        self.reset(everything=True)
 
     # -- running steps ------------------------------------------------------------------
 
+    def _checked_parts(self, state):
+        ignore = self.config.ignore_loss_scale_skips
+        return CheckedParts(self.model, state[0], watch=self._watch, ignore_loss_scale_skips=ignore)
+
+    def _step(self, state, data, checked):
+        with activated(checked):
+            logs, state = self._train_step(state, data)
+        return logs, state, None
+
+    def _guarded(self, step, behind_check=False):
+        """``(state, record, data) -> (logs, state, probe records, record)`` of ``step``, guarded.
+
+        ``behind_check``: Keras' step's update runs behind the check
+        (`CheckedParts.behind_check`); not on a probed step, whose update
+        ratios are of the update as computed.
+        """
+        halt_updates = self.config.halt_updates
+        compiled = self.model.jit_compile and not self.model.run_eagerly
+
+        def guarded(state, record, data):
+            with self._checked_parts(state) as checked:
+                if behind_check:
+                    checked.behind_check(record, halt_updates, self._spikes, compiled)
+                logs, new_state, probe_records = step(state, data, checked)
+            squares, counts = checked.checks()
+            # Where the last update was decided after every check, its choice is the step's.
+            decision = checked.final_decision()
+            apply, chosen, spiked = decision or (may_apply(counts, record, halt_updates), (), None)
+            kept = select_state(apply, _as_lists(new_state), _as_lists(state), chosen)
+            new_record = next_record(record, squares, counts, apply, checked.checked_step())
+            if spiked is not None:
+                spikes = spike_rule.record_step(self._spikes, record.spikes, *spiked, apply)
+                new_record = new_record._replace(spikes=spikes)
+            if probe_records is not None and halt_updates:
+                probe_records = dropped_after_trip(probe_records, record.tripped)
+            return logs, kept, probe_records, new_record
+
+        return guarded
+
+    def _discover(self, state, data):
+        """The record's rows, from a shape-only pass of the step."""
+        found = {}
+
+        def shapes_only(state, data):
+            with self._checked_parts(state) as checked:
+                self._step(state, data, checked)
+            checked.checked_step()  # raises, naming what is missing, before any step runs
+            found["names"] = tuple(checked.names)
+
+        jax.eval_shape(shapes_only, state, data)
+        self.names = found["names"]
+        self._weight_names = tuple(name for name in self.names if name.startswith("weight_grad/"))
+        self.reset(everything=True)
+
     def run_plain(self, state, data):
-        """One guarded step of Keras' own ``train_step``: ``(logs, state)``."""
-        if self.record is None:
-            self._start_record(state, data)
-        logs, state, self.record = self._plain(state, self.record, data)
+        """One guarded step: ``(logs, state)``."""
+        if self.names is None:
+            self._discover(state, data)
+        logs, state, _, self.record = self._plain(state, self.record, data)
         self._keep(data)
         return logs, state
 
     def _initial_record(self):
         record = initial_record(len(self.names))
-        if self.config.spikes is None:
+        if self._spikes is None:
             return record
-        return record._replace(spikes=spike_rule.initial_record(self.config.spikes, len(self._weight_names)))
+        return record._replace(spikes=spike_rule.initial_record(self._spikes, len(self._weight_names)))
 
     def spike_news(self):
         """Whether a step was skipped for a spike since the last `read_spikes` (reads a computed scalar)."""
@@ -92,7 +140,7 @@ class GuardRun:
 
     def read_spikes(self, optimizer):
         """Host side (waits for the latest step): the `kgrad.plan.spike_rule.SpikeSnapshot`."""
-        if self.config.spikes is None or self.record is None:
+        if self._spikes is None or self.record is None:
             return None
         spikes = jax.device_get(self.record.spikes)
         self._skips_seen = int(spikes.skip_count)
@@ -111,10 +159,13 @@ class GuardRun:
                 "on JAX yet: the probed steps would not be judged. Use one of the two, or the "
                 "TensorFlow backend."
             )
-        if self.record is None:
-            self._start_record(state, data)
-        step = self._guarded_probed(probed_step, self.steps.probed)
-        logs, state, probe_records, self.record = step(state, self.record, data)
+        if self.names is None:
+            self._discover(state, data)
+        kept = self._probed.get(id(probed_step))
+        if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once
+            step = self._jit(self._guarded(probed_step), outputs=4)
+            kept = self._probed[id(probed_step)] = (probed_step, step)
+        logs, state, probe_records, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, probe_records
 
@@ -143,14 +194,6 @@ class GuardRun:
             del self._batches[batch]
 
     # -- what the guard callback asks ---------------------------------------------------
-
-    def _start_record(self, state, data):
-        """The record of a guard whose rows are known once traced: the watched pass traced for shapes."""
-        watch = self.steps.watch
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        jax.eval_shape(lambda state: watch.loss_and_gradients(state, x, y, sample_weight, None), state)
-        self.names = watch.before + ("loss/loss",) + watch.after + self._weight_names
-        self.record = self._initial_record()
 
     def start_epoch(self):
         if self.names is None:  # not traced yet: the record starts with the first step
@@ -221,3 +264,10 @@ class GuardRun:
             self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
             self._batches = {}  # what follows the trip is kept afresh
         self.guard_tripped = self.skip_count = None
+
+
+def _as_lists(state):
+    """``(trainable, non-trainable, optimizer, metrics)`` as lists: the old and new state's trees match."""
+    return tuple(list(values) for values in state)
+
+

@@ -10,9 +10,10 @@ select. Both record the trip in the `GuardRecord`, a few small device arrays
 that travel from step to step. The host reads the record only when the flag
 that comes back with it is set.
 
-Any train step can call it: Keras' own (`kgrad.backends.jax.guard.steps`),
-kgrad's probed step, or a model's own ``train_step`` around
-``jax.value_and_grad``.
+kgrad's guarded steps (`kgrad.backends.jax.guard.run`, Keras' own or a
+model's own, probed or not) use its pieces (`tensor_checks`, `may_apply`,
+`next_record`); a train step of one's own may call `guard_update` or
+`guard_apply` around ``jax.value_and_grad``.
 
 Example:
 
@@ -148,12 +149,6 @@ def guard_update(old_state, new_state, loss, gradients, record, step, halt_updat
         ``old_state``; and the updated `GuardRecord`.
     """
     squares, counts = check(loss, gradients, watched)
-    return update_from_checks(old_state, new_state, squares, counts, record, step, halt_updates, select)
-
-
-def update_from_checks(old_state, new_state, squares, counts, record, step, halt_updates=True,
-                       select=select_leaves):
-    """`guard_update` from rows already checked: ``squares [n]`` and ``counts [n, 2]`` (`tensor_checks`)."""
     apply = may_apply(counts, record, halt_updates)
     state = select(apply, new_state, old_state)
     return state, next_record(record, squares, counts, apply, step)
@@ -238,3 +233,32 @@ def next_record(record, squares, counts, apply, step):
         batch=record.batch + 1,
         spikes=record.spikes,
     )
+
+
+def select_state(apply, new_state, old_state, chosen=()):
+    """Keras' ``(trainable, non-trainable, optimizer, metrics)``: the new state where ``apply``, else the old.
+
+    A ``jnp.where`` per leaf, fused by XLA into the update that made it,
+    except for the leaves in ``chosen`` (ids of values a ``lax.cond`` on the
+    same ``apply`` made) and for the non-trainable variables: fused with the
+    select, BatchNormalization's moving averages rounded differently from
+    Keras' own step (an ulp); behind a ``lax.cond`` they are computed exactly
+    as Keras computes them.
+    """
+
+    def select(new, old):
+        return [n if id(n) in chosen else jnp.where(apply, n, o) for n, o in zip(new, old)]
+
+    trainable, optimizer, metrics = (select(new_state[k], old_state[k]) for k in (0, 2, 3))
+    return (trainable, select_whole(apply, new_state[1], old_state[1]), optimizer, metrics)
+
+
+def dropped_after_trip(probe_records, tripped_before):
+    """``{run: record}`` with step -1 after a trip: those steps keep the state of before, nothing to log.
+
+    Keras' loop may run a few more steps before it sees the trip.
+    """
+    return {
+        run: (jnp.where(tripped_before, -1, number), scalars, histograms)
+        for run, (number, scalars, histograms) in probe_records.items()
+    }

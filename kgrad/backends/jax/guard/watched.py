@@ -27,9 +27,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kgrad.backends.common.model_io import float_input_names
 from kgrad.backends.jax.capture.carriers import tap_gradient
-from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener, keras_step_loss
+from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener
 from kgrad.backends.jax.guard.sentinel import non_finite_counts
 from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.plan import selection
@@ -99,21 +98,10 @@ class WatchedPass:
         """A `WatchTaps` of one pass; ``inverse_scale``: 1 / its loss scale (checks of the true loss)."""
         return WatchTaps(self, inverse_scale)
 
-    def loss_and_gradients(self, state, x, y, sample_weight, inverse_scale):
-        """``(aux, gradients, (before rows, after rows))``: what Keras' step differentiates, and the checks.
-
-        ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
-        """
-        watch = self.listener(inverse_scale)
-        call = keras_step_loss(self.model, state, x, y, sample_weight)
-        pass_ = InstrumentedPass(self.model, [watch])
-        pass_.discover(call, [state[0]])
-        (_, aux), (gradients,), (forward,), (carried,) = pass_.value_and_grad(call, [state[0]], has_aux=True)
-        return aux, gradients, watch.rows(forward, carried, x, aux[1])
-
-    def part_value_and_grad(self, call, values, has_aux, inverse_scale=None):
+    def part_value_and_grad(self, call, values, has_aux, role, inverse_scale=None):
         """``jax.value_and_grad`` of a part, ``call(*values)``, with its watched tensors checked in its pass.
 
+        ``role``: the part's `kgrad.backends.jax.own_step.resolve.PartRole`.
         ``inverse_scale``: 1 / the factor ``call`` scaled its loss by (mixed
         precision), or ``None``: the gradients are checked as the true loss's.
 
@@ -122,10 +110,10 @@ class WatchedPass:
         (``activation/<layer>``, ``grad/<layer>``).
         """
         watch = self.listener(inverse_scale)
-        pass_ = InstrumentedPass(self.model, [watch], tap_inputs=False)
+        pass_ = InstrumentedPass(self.model, [watch], tap_inputs=role.tap_inputs)
         pass_.discover(call, values)
         result, gradients, (forward,), (carried,) = pass_.value_and_grad(call, values, has_aux)
-        return result, gradients, watch.part_rows(forward, carried)
+        return result, gradients, watch.part_rows(forward, carried, role, result)
 
 
 class WatchTaps(Listener):
@@ -159,11 +147,14 @@ class WatchTaps(Listener):
             return tap_gradient(tensor, carriers[key], CheckLayout(), self.inverse_scale)
         return tensor
 
-    def rows(self, forward, carried, x, y_pred):
+    def rows(self, forward, carried, input_names, outputs):
         """``(before rows [n, 5], after rows [m, 5])``, in TensorFlow's order, named in the watch's
-        ``before``, ``after``."""
+        ``before``, ``after``.
+
+        ``input_names``: ``fn(input keys) -> their names``; ``outputs``: what the output names come from.
+        """
         kinds = self.kinds
-        names = self._names(x, y_pred)
+        names = self._names(input_names, outputs)
         before = [key for key in kinds if key in forward]
         # From the loss down: dJ/dŷ, then dJ/d(activation) of the last layer first.
         after = [key for key in kinds if kinds[key] == "prediction" and key in carried]
@@ -172,19 +163,19 @@ class WatchTaps(Listener):
         self.watch.after = tuple(names[key][1] for key in after)
         return _stack([forward[key] for key in before]), _stack([carried[key] for key in after])
 
-    def part_rows(self, forward, carried):
-        """``((before names, rows), (after names, rows))`` of a part's pass (its predictions: its outputs)."""
+    def part_rows(self, forward, carried, role, result):
+        """``((before names, rows), (after names, rows))`` of a part's pass, named as its ``role`` says."""
         predictions = [key for key, kind in self.kinds.items() if kind == "prediction"]
-        before, after = self.rows(forward, carried, None, predictions)
+        before, after = self.rows(forward, carried, role.input_names, role.outputs(result, predictions))
         return (self.watch.before, before), (self.watch.after, after)
 
-    def _names(self, x, y_pred):
+    def _names(self, input_names, outputs):
         """``{key: (its forward row's name, its gradient row's name)}``, as TensorFlow's guard names them."""
         kinds, model = self.kinds, self.watch.model
         input_keys = [key for key in kinds if kinds[key] == "input"]
-        # A part of an own train_step taps no input (x is None there).
-        inputs = io_names(input_keys, "input", float_input_names(model, x)) if input_keys else []
-        outputs = io_names(y_pred, "output", getattr(model, "output_names", None))
+        # A part of an own train_step taps no input.
+        inputs = input_names(input_keys) if input_keys else []
+        outputs = io_names(outputs, "output", getattr(model, "output_names", None))
         order = {"input": iter(inputs), "prediction": iter(outputs)}
         names = {}
         for key, kind in kinds.items():

@@ -5,10 +5,9 @@ execution of ``steps_per_execution`` steps, a Python loop over a jitted
 ``train_step``. `TrainFunction` runs the same steps, each one of:
 
 - the probed step (one step in ``every_n_steps``, counted on the host, so
-  that no step holds a branch): Keras' step with capture
-  (`kgrad.backends.jax.differentiate.step.ProbedStep`) or a model's own step
+  that no step holds a branch): the model's step, Keras' own or its own,
   whose `kgrad.value_and_grad` calls capture
-  (`kgrad.backends.jax.own_step.parts.OwnProbedStep`); its records stay
+  (`kgrad.backends.jax.own_step.parts.ProbedStep`); its records stay
   on the device in one `RecordBuffer` per run;
 - with a `kgrad.NonFiniteGuard` attached, the guard's step (its ``run_plain``
   and ``run_probed``: the sentinel inside the same pass);

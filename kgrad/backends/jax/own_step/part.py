@@ -1,4 +1,4 @@
-"""One `kgrad.value_and_grad` call of a probed own ``train_step``: its backward pass, with capture.
+"""One `kgrad.value_and_grad` call of a probed step: its backward pass, with capture.
 
 `ProbedPart.differentiate` is ``jax.value_and_grad`` of the user's function
 with the layers of one sub-model (the one whose weights are differentiated)
@@ -11,7 +11,8 @@ taps first. The weights' rows (`add_weights`) follow once the optimizer has
 applied the gradients. The tags are those a TensorFlow `kgrad.ProbeTape` of
 the same sub-model writes: layer and weight paths relative to the sub-model,
 dJ/dŷ as ``pred_grad_*/output``, no dJ/dx (a ``ProbeTape`` watches no input
-unless asked), no ``global/loss``. The instruments ``"per_example"`` (its
+unless asked), no ``global/loss``; Keras' own step's one part writes its
+own (its `kgrad.backends.jax.own_step.keras_step.KerasStepRole`). The instruments ``"per_example"`` (its
 carriers in the same backward pass), ``"logits"`` and ``"attention"`` are
 recorded in the same pass; ``"optimizer"`` once the optimizer that applies
 the part's gradients is known (`add_weights`): unlike a TensorFlow
@@ -23,12 +24,12 @@ from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.capture.instrumented import InstrumentedPass
 from kgrad.backends.jax.capture.loss_scale import inverse_scale_of, noting_scaled_losses, scaling_optimizer
 from kgrad.backends.jax.capture.probe_taps import ProbeTaps, add_weight_rows
-from kgrad.backends.jax.own_step.resolve import bind_differentiated
+from kgrad.backends.jax.own_step.resolve import PartRole, bind_differentiated
 from kgrad.backends.jax.summarize.instruments import Instruments, add_optimizer_rows, optimizer_paths
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.summaries import SummaryRows
 from kgrad.plan import selection
-from kgrad.plan.tag_names import io_names
+from kgrad.plan.tag_names import LOSS_TAG, io_names
 
 
 class ProbedPart:
@@ -37,18 +38,20 @@ class ProbedPart:
     Args:
         name: The run it is logged under.
         model: The sub-model whose weights are differentiated.
-        config: The `kgrad.plan.options.ProbeConfig`.
+        config: The `ProbeConfig`.
         weights: The sub-model's differentiated ``keras.Variable``s.
         optimizers: The model's optimizers, whose ``scale_loss`` may scale the
             differentiated loss (mixed precision): the statistics are of the true loss.
+        role: The part's `kgrad.backends.jax.own_step.resolve.PartRole`.
 
     Attributes:
         rows: Its `SummaryRows`, complete once `add_weights` has run.
         weight_shapes: ``{weight path: shape}``.
     """
 
-    def __init__(self, name, model, config, weights, optimizers=()):
+    def __init__(self, name, model, config, weights, optimizers=(), role=None):
         self.name, self.model, self.config = name, model, config
+        self.role = PartRole() if role is None else role
         self._optimizers = list(optimizers)
         self._inverse_scale = None  # 1 / the loss scale, once differentiated with a scaled loss
         self.rows = SummaryRows(config.histograms, config.statistics)
@@ -56,8 +59,7 @@ class ProbedPart:
         self.paths = [model_relative_path(model, weight) for weight in weights]
         self.weight_shapes = {path: tuple(w.shape) for path, w in zip(self.paths, weights)}
         self._weights = list(weights)
-        self._instruments = Instruments(model, config, *self._selection, optimizer=False)
-        self._predictions = []  # the keys of the prediction taps, in the order of the pass
+        self._instruments = Instruments(model, config, *self._selection)
 
     def differentiate(self, fn, numbers, has_aux, args, kwargs, watch=None):
         """``(value or (value, aux), gradients of args[numbers], watched)``; adds the captured rows.
@@ -67,35 +69,34 @@ class ProbedPart:
         `WatchTaps.part_rows`), or ``None``.
         """
         call, values = bind_differentiated(fn, numbers, args, kwargs)
+        role = self.role
         probe = ProbeTaps(self.config, self.rows, self._selection)
         # The instruments first: they see each prediction before a carrier replaces it (the logits are
         # found by id); then the guard's checks; every listener sees the same dJ/dt.
         listeners = [self._instruments] + ([] if watch is None else [watch.listener()]) + [probe]
-        instrumented = InstrumentedPass(self.model, listeners, tap_inputs=False)
-        scaled = []
-
-        def noting(*values):  # in the shape-only pass: is the value returned a scaled loss?
-            notes = []
-            with noting_scaled_losses(self._optimizers, notes):
-                out = call(*values)
-            scaled.append(scaling_optimizer(notes, out, has_aux, self.name) is not None)
-            return out
-
-        instrumented.discover(noting, values)
-        # The function scaled its loss (mixed precision): every statistic is divided back, as in Keras' step.
-        if scaled[0]:
-            self._inverse_scale = inverse_scale_of(call, values, has_aux, self._optimizers)
-            for listener in listeners:
-                listener.inverse_scale = self._inverse_scale
+        instrumented = InstrumentedPass(self.model, listeners, tap_inputs=role.tap_inputs)
+        if role.scale_known:
+            instrumented.discover(call, values)
+            self._inverse_scale = role.inverse_scale
+        else:
+            self._inverse_scale = _discover_noting_scale(
+                instrumented, call, values, has_aux, self._optimizers, self.name
+            )
+        # The function scaled its loss (mixed precision): every statistic is divided back.
+        for listener in listeners:
+            listener.inverse_scale = self._inverse_scale
         result, gradients, forwards, cotangents = instrumented.value_and_grad(call, values, has_aux)
-        self._predictions = probe.keys_of("prediction")
-        output_names = io_names(self._predictions, "output", _output_names(self.model))
-        probe.add_rows(forwards[-1], cotangents[-1], (), output_names)
+        loss = role.logged_loss(result)
+        if loss is not None:  # the loss of every probed step, unscaled, whatever is captured
+            self.rows.add_scalar(LOSS_TAG, loss)
+        outputs = role.outputs(result, probe.keys_of("prediction"))
+        output_names = io_names(outputs, "output", getattr(self.model, "output_names", None))
+        probe.add_rows(forwards[-1], cotangents[-1], role.input_names(probe.keys_of("input")), output_names)
         # The optimizer's rows follow in `add_weights`, once it is known which optimizer applies them.
-        self._instruments.add_rows(self.rows, cotangents[0], forwards[0], self._predictions, update=None)
+        self._instruments.add_rows(self.rows, cotangents[0], forwards[0], outputs)
         if self._inverse_scale is not None:
             self.rows.add_scalar("global/loss_scale", 1.0 / self._inverse_scale)
-        watched = None if watch is None else listeners[1].part_rows(forwards[1], cotangents[1])
+        watched = None if watch is None else listeners[1].part_rows(forwards[1], cotangents[1], role, result)
         return result, gradients, watched
 
     def add_weights(self, before, gradients, after, optimizer, optimizer_state_after, as_applied=None):
@@ -107,20 +108,34 @@ class ProbedPart:
             optimizer: The optimizer whose ``stateless_apply`` updated them.
             optimizer_state_after: Its variables after the update.
             as_applied: With ``instruments=["optimizer"]``, the gradients as
-                ``optimizer`` applied them (clipped over all it applied).
+                ``optimizer`` applied them (unscaled, clipped over all it applied).
         """
+        if self.config.captures("weight_gradients"):
+            add_weight_rows(self.rows, self.config, self.paths, before, gradients, after, self._inverse_scale)
         if as_applied is not None:
-            paths, _ = optimizer_paths(self.paths, self.config.statistics, gradients)
+            paths = optimizer_paths(self.paths, self.config.statistics, gradients)
             add_optimizer_rows(
                 self.rows, OptimizerMoments(optimizer, self._weights), paths, as_applied, before, after,
                 optimizer_state_after, self.config.outlier_sigmas,
             )
-        if self.config.captures("weight_gradients"):
-            add_weight_rows(self.rows, self.config, self.paths, before, gradients, after, self._inverse_scale)
 
 
-def _output_names(model):
-    return getattr(model, "output_names", None)
+def _discover_noting_scale(instrumented, call, values, has_aux, optimizers, name):
+    """Discovers the taps; 1 / the factor the function scaled its value by (``None``: unscaled).
+
+    Whether ``scale_loss`` made the value returned is seen in the shape-only pass itself.
+    """
+    scaled = []
+
+    def noting(*values):
+        notes = []
+        with noting_scaled_losses(optimizers, notes):
+            out = call(*values)
+        scaled.append(scaling_optimizer(notes, out, has_aux, name) is not None)
+        return out
+
+    instrumented.discover(noting, values)
+    return inverse_scale_of(call, values, has_aux, optimizers) if scaled[0] else None
 
 
 def _selection(model, layers):

@@ -1,6 +1,7 @@
-"""The probed step of a model's own JAX ``train_step``: its `kgrad.value_and_grad` calls capture.
+"""The probed JAX step: its `kgrad.value_and_grad` calls capture (Keras' own step has one).
 
-`OwnProbedStep` traces the model's ``train_step`` with a `PartCollection`
+`ProbedStep` traces the model's ``train_step`` (or Keras' own, written as
+a step with one part, `kgrad.backends.jax.own_step.keras_step`) with a `PartCollection`
 active (`kgrad.backends.jax.own_step.value_and_grad.activated`): each
 `kgrad.value_and_grad` call in the step asks it to differentiate. The
 differentiated arrays name the weights and the sub-model they belong to
@@ -20,11 +21,13 @@ import jax
 import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer
-from kgrad.backends.common.own_step import candidate_optimizers
+from kgrad.backends.common.model_io import model_relative_path
+from kgrad.backends.common.own_step import candidate_optimizers, has_own_train_step
 from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.capture.loss_scale import inverse_loss_scale, skips_overflowed_steps
+from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.part import ProbedPart
-from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, bind_differentiated
+from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, as_role, bind_differentiated
 from kgrad.backends.jax.own_step.value_and_grad import activated
 
 
@@ -74,16 +77,19 @@ class PartCollection:
     def watched_value_and_grad(self, fn, argnums, has_aux, name, args, kwargs, watch):
         """`value_and_grad`, with the tensors of ``watch`` checked in the same pass.
 
-        ``watch``: a guard's `kgrad.backends.jax.guard.watched.WatchedPass` of the
-        part's sub-model (``watch=`` beyond the default), or ``None``. Returns
+        ``name``: the user's, or a `PartRole` (Keras' own step's). ``watch``: a
+        guard's `kgrad.backends.jax.guard.watched.WatchedPass` of the part's
+        sub-model (``watch=`` beyond the default), or ``None``. Returns
         ``(result, gradients, watched rows or None)`` (`WatchedPass.part_value_and_grad`).
         """
         self.calls += 1
-        call = self._resolver.resolve(argnums, args)
+        role = as_role(name)
+        call = self._resolver.resolve(argnums, args, role.model)
         leaves, indices = call.leaves, call.indices
         if None in indices:
             warnings.warn(
-                f"kgrad.value_and_grad{'' if name is None else f' {name!r}'}: {indices.count(None)} of "
+                f"kgrad.value_and_grad{'' if role.name is None else f' {role.name!r}'}: "
+                f"{indices.count(None)} of "
                 f"the {len(leaves)} arrays it differentiates are not trainable values of the step's "
                 f"`state` (model '{self._model.name}'), so their gradients are not logged. Pass the "
                 "values from `state` (or slices of its list) as they are.",
@@ -94,11 +100,11 @@ class PartCollection:
             if watch is None:
                 return (*jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs), None)
             result, gradients, watched = watch.part_value_and_grad(
-                *bind_differentiated(fn, call.numbers, args, kwargs), has_aux
+                *bind_differentiated(fn, call.numbers, args, kwargs), has_aux, role
             )
             return result, as_returned(argnums, gradients), watched
-        name = self._resolver.run_name(call, name)
-        part = ProbedPart(name, call.owner, self._config, call.weights, self._optimizers)
+        part = ProbedPart(role.run(self._resolver, call), call.owner, self._config, call.weights,
+                          self._optimizers, role)
         result, gradients, watched = part.differentiate(fn, call.numbers, has_aux, args, kwargs, watch)
         flat_gradients = [leaf for g in gradients for leaf in jax.tree_util.tree_leaves(g)]
         self._pending.append((
@@ -123,7 +129,8 @@ class PartCollection:
                 # As the optimizer clips them: unscaled (mixed precision), then over all it applies
                 # (global_clipnorm), not one part's.
                 inverse = inverse_loss_scale(optimizer, optimizer_variables)
-                unscaled = [g if inverse is None else g.astype(jnp.float32) * inverse for g in grads]
+                unscaled = [g.astype(jnp.float32) if inverse is None else g.astype(jnp.float32) * inverse
+                            for g in grads]
                 clipped = keras_internals.clip_gradients(inner_optimizer(optimizer), unscaled)
             for entry in list(self._pending):
                 part, _, before, gradients = entry
@@ -152,27 +159,35 @@ class PartCollection:
         return dict(self._records)
 
 
-class OwnProbedStep:
-    """``(state, data, checked=None) -> (logs, state, {part name: record})`` of ``model``'s own step.
+class ProbedStep:
+    """``(state, data, checked=None) -> (logs, state, {run: record})``: ``model``'s step, probed.
+
+    The step is the model's own ``train_step``, or Keras' own
+    (`kgrad.backends.jax.own_step.keras_step`: one part, logged under the
+    model's own run ``None``).
 
     Args:
-        model: A compiled model with its own ``train_step``.
+        model: A compiled model.
         config: The `kgrad.plan.options.ProbeConfig`.
 
     Attributes:
-        names: ``{part name: (scalar names, histogram names)}``, once traced.
-        weight_shapes: ``{part name: {weight path: shape}}``, once traced.
+        names: ``{run: (scalar names, histogram names)}``, once traced.
+        weight_shapes: ``{run: {weight path: shape}}`` (Keras' step: known before it is traced).
     """
 
     def __init__(self, model, config):
         self.model, self.config = model, config
+        self.train_step = train_step_of(model)
         self.names, self.weight_shapes = {}, {}
+        if not has_own_train_step(model):
+            weights = model.trainable_variables
+            self.weight_shapes[None] = {model_relative_path(model, w): tuple(w.shape) for w in weights}
 
     def __call__(self, state, data, checked=None):
         """The probed step; ``checked``: the guard's `CheckedParts` (around the probe's calls) or ``None``."""
         with PartCollection(self.model, self.config, state[0]) as parts:
             with activated(parts if checked is None else checked.around(parts)):
-                logs, state = self.model.train_step(state, data)
+                logs, state = self.train_step(state, data)
         if not parts.parts and parts.calls:
             raise ValueError(
                 f"kgrad.GradientProbe: kgrad.value_and_grad ran {parts.calls} time(s) in the train_step "

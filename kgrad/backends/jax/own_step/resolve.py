@@ -1,13 +1,15 @@
 """Which part of a model's own ``train_step`` a `kgrad.value_and_grad` call differentiates.
 
 The probe (`kgrad.backends.jax.own_step.parts`), the guard's checks
-(`kgrad.backends.jax.guard.own_step`) and the replay
+(`kgrad.backends.jax.guard.checked_parts`) and the replay
 (`kgrad.backends.jax.guard.own_step_replay`) ask the same question of each
 call: the differentiated arrays are matched by identity with the trainable
 values of the step's ``state`` (aligned with ``model.trainable_variables``),
 which names the weights and the smallest sub-model holding them all (the
 "owner": ``self.discriminator``, or the model itself), and the run the part
-is logged under (``name``, else the owner's name; ``#2`` when used again).
+is logged under (``name``, else the owner's name; ``#2`` when used again). Keras' own
+``train_step`` is such a step with one part (`kgrad.backends.jax.own_step.keras_step`):
+its call comes with a `PartRole` of its own, which says what sets it apart.
 
 Example:
 
@@ -23,6 +25,59 @@ import keras
 
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax import keras_internals
+
+
+class PartRole:
+    """What a part is beyond its arrays; these defaults are a `kgrad.value_and_grad` call's.
+
+    A part of a model's own ``train_step`` is logged as a TensorFlow
+    `kgrad.ProbeTape` of its sub-model: its own run, no input tapped (its
+    inputs are another part's outputs), no ``global/loss`` (its value may be
+    any function), its loss scale found where ``scale_loss`` is called. Keras'
+    own step overrides each (`kgrad.backends.jax.own_step.keras_step.KerasStepRole`).
+
+    Attributes:
+        name: The run the user named (``None``: the owner's name).
+        model: The model that is the part (``None``: the smallest holding its weights).
+        tap_inputs: Whether the model's float inputs are tapped (dJ/dx).
+        scale_known: Whether ``inverse_scale`` is known before the pass.
+        inverse_scale: Then 1 / the loss scale, or ``None`` (unscaled).
+        scaler: Then the optimizer that scaled the loss, or ``None``.
+        update_behind_check: Whether the guard may put the update of its
+            gradients behind their check (a ``lax.cond``). Not a part's of a
+            model's own step: a later part must see the update as the step
+            computed it (the guard's report names every part a NaN reached).
+    """
+
+    model = None
+    tap_inputs = update_behind_check = False
+    scale_known = False
+    inverse_scale = scaler = None
+
+    def __init__(self, name=None):
+        self.name = name
+
+    def run(self, resolver, call):
+        """The run the part is logged under: `PartResolver.run_name`."""
+        return resolver.run_name(call, self.name)
+
+    def input_names(self, keys):
+        """The names of the input taps ``keys`` (none are tapped)."""
+        return ()
+
+    def outputs(self, result, prediction_keys):
+        """The structure the output names come from: the keys of the part's predictions."""
+        del result
+        return prediction_keys
+
+    def logged_loss(self, result):
+        """The loss written as ``global/loss`` and checked by the guard as is, or ``None``."""
+        del result
+
+
+def as_role(name):
+    """The `PartRole` of a `kgrad.value_and_grad` ``name`` (a role already: itself)."""
+    return name if isinstance(name, PartRole) else PartRole(name)
 
 
 @dataclasses.dataclass
@@ -60,13 +115,17 @@ class PartResolver:
         self._position = {id(value): index for index, value in enumerate(trainable)}
         self._names = {}
 
-    def resolve(self, argnums, args):
-        """The `PartCall` of differentiating ``args[argnums]``; raises for an ``argnums`` out of range."""
+    def resolve(self, argnums, args, owner=None):
+        """The `PartCall` of differentiating ``args[argnums]``; raises for an ``argnums`` out of range.
+
+        ``owner``: the model that is the part, or ``None`` for the smallest holding its weights.
+        """
         numbers = _positions(argnums, len(args))
         leaves = [leaf for number in numbers for leaf in jax.tree_util.tree_leaves(args[number])]
         indices = [self._position.get(id(leaf)) for leaf in leaves]
         weights = [self._variables[index] for index in indices if index is not None]
-        owner = _owner(self.model, weights) if weights else self.model
+        if owner is None:
+            owner = _owner(self.model, weights) if weights else self.model
         paths = [
             f"array:{k}" if index is None else model_relative_path(owner, self._variables[index])
             for k, index in enumerate(indices)

@@ -30,32 +30,29 @@ from kgrad.backends.common import attention_calls
 from kgrad.backends.common.attention_scores import call_statistics
 from kgrad.backends.common.instrument_warnings import by_reason, warn_instrument
 from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
-from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments
 from kgrad.backends.jax.summarize.per_example import PerExampleLayers
 from kgrad.plan.tag_names import io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
 
 class Instruments:
-    """The instruments of one `ProbedStep`.
+    """The instruments of one probed part (`kgrad.backends.jax.own_step.part`).
 
     Args:
         model: The probed model.
         config: Its `kgrad.plan.options.ProbeConfig`.
         operations_by_name, keep: The captured operations and their predicate.
-        optimizer: Whether ``model.optimizer`` applies the gradients (Keras' own
-            ``train_step``). A part of a model's own ``train_step`` learns which
-            optimizer applies them only when it does (`add_optimizer_rows`).
+
+    ``"optimizer"`` is not its: which optimizer applies a part's gradients is
+    known only when it does (`add_optimizer_rows`, called there).
     """
 
-    def __init__(self, model, config, operations_by_name, keep, optimizer=True):
+    def __init__(self, model, config, operations_by_name, keep):
         self.model, self.config = model, config
         wanted = config.instruments
-        self.per_example = self.moments = self.capture = None
+        self.per_example = self.capture = None
         if "per_example" in wanted:
             self.per_example = PerExampleLayers(model, operations_by_name, keep)
-        if "optimizer" in wanted and optimizer:
-            self.moments = OptimizerMoments(model.optimizer, model.trainable_variables)
         if "logits" in wanted:
             self.capture = LogitCapture(model)
         self.attention = None  # the AttentionCapture of the traced step, with "attention"
@@ -106,25 +103,20 @@ class Instruments:
         statistics = None if logits is None else logit_statistics(logits)
         seen.append(("logits", statistics, reason))
 
-    def add_rows(self, rows, carried, seen, y_pred, update):
-        """Adds every instrument's tags to ``rows``.
+    def add_rows(self, rows, carried, seen, y_pred):
+        """Adds the tags of every instrument but ``"optimizer"`` to ``rows``.
 
         Args:
             rows: The step's `kgrad.backends.jax.summarize.summaries.SummaryRows`.
             carried: The carriers' cotangents.
             seen: What `see_prediction` gathered.
             y_pred: The step's prediction (for the output names).
-            update: ``(paths, gradients, before, after, optimizer state after)``: the
-                ``{weight number: path}`` of the weights with ``update_ratio/``, the
-                gradients of the true loss, the trainable values before and after.
         """
         if self.per_example is not None:
             buckets = self.config.bucket_count if self.config.histograms else None
             reasons = self.per_example.add_rows(rows, carried, buckets)
             if reasons:  # once per trace: never a guessed value, but say which are missing
                 warnings.warn(f"kgrad: no per-example gradient norms for {by_reason(reasons)}", stacklevel=3)
-        if self.moments is not None:
-            add_optimizer_rows(rows, self.moments, *update, self.config.outlier_sigmas)
         self.add_forward_rows(rows, seen, y_pred)
 
     def add_forward_rows(self, rows, seen, y_pred):
@@ -166,7 +158,7 @@ def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_aft
         rows: The step's `kgrad.backends.jax.summarize.summaries.SummaryRows`.
         moments: The `OptimizerMoments` of the optimizer that applied the gradients.
         paths: ``{weight number: path}`` (`optimizer_paths`).
-        gradients: The gradients of the true loss, numbered as ``paths``.
+        gradients: The gradients as the optimizer applied them (unscaled, clipped), numbered as ``paths``.
         before, after: The weights' values before and after the update.
         state_after: The optimizer's variables after the update.
         sigmas: k of the outlier test.
@@ -180,19 +172,16 @@ def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_aft
         rows.add_scalar(f"update_rms/{path}", jnp.sqrt(jnp.sum(jnp.square(change))) / math.sqrt(size))
 
 
-def optimizer_paths(paths, statistics, gradients, inverse_scale=None):
-    """``({weight number: path}, gradients of the true loss)``: the weights with ``update_ratio/``.
+def optimizer_paths(paths, statistics, gradients):
+    """``{weight number: path}`` of the weights with ``update_ratio/``.
 
     As on TensorFlow, the optimizer's tags go to the weights whose
     ``weight_norm/`` and ``update_ratio/`` are written
     (`kgrad.plan.tag_selection.weight_tags_written`).
     """
-    if inverse_scale is not None:  # Keras differentiated the scaled loss (mixed precision)
-        gradients = [gradient.astype(jnp.float32) * inverse_scale for gradient in gradients]
     with_a_matrix = layers_with_a_matrix(paths, [gradient.shape for gradient in gradients])
-    written = {
+    return {
         number: path
         for number, (path, gradient) in enumerate(zip(paths, gradients))
         if weight_tags_written(statistics, gradient, path.rpartition("/")[0] in with_a_matrix)
     }
-    return written, gradients

@@ -76,15 +76,14 @@ class OptimizerMoments:
         Args:
             rows: The step's `kgrad.backends.jax.summarize.summaries.SummaryRows`.
             paths: ``{weight number: tag path}`` of the weights that get tags.
-            gradients: The gradients of the true loss (unscaled), one per trainable weight.
+            gradients: The gradients as the optimizer applied them (unscaled, then clipped as it
+                clips: clipnorm, clipvalue, global_clipnorm over all it applied), one per weight.
             state_after: The optimizer's variables after ``stateless_apply``.
             sigmas: k of the outlier test.
         """
         if self.rule is None:
             return
         inner = inner_optimizer(self._optimizer)
-        # What the optimizer applied: clipnorm, clipvalue, global_clipnorm.
-        applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
         step = jnp.asarray(state_after[self._iterations], jnp.float32)  # t: advanced by the update
         hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
         for number, path in paths.items():
@@ -92,7 +91,7 @@ class OptimizerMoments:
                 continue
             first, second, hat = (None if i is None else state_after[i] for i in self._indices[number])
             rms, outliers = moment_statistics(
-                self.rule, applied[number], first, second, hat, step, hyper, sigmas
+                self.rule, gradients[number], first, second, hat, step, hyper, sigmas
             )
             rows.add_scalar(f"adam_rms/{path}", rms)
             if outliers is not None:
