@@ -171,7 +171,8 @@ def _counts(counts):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="4,16,32", help="Hidden layers of each MLP, comma-separated.")
-    parser.add_argument("--options", default="{}", help="GradientProbe options as JSON, e.g. '{\"histograms\": false}'.")
+    parser.add_argument("--options", default="{}",
+                        help="GradientProbe options as JSON, e.g. '{\"histograms\": false}'.")
     parser.add_argument("--jax-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--probed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -163,7 +163,8 @@ def main(argv=None):
     )
     parser.add_argument(
         "--others", type=run._names, default=["probe_linear_n1"],
-        help="Other configurations of benchmarks.configs to measure in the same run (e.g. probe_n10,probe_n100).",
+        help="Other configurations of benchmarks.configs to measure in the same run "
+             "(e.g. probe_n10,probe_n100).",
     )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(MODELS))

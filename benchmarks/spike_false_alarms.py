@@ -70,7 +70,6 @@ def _example_transient(seed):
 
 def _memorizing_mlp(steps=1000):
     """The benchmarks' MLP on its 50 batches of random labels: a loss that falls for good (a trend)."""
-    import keras
 
     from benchmarks.models import MODELS, build_model, make_data
 
@@ -133,7 +132,8 @@ def _recorded(build):
 
         def judge(record, rule, loss, weight_squares):
             values = jax.numpy.stack([loss.astype("float32"), jax.numpy.sqrt(jax.numpy.sum(weight_squares))])
-            jax.debug.callback(lambda step, v: seen.append((int(step), np.array(v))), record.row_count, values)
+            jax.debug.callback(lambda step, v: seen.append((int(step), np.array(v))),
+                               record.row_count, values)
             return original(record, rule, loss, weight_squares)
 
         spikes.judge = judge
@@ -278,7 +278,8 @@ def table(paths):
             steps = flagged(values, rule)
             counts.append(f"{len(steps)}" + (f" (first {steps[0]})" if steps else ""))
         print(f"| {name} | {backend} | " + " | ".join(counts) + " |", flush=True)
-    print(f"\nLasting instability (window {LASTING_WINDOW}): first flagged step, its loss / the 5 before step {RAISE}")
+    print(f"\nLasting instability (window {LASTING_WINDOW}): first flagged step, "
+          f"its loss / the 5 before step {RAISE}")
     print("| run | backend | " + " | ".join(names) + " |")
     print("|---|---|" + "---|" * len(names))
     for (backend, name), values in sorted(series.items(), key=lambda item: (item[0][1], item[0][0])):

@@ -134,7 +134,7 @@ def first_loss_spike_after_raise(report):
 
 
 def first_flag(loss_spike):
-    """The largest of the first layer signals that spiked after the raise, ahead of ``loss_spike``, or ``None``.
+    """The largest first layer signal that spiked after the raise, ahead of ``loss_spike``, or ``None``.
 
     The first update with the raised rate is step ``RAISE_STEP``'s, so probes
     up to that step cannot have seen it.

@@ -45,7 +45,8 @@ class SpikeStopReport:
         text = (
             f"{self.rule.max_skips} steps in a row{of} spiked (steps {steps}): the logarithm of the loss "
             f"or of the global gradient norm was above mean + {self.rule.sigmas:g}σ of the last "
-            f"{self.rule.window} accepted steps', and each update was skipped. Skipping does not help a spike that lasts: "
+            f"{self.rule.window} accepted steps', and each update was skipped. "
+            "Skipping does not help a spike that lasts: "
             "the weights are those of before the first of them."
         )
         return text if self.leaders is None else f"{text} {self.leaders}"

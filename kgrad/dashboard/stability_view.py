@@ -207,7 +207,8 @@ def skipped_entry(skipped, steps):
     ``groups``: the layers that moved above the rule (each at its largest z-score), in
     groups whose sizes cannot be told apart (a tie), largest first; else the largest group.
     """
-    entry = {"step": skipped.step, "column": None if steps is None else int(np.searchsorted(steps, skipped.step)),
+    column = None if steps is None else int(np.searchsorted(steps, skipped.step))
+    entry = {"step": skipped.step, "column": column,
              "score": skipped.spike_score, "groups": [], "not_scored": [], "words": skipped.why}
     if skipped.leaders is not None:
         groups = skipped.leaders.layers()
@@ -215,7 +216,8 @@ def skipped_entry(skipped, steps):
         moved = [group for group in moved if group] or groups[:1]
         entry["groups"] = [[{"layer": lead.layer, "weight": lead.weight, "value_name": lead.value_name,
                              "z": lead.z} for lead in group] for group in moved]
-        entry["not_scored"] = [{"weight": weight, "reason": reason} for weight, reason in skipped.leaders.not_scored]
+        entry["not_scored"] = [{"weight": weight, "reason": reason}
+                               for weight, reason in skipped.leaders.not_scored]
         entry["words"] = skipped.leaders.describe()
     return entry
 

@@ -23,8 +23,8 @@ The window holds one row per accepted step: the logarithms of the loss and
 of the global gradient norm, then each trainable weight's gradient norm as
 it is (the z-scores of a skipped step's per-weight values are taken against
 those columns: they rank the weights of a step already judged, as the
-report's spike rule ranks probes, on the values themselves). σ is the sample standard deviation (n − 1), as ``torch.std`` in
-OLMo-core.
+report's spike rule ranks probes, on the values themselves). σ is the sample
+standard deviation (n − 1), as ``torch.std`` in OLMo-core.
 
 Example:
 

@@ -255,7 +255,8 @@ def rounding_noise_tags(scalars):
             if len(finite):
                 medians[tag[len(prefix):]] = float(np.median(finite))
     found = rounding_noise(medians, what="median gradient norm over the run")
-    return tuple((f"adam_rms/{weight}", reason) for weight, reason in found if f"adam_rms/{weight}" in scalars)
+    return tuple((f"adam_rms/{weight}", reason)
+                 for weight, reason in found if f"adam_rms/{weight}" in scalars)
 
 
 def _spike(tag, series, index, history):

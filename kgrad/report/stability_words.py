@@ -68,7 +68,8 @@ def tie_words(tie, named):
     """One group of leaders at one probe: its step, how far ahead, and each signal with its size."""
     first = tie[0]
     at = f"at step {first.step} ({_ahead(first.probes_ahead)})"
-    said = tie_text(tie, lambda lead: f"{lead.layer} {lead.signal}", lambda lead: sigmas_text(lead.sigmas), named)
+    said = tie_text(tie, lambda lead: f"{lead.layer} {lead.signal}",
+                    lambda lead: sigmas_text(lead.sigmas), named)
     return f"{at}{':' if len(tie) == 1 else ','} {said}"
 
 

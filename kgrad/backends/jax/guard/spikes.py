@@ -1,7 +1,8 @@
 """The spike rule inside JAX's guarded step: a `SpikeRecord` that travels from step to step.
 
 Pure functions of the record, as `kgrad.backends.jax.guard.sentinel`'s: `judge`
-says whether the step spikes (the logarithms of its loss and gradient norm) (`kgrad.plan.spike_rule`, the NumPy reference),
+says whether the step spikes (the logarithms of its loss and gradient norm;
+`kgrad.plan.spike_rule` is the NumPy reference),
 the guard then keeps the state of before exactly as for a non-finite step,
 and `after_step` writes the window, the streak and the step's row. In the
 branch of a spiking step only (a ``lax.cond``), `skip_table` computes the

@@ -213,7 +213,7 @@ class SpikeState:
 
 
 def own_step_update(name, optimizer, grads, variables, measured):
-    """``(optimizer, the update's pairs, the checked pairs)`` of a `kgrad.ProbeTape`'s update: `record_skip`'s.
+    """`record_skip`'s ``(optimizer, the update's pairs, the checked pairs)`` of a `kgrad.ProbeTape`'s update.
 
     ``measured``: the tape's ``(gradient, weight)`` pairs in its rows' order
     (the weight gradients last to first, `kgrad.backends.tensorflow.guard.watched.watched_tensors`).
