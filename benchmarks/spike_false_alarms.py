@@ -17,6 +17,7 @@ Run (each backend in its own process, then the table of both):
     python -m benchmarks.spike_false_alarms table /tmp/spikes_tf.npz /tmp/spikes_jax.npz
 """
 
+import argparse
 import os
 import sys
 
@@ -293,8 +294,20 @@ def table(paths):
         print(f"| {name} | {backend} | " + " | ".join(cells) + " |", flush=True)
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "record":
-        record(sys.argv[2], *sys.argv[3:])
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="False alarms of candidate spike rules on clean runs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    record_command = commands.add_parser("record", help="train the clean runs, save what the guard judged")
+    record_command.add_argument("path", help="the .npz file to write")
+    record_command.add_argument("only", nargs="?", help="only the setups whose name contains this")
+    table_command = commands.add_parser("table", help="the tables of flagged steps, from recorded files")
+    table_command.add_argument("paths", nargs="+", help=".npz files written by `record`")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        record(args.path, args.only)
     else:
-        table(sys.argv[2:])
+        table(args.paths)
+
+
+if __name__ == "__main__":
+    main()
