@@ -149,3 +149,21 @@ def middle_model(middle, name="middle"):
         keras.layers.Lambda(middle, name=name),
         keras.layers.Dense(1, name="out"),
     ])
+
+
+def gan_models(d_activation="sigmoid"):
+    """``(discriminator, generator)`` of the GAN of tests/test_custom_train_step.py (and its JAX twin).
+
+    ``d_activation``: the discriminator's output's (``None``: logits).
+    """
+    discriminator = keras.Sequential([
+        keras.Input((2,)),
+        keras.layers.Dense(6, activation="relu", name="d_hidden"),
+        keras.layers.Dense(1, activation=d_activation, name="d_out"),
+    ], name="discriminator")
+    generator = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(6, activation="tanh", name="g_hidden"),
+        keras.layers.Dense(2, name="g_out"),
+    ], name="generator")
+    return discriminator, generator

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from fit_helpers import gan_models
 from test_no_host_sync import (  # noqa: F401 (device_reads is a fixture)
     EPOCHS, EVERY_N_STEPS, STEPS_PER_EPOCH, _EventLog, _expected_read_points, _read_points, device_reads,
 )
@@ -163,16 +164,7 @@ class DeterministicGAN(keras.Model):
 
     def __init__(self):
         super().__init__(name="gan")
-        self.discriminator = keras.Sequential([
-            keras.Input((2,)),
-            keras.layers.Dense(6, activation="relu", name="d_hidden"),
-            keras.layers.Dense(1, activation="sigmoid", name="d_out"),
-        ], name="discriminator")
-        self.generator = keras.Sequential([
-            keras.Input((3,)),
-            keras.layers.Dense(6, activation="tanh", name="g_hidden"),
-            keras.layers.Dense(2, name="g_out"),
-        ], name="generator")
+        self.discriminator, self.generator = gan_models()
 
     def compile(self, **kwargs):
         super().compile(**kwargs)

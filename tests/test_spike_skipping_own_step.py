@@ -1,33 +1,76 @@
-"""`NonFiniteGuard(skip_spikes=True)` on a model's own train_step: each ProbeTape judged on its own.
+"""`NonFiniteGuard(skip_spikes=True)` on a model's own train_step: each part judged on its own.
 
-TensorFlow: the GAN of tests/test_custom_train_step.py (two tapes, two SGD optimizers). The real
-examples of its last batch are scaled ×1000: the discriminator's loss and gradients spike, the
-generator's step (noise only, through the discriminator of before) does not. The discriminator's
-update is skipped, bit for bit, and the generator's is applied. JAX refuses an own train_step
-(tests/jax/test_spike_skipping_jax.py).
+Backend-free lines, run on TensorFlow here and on JAX by
+tests/jax/test_spike_skipping_own_step_jax.py (its `gan_kit` fixture: the same GAN as a JAX
+``train_step`` of two ``kgrad.value_and_grad`` parts). TensorFlow: the GAN of
+tests/test_custom_train_step.py (two tapes, two SGD optimizers). The real examples of its last
+batch are scaled ×1000: the discriminator's loss and gradients spike, the generator's step (noise
+only, through the discriminator of before) does not. The discriminator's update is skipped, bit
+for bit, and the generator's is applied.
 """
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import kgrad
-from test_custom_train_step import BATCH, _gan, _gan_data
 
 STEPS = 24
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
 
 
+class _TensorFlowGAN:
+    """The GAN (``make(compiled)``: graph or XLA), its data and its hand gradients on TensorFlow."""
+
+    fit_compiled = False  # the module's fit: graph
+
+    @staticmethod
+    def make(compiled):
+        from test_custom_train_step import _gan
+
+        return _gan("xla" if compiled else "graph")
+
+    @staticmethod
+    def data(steps):
+        from test_custom_train_step import _gan_data
+
+        return _gan_data(steps=steps)
+
+    @staticmethod
+    def d_grads(gan, images, labels):
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = gan.loss_fn(labels, gan.discriminator(images))
+        return tape.gradient(loss, gan.discriminator.trainable_weights)
+
+    @staticmethod
+    def g_grads(gan, noise):
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = gan.loss_fn(np.zeros((len(noise), 1), "float32"), gan.discriminator(gan.generator(noise)))
+        return tape.gradient(loss, gan.generator.trainable_weights)
+
+
 @pytest.fixture(scope="module")
-def gan_fit(tmp_path_factory):
+def gan_kit():
+    from test_custom_train_step import BATCH
+
+    _TensorFlowGAN.batch = BATCH
+    return _TensorFlowGAN
+
+
+@pytest.fixture(scope="module")
+def gan_fit(tmp_path_factory, gan_kit):
     log_dir = tmp_path_factory.mktemp("gan_spike")
-    real, noise = _gan_data(steps=STEPS)
-    real[SPIKE * BATCH :] *= 1000.0  # reals only: the discriminator's part
-    gan = _gan("graph")
+    batch = gan_kit.batch
+    real, noise = gan_kit.data(STEPS)
+    real[SPIKE * batch :] *= 1000.0  # reals only: the discriminator's part
+    gan = gan_kit.make(gan_kit.fit_compiled)
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir)
-    gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
-    before = _gan("graph")  # the same run, stopped before the spiking batch
-    before.fit((real[: SPIKE * BATCH], noise[: SPIKE * BATCH]), batch_size=BATCH, shuffle=False, verbose=0)
+    gan.fit((real, noise), batch_size=batch, shuffle=False, verbose=0, callbacks=[guard])
+    before = gan_kit.make(gan_kit.fit_compiled)  # the same run, stopped before the spiking batch
+    before.fit((real[: SPIKE * batch], noise[: SPIKE * batch]), batch_size=batch, shuffle=False, verbose=0)
     return guard, gan, before, real, noise, log_dir
 
 
@@ -35,7 +78,7 @@ def _state(model, optimizer):
     return [np.array(v) for v in model.weights + optimizer.variables]
 
 
-def test_the_spiking_part_is_skipped_bit_for_bit_and_the_other_applied(gan_fit):
+def test_the_spiking_part_is_skipped_bit_for_bit_and_the_other_applied(gan_fit, gan_kit):
     guard, gan, before, real, noise, _ = gan_fit
     assert [(s.step, s.part) for s in guard.skipped_steps] == [(SPIKE, "discriminator")]
     assert guard.spike_report is None and guard.report is None
@@ -44,26 +87,22 @@ def test_the_spiking_part_is_skipped_bit_for_bit_and_the_other_applied(gan_fit):
                                _state(before.discriminator, before.d_optimizer), strict=True):
         np.testing.assert_array_equal(kept, reference)
     # The generator's step, by hand: against the discriminator of before (its update was skipped).
-    batch = noise[SPIKE * BATCH :]
-    with tf.GradientTape() as tape:
-        g_loss = before.loss_fn(tf.zeros((BATCH, 1)), before.discriminator(before.generator(batch)))
+    grads = gan_kit.g_grads(before, noise[SPIKE * gan_kit.batch :])
     weights = before.generator.trainable_weights
-    grads = tape.gradient(g_loss, weights)
     for applied, weight, grad in zip(gan.generator.trainable_weights, weights, grads, strict=True):
         expected = np.array(weight) - 0.2 * np.array(grad)  # the generator's SGD(0.2)
         np.testing.assert_allclose(np.array(applied), expected, rtol=1e-5, atol=1e-7)
 
 
-def test_the_skipped_parts_values_equal_a_hand_reference(gan_fit):
+def test_the_skipped_parts_values_equal_a_hand_reference(gan_fit, gan_kit):
     guard, _, before, real, noise, _ = gan_fit
     (skipped,) = guard.skipped_steps
-    fake = before.generator(noise[SPIKE * BATCH :])
-    images = tf.concat([fake, real[SPIKE * BATCH :]], axis=0)
-    labels = tf.concat([tf.ones((BATCH, 1)), tf.zeros((BATCH, 1))], axis=0)
+    batch = gan_kit.batch
+    fake = np.array(before.generator(noise[SPIKE * batch :]))
+    images = np.concatenate([fake, real[SPIKE * batch :]], axis=0)
+    labels = np.concatenate([np.ones((batch, 1)), np.zeros((batch, 1))], axis=0).astype("float32")
     weights = before.discriminator.trainable_weights
-    with tf.GradientTape() as tape:
-        d_loss = before.loss_fn(labels, before.discriminator(images))
-    grads = tape.gradient(d_loss, weights)
+    grads = gan_kit.d_grads(before, images, labels)
     for weight, grad in zip(weights, grads, strict=True):
         path = weight.path.removeprefix("discriminator/")
         g, w = np.array(grad, np.float64), np.array(weight, np.float64)
@@ -85,15 +124,17 @@ def test_each_part_logs_its_own_rows(gan_fit):
     assert "skip_grad_norm/d_hidden/kernel" in logs["kgrad/discriminator"]["scalars"]
 
 
-@pytest.mark.parametrize("mode", ["graph", "xla"])
-def test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part(mode, capsys):
-    real, noise = _gan_data(steps=STEPS)
-    real[20 * BATCH :] *= 1000.0
-    gan = _gan(mode)
+@pytest.mark.parametrize("compiled", [False, True], ids=["graph", "xla"])
+def test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part(compiled, gan_kit, capsys):
+    batch = gan_kit.batch
+    real, noise = gan_kit.data(STEPS)
+    real[20 * batch :] *= 1000.0
+    gan = gan_kit.make(compiled)
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, max_skips=3)
-    gan.fit((real, noise), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    gan.fit((real, noise), batch_size=batch, shuffle=False, verbose=0, callbacks=[guard])
     assert [(s.step, s.part) for s in guard.skipped_steps] == [(20, "discriminator"), (21, "discriminator"),
                                                                 (22, "discriminator")]
-    assert "3 steps in a row of ProbeTape 'discriminator' spiked (steps 20, 21, 22)" in str(guard.spike_report)
+    report = str(guard.spike_report)
+    assert "3 steps in a row of part 'discriminator' spiked (steps 20, 21, 22)" in report
     assert "stopped training" in capsys.readouterr().err
     assert int(gan.d_optimizer.iterations) == 20

@@ -13,7 +13,6 @@ import sys
 import warnings
 
 from kgrad import backends
-from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.callbacks.spike_log import SpikeLog
 from kgrad.plan.spike_rule import DEFAULT_ROW_CAPACITY, SpikeRule
 
@@ -41,7 +40,7 @@ class SpikeStopReport:
     def __str__(self):
         steps = ", ".join(str(s.step) for s in self.skipped) or str(self.step)
         part = self.skipped[-1].part if self.skipped else None
-        of = "" if part is None else f" of ProbeTape {part!r}"
+        of = "" if part is None else f" of part {part!r}"  # a ProbeTape, or a kgrad.value_and_grad on JAX
         text = (
             f"{self.rule.max_skips} steps in a row{of} spiked (steps {steps}): the logarithm of the loss "
             f"or of the global gradient norm was above mean + {self.rule.sigmas:g}σ of the last "
@@ -77,13 +76,6 @@ class SpikeSkipping:
                 "its gradients overflow on purpose while it finds its scale. Received: "
                 f"optimizer={type(model.optimizer).__name__}. Train in float32 (or without "
                 "loss scaling), or pass skip_spikes=False."
-            )
-        if has_own_train_step(model) and keras.backend.backend() != "tensorflow":
-            raise ValueError(
-                "kgrad.NonFiniteGuard(skip_spikes=True) does not support a model's own train_step "
-                f"on {keras.backend.backend()} yet ({type(model).__name__}.train_step): there it "
-                "judges Keras' own step only (on TensorFlow, each kgrad.ProbeTape of the step is "
-                "judged on its own). Pass skip_spikes=False for this model."
             )
         capacity = DEFAULT_ROW_CAPACITY
         if steps_per_epoch:

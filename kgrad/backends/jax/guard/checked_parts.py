@@ -10,7 +10,9 @@ call, which it wraps), and hands its loss and gradients to the guard:
 nothing is captured, a clean step costs one sum of squares per tensor. Off
 probed steps Keras' step's update runs behind the check
 (`CheckedParts.behind_check`); a part of a model's own step is selected after
-the step (a later part sees the update as the step computed it). After the step,
+the step (a later part sees the update as the step computed it), except for
+the spike rule, which decides each part inside its optimizer's update
+(`CheckedParts.judge_parts`, `kgrad.backends.jax.guard.part_spikes`). After the step,
 `kgrad.backends.jax.guard.run.GuardRun` keeps the whole state passed in
 (every part's weights, every optimizer's variables) when a loss or a
 gradient of any part is not finite. The step recorded is the
@@ -33,6 +35,7 @@ from kgrad.backends.jax.capture.loss_scale import (
     value_and_grad_noting_scale,
 )
 from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard.part_spikes import PartJudge
 from kgrad.backends.jax.guard.sentinel import may_apply, select_leaves, tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
 from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, as_role, bind_differentiated
@@ -73,6 +76,7 @@ class CheckedParts:
         self._update_behind_check = False  # the latest part's role allows it
         self._resolver = PartResolver(model, trainable)
         self._first = None  # ids of the first part's weight values
+        self.part_judge = PartJudge(model)  # the own step's parts, see `judge_parts`
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
 
@@ -104,6 +108,20 @@ class CheckedParts:
         """
         if compiled or spikes is not None:
             self._behind_check = (record, halt_updates, spikes, compiled)
+        return self
+
+    def judge_parts(self, records, halt_updates, rule, compiled=True):
+        """Judges each part of a model's own step by the spike rule, inside its optimizer's update.
+
+        When a part's gradients are applied (its optimizer's ``stateless_apply``,
+        called by the ``train_step``), its loss and gradients are judged against
+        its own window (``records``, one `SpikeRecord` per part) and a spiking
+        part's ``stateless_apply`` returns the weights and optimizer variables
+        it was given (a ``lax.cond``): the later parts of the step see the
+        values of before, as on TensorFlow, where the tape's update is skipped
+        inside ``apply``. ``part_judge.decisions()`` gives each part's decision.
+        """
+        self.part_judge.judge(records, halt_updates, rule, compiled)
         return self
 
     def around(self, parts):
@@ -149,6 +167,9 @@ class CheckedParts:
             gradients = as_returned(argnums, gradients)
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
+        if not role.update_behind_check:  # a part of a model's own step: judged where it is applied
+            checked = len(jax.tree_util.tree_leaves(gradients)) if checks_gradients else 0
+            self.part_judge.add(part, len(self.tensors), checked, leaves, resolved.weights, resolved.paths)
         self._keep(part, role.logged_loss(result), result[0] if has_aux else result,
                    jax.tree_util.tree_leaves(gradients) if checks_gradients else [], resolved.paths,
                    inverse_scale, watched)
@@ -197,6 +218,14 @@ class CheckedParts:
             applied = {id(value) for value in trainable_variables}
             if self.step is None and self._first is not None and self._first <= applied:
                 self.step = optimizer_variables[iterations]
+            part = None if self._deciding else self.part_judge.applied_part(optimizer, trainable_variables)
+            if self.part_judge.judges(part):  # a part of a model's own step, judged by the spike rule
+                self._deciding = True
+                try:
+                    return self.part_judge.update(part, self.tensors, stateless_apply, optimizer_variables,
+                                                  grads, trainable_variables)
+                finally:
+                    self._deciding = False
             if self._behind_check is None or self._deciding or not self._update_behind_check:
                 return stateless_apply(optimizer_variables, grads, trainable_variables)
             self._deciding = True

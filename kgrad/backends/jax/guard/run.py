@@ -24,16 +24,17 @@ import numpy as np
 
 from kgrad.backends.common.moment_rules import moment_rule
 from kgrad.backends.common.own_step import has_own_train_step
+from kgrad.backends.jax.guard import part_spikes
 from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.checked_parts import CheckedParts
 from kgrad.backends.jax.guard.sentinel import (
     dropped_after_trip, initial_record, may_apply, next_record, select_state,
 )
+from kgrad.backends.jax.guard.spike_reads import SpikeReads, skip_counts
 from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan.options import SENTINEL_KINDS
-from kgrad.plan.spike_rule import SpikeSnapshot
 from kgrad.report.non_finite import report_of_counts
 
 
@@ -51,8 +52,12 @@ class GuardRun:
         self.keras_train_function = keras_train_function
         self._watch = None if tuple(config.watch) == SENTINEL_KINDS else config
         self._train_step = train_step_of(model)
-        # The spike rule judges Keras' own step (one part, one update).
-        self._spikes = None if has_own_train_step(model) else config.spikes
+        # The spike rule judges Keras' own step (one part, one update) behind its check, and each
+        # part of a model's own step inside that part's optimizer update (`CheckedParts.judge_parts`).
+        own = has_own_train_step(model)
+        self._spikes = None if own else config.spikes
+        self._part_spikes = config.spikes if own else None
+        self._parts = ()  # the own step's parts' (name, weight paths, optimizer), once traced
         self._jit = step_jit(model)
         # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
         self.names, self._weight_names = None, ()
@@ -88,6 +93,8 @@ class GuardRun:
             with self._checked_parts(state) as checked:
                 if behind_check:
                     checked.behind_check(record, halt_updates, self._spikes, compiled)
+                if self._part_spikes is not None:
+                    checked.judge_parts(record.spikes, halt_updates, self._part_spikes, compiled)
                 logs, new_state, probe_records = step(state, data, checked)
             squares, counts = checked.checks()
             # Where the last update was decided after every check, its choice is the step's.
@@ -97,6 +104,10 @@ class GuardRun:
             new_record = next_record(record, squares, counts, apply, checked.checked_step())
             if spiked is not None:
                 spikes = spike_rule.record_step(self._spikes, record.spikes, *spiked, apply)
+                new_record = new_record._replace(spikes=spikes)
+            if self._part_spikes is not None:
+                decisions = checked.part_judge.decisions()
+                spikes = part_spikes.recorded(self._part_spikes, record.spikes, decisions, apply)
                 new_record = new_record._replace(spikes=spikes)
             if probe_records is not None and halt_updates:
                 probe_records = dropped_after_trip(probe_records, record.tripped)
@@ -113,9 +124,15 @@ class GuardRun:
                 self._step(state, data, checked)
             checked.checked_step()  # raises, naming what is missing, before any step runs
             found["names"] = tuple(checked.names)
+            parts = checked.part_judge.parts
+            found["parts"] = tuple((part.name, tuple(part.paths), part.optimizer) for part in parts)
+            if self._part_spikes is not None:
+                part_spikes.require_every_part_applied(self.model, parts)
 
         jax.eval_shape(shapes_only, state, data)
         self.names = found["names"]
+        if self._part_spikes is not None:
+            self._parts = found["parts"]
         self._weight_names = tuple(name for name in self.names if name.startswith("weight_grad/"))
         self.reset(everything=True)
 
@@ -129,27 +146,30 @@ class GuardRun:
 
     def _initial_record(self):
         record = initial_record(len(self.names))
+        if self._part_spikes is not None:  # one window per part
+            rule, parts = self._part_spikes, self._parts
+            return record._replace(spikes=tuple(spike_rule.initial_record(rule, len(p)) for _, p, _ in parts))
         if self._spikes is None:
             return record
         return record._replace(spikes=spike_rule.initial_record(self._spikes, len(self._weight_names)))
 
     def spike_news(self):
         """Whether a step was skipped for a spike since the last `read_spikes` (reads a computed scalar)."""
-        count = self.skip_count
-        return count is not None and count.is_ready() and int(count) > self._skips_seen
+        return self._reads.news(self.skip_count)
 
     def read_spikes(self, optimizer):
-        """Host side (waits for the latest step): the `kgrad.plan.spike_rule.SpikeSnapshot`."""
+        """Host side: Keras' step's `kgrad.plan.spike_rule.SpikeSnapshot` (an own step's: `guard_states`)."""
         if self._spikes is None or self.record is None:
             return None
-        spikes = jax.device_get(self.record.spikes)
-        self._skips_seen = int(spikes.skip_count)
-        return SpikeSnapshot(
-            rows=spikes.rows, row_count=int(spikes.row_count), skip_values=spikes.skip_values,
-            skip_steps=spikes.skip_steps, skip_count=int(spikes.skip_count), tripped=bool(spikes.tripped),
-            weights=tuple(name.partition("/")[2] for name in self._weight_names),
-            adam_reason=moment_rule(optimizer)[1],
-        )
+        weights = tuple(name.partition("/")[2] for name in self._weight_names)
+        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1])
+
+    def read_part_spikes(self, number):
+        """Host side: the `SpikeSnapshot` of part ``number`` of a model's own step."""
+        if self.record is None:
+            return None
+        _, paths, optimizer = self._parts[number]
+        return self._reads.snapshot(number, self.record.spikes[number], paths, moment_rule(optimizer)[1])
 
     def run_probed(self, probed_step, state, data):
         """One guarded probed step: ``(logs, state, {run: probe record})``."""
@@ -179,7 +199,7 @@ class GuardRun:
         is still here whenever it is read.
         """
         self.guard_tripped = self.record.tripped
-        self.skip_count = None if self.record.spikes is None else self.record.spikes.skip_count
+        self.skip_count = skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
         self._batches[self._batch] = (data, self.record.tripped)
         self._batch += 1
         # Oldest first, at most two flags read per step (a scalar each, already computed).
@@ -212,7 +232,11 @@ class GuardRun:
         return {}
 
     def guard_states(self):
-        return {None: self}
+        """``{None: self}``, and with a model's own step's parts judged for spikes, one `PartSpikes` each."""
+        states = {None: self}
+        for number, (name, _, _) in enumerate(self._parts if self._part_spikes is not None else ()):
+            states[name] = part_spikes.PartSpikes(self, number)
+        return states
 
     def tripped_batch(self):
         """``(data, None, batch index)`` of the tripped step (its random draws are in the kept state)."""
@@ -254,13 +278,15 @@ class GuardRun:
         """Re-arms the guard (``action="warn"``); with ``everything``, forgets earlier steps too."""
         if everything:
             self.record = None if self.names is None else self._initial_record()
-            self._skips_seen = 0
+            self._reads = SpikeReads()
             self._batch = 0
             self._batches = {}
         else:
             spikes = self.record.spikes
-            if spikes is not None:  # a streak that was reported: judged afresh
-                spikes = spikes._replace(tripped=jnp.asarray(False), streak=jnp.zeros_like(spikes.streak))
+            if self._part_spikes is not None:  # a streak that was reported: every part judged afresh
+                spikes = tuple(part_spikes.rearmed(part) for part in spikes)
+            elif spikes is not None:
+                spikes = part_spikes.rearmed(spikes)
             self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
             self._batches = {}  # what follows the trip is kept afresh
         self.guard_tripped = self.skip_count = None

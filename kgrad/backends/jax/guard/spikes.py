@@ -119,9 +119,15 @@ def with_skip(record, spike, table):
     )
 
 
-def skip_table(model, judged, gradients, trainable, optimizer_variables):
-    """``[weights, len(SKIP_COLUMNS)]``: the would-be update's per-weight values (``stateless_apply``)."""
-    new_trainable, new_optimizer = model.optimizer.stateless_apply(optimizer_variables, gradients, trainable)
+def skip_table(model, judged, gradients, trainable, optimizer_variables, optimizer=None, weights=None):
+    """``[weights, len(SKIP_COLUMNS)]``: the would-be update's per-weight values (``stateless_apply``).
+
+    ``optimizer`` and ``weights`` (its variables of ``trainable``): a part of a model's own
+    step's (default: ``model.optimizer`` and ``model.trainable_variables``, Keras' step's).
+    """
+    optimizer = model.optimizer if optimizer is None else optimizer
+    weights = model.trainable_variables if weights is None else weights
+    new_trainable, new_optimizer = optimizer.stateless_apply(optimizer_variables, gradients, trainable)
     flat = lambda t: jnp.ravel(t).astype(jnp.float32)  # noqa: E731
     weight_norms = jnp.stack([jnp.linalg.norm(flat(w)) for w in trainable])
     update_norms = jnp.stack([jnp.linalg.norm(flat(a) - flat(b)) for a, b in zip(new_trainable, trainable)])
@@ -130,17 +136,16 @@ def skip_table(model, judged, gradients, trainable, optimizer_variables):
     norms = jnp.stack([jnp.linalg.norm(flat(g)) for g in gradients])
     known = std[2:] > 0
     z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
-    rms = _adam_rms(model, gradients, new_optimizer)
+    rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
     return jnp.stack([norms, update_norms / weight_norms, dots / (norms * weight_norms), rms, z], axis=1)
 
 
-def _adam_rms(model, gradients, state_after):
+def _adam_rms(optimizer, weights, gradients, state_after):
     """``[weights]`` adam_rms from the optimizer's state after the would-be update (NaN without one)."""
-    weights = model.trainable_variables
-    moments = OptimizerMoments(model.optimizer, weights)
+    moments = OptimizerMoments(optimizer, weights)
     if moments.rule is None:
         return jnp.full((len(weights),), jnp.nan, jnp.float32)
-    inner = inner_optimizer(model.optimizer)
+    inner = inner_optimizer(optimizer)
     applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
     step = moments.step_after(state_after)
     hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
@@ -154,7 +159,8 @@ def _adam_rms(model, gradients, state_after):
     return jnp.stack(rms)
 
 
-def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_variables):
+def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer=None,
+                       weights=None):
     """`skip_table` where the step spiked and the streak had not stopped training, else zeros.
 
     Call it inside the branch of a skipped update (the same ``lax.cond`` as the
@@ -164,7 +170,8 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
     spike = judged[1] & jnp.logical_not(spikes.tripped)
     width = (len(gradients), len(SKIP_COLUMNS))
     return jax.lax.cond(
-        spike, lambda: skip_table(model, judged, gradients, trainable, optimizer_variables),
+        spike,
+        lambda: skip_table(model, judged, gradients, trainable, optimizer_variables, optimizer, weights),
         lambda: jnp.zeros(width, jnp.float32),
     )
 
