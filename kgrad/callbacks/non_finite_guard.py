@@ -23,23 +23,21 @@ _ACTIONS = ("stop", "warn", "raise")
 class NonFiniteGuard(keras.callbacks.Callback):
     """Stops at the first NaN/Inf of a training step and names the operation where it was born.
 
-    Keras' ``TerminateOnNaN`` sees the loss only; ``tf.debugging`` checks slow
-    every step and do not work under ``jit_compile``. Every step, inside the
-    compiled step (also under XLA), this guard checks only a sentinel: the
-    loss and the weight gradients, what can reach the weights (one cheap
-    reduction per tensor and one scalar flag, returned with the logs that
-    Keras reads after each execution anyway). When a step goes non-finite,
-    its update is **not applied**, and the guard **replays** that step
-    eagerly on its own batch (kept on the device, never copied on clean
-    steps) from the weights before the bad update, with every layer, nested
-    layer, ``keras.ops`` node and `kgrad.tap` captured, forward and
-    backward (each backend's replay; `kgrad.backends.common.locate` names the
-    place). The report (`kgrad.NonFiniteReport`) says
-    where the first NaN/Inf was born: in the forward pass (the first
-    operation whose inputs are finite and whose output is not), in the
-    backward pass (from the loss down), with the input data (and the batch
-    index in the epoch) or in the weights (an earlier update), with its
-    type, path, NaN/Inf counts and the finite range of its input.
+    Keras' ``TerminateOnNaN`` sees the loss only; ``tf.debugging`` checks slow every
+    step and do not work under ``jit_compile``. Every step, inside the compiled step
+    (also under XLA), this guard checks only a sentinel: the loss and the weight
+    gradients, what can reach the weights (one cheap reduction per tensor and one
+    scalar flag, returned with the logs that Keras reads after each execution
+    anyway). When a step goes non-finite, its update is **not applied**, and the
+    guard **replays** that step eagerly on its own batch (kept on the device, never
+    copied on clean steps) from the weights before the bad update, with every layer,
+    nested layer, ``keras.ops`` node and `kgrad.tap` captured, forward and backward
+    (each backend's replay; `kgrad.backends.common.locate` names the place). The
+    report (`kgrad.NonFiniteReport`) says where the first NaN/Inf was born: in the
+    forward pass (the first operation whose inputs are finite and whose output is
+    not), in the backward pass (from the loss down), with the input data (and the
+    batch index in the epoch) or in the weights (an earlier update), with its type,
+    path, NaN/Inf counts and the finite range of its input.
 
     On Keras' JAX backend the sentinel runs inside the jitted step, the replay
     under ``jit``, and with ``action`` "stop" or "raise" the report comes at
@@ -212,9 +210,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
         if tripped is None:
             return
         deferred = getattr(self._step, "reports_at_epoch_end", False)
-        if self._spikes is not None and self._spikes.news(self._step, self._model.steps_per_execution):
-            if self._read_spikes(deferred):
-                return
+        if self._spikes is not None and self._read_spikes(deferred, after=self._step):
+            return
         if deferred:
             # JAX: a scalar, read in Keras' worker thread once the device has computed
             # it, never waited for: a wait per batch end kept Keras' worker behind its
@@ -232,10 +229,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
         if bool(tripped):
             self._report_trip(batch)
 
-    def _read_spikes(self, deferred=False):
-        """Reads the spike rule's state; acts on a streak (`SpikeSkipping.act`). Whether it did."""
-        self._spikes.read(self._step.guard_states(), self._model.optimizer)
-        return self._spikes.act(self, deferred)
+    def _read_spikes(self, deferred=False, after=None):
+        """Reads the spike rule's state (``after`` a step: on news only); acts on a streak. Whether it did."""
+        with self._spikes.lock:  # Keras' worker threads run batch ends side by side: one read a news
+            if after is not None and not self._spikes.news(after, self._model.steps_per_execution):
+                return False
+            self._spikes.read(self._step.guard_states(), self._model.optimizer)
+            return self._spikes.act(self, deferred)
 
     def _report_trip(self, batch):
         """Reads the trip's report, replays it and acts (``batch``: Keras' index, ``None`` if unknown)."""

@@ -10,6 +10,7 @@ own the update; one cannot skip what the other applies.
 
 import dataclasses
 import sys
+import threading
 import warnings
 
 from kgrad import backends
@@ -65,6 +66,9 @@ class SpikeSkipping:
         self.pending = False  # a stop report not yet acted on (JAX: at the epoch's end)
         self._acted = set()
         self._steps_unread = 0
+        # Held by the guard from `news` to `act`: Keras' JAX worker threads run batch ends side
+        # by side, and two that both saw one skip would read and log it twice.
+        self.lock = threading.Lock()
 
     def rule_for(self, model, steps_per_epoch):
         """The `SpikeRule` of this fit: rows for a whole epoch where its length is known."""
