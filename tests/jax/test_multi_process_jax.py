@@ -5,7 +5,8 @@ One pair of processes of tests/scripts/multi_process_jax.py (coordinator on
 that only process 1 holds, and a long probed one during which the test kills
 process 1. Only process 0 writes; both read back only what they hold (JAX
 refuses to read an array that spans another process's devices); the values
-are those of one process with the whole batch (this process, one device).
+are those of one process with the whole batch (this process, one device);
+`kgrad report` and the tab's plugin read process 0's logs.
 """
 
 import json
@@ -127,6 +128,32 @@ def test_kgrad_report_reads_the_run(run, capsys):
     assert cli.main(["report", str(out / "probe_0")]) == 0
     printed = capsys.readouterr().out
     assert "2 probes, steps 0..1" in printed and "up" in printed and "down" in printed
+
+
+def test_the_tab_serves_the_run_with_process_0s_values(run):
+    import base64
+
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+
+    from kgrad.dashboard.plugin import KgradPlugin
+
+    out, _, _ = run
+    apps = KgradPlugin(base_plugin.TBContext(logdir=str(out / "probe_0"))).get_plugin_apps()
+
+    def get(route, **query):
+        response = Client(apps[f"/{route}"]).get(f"/{route}", query_string=query)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return json.loads(response.get_data())
+
+    assert get("runs")["runs"] == ["kgrad"]
+    assert (get("summary", run="kgrad")["probes"], get("summary", run="kgrad")["last_step"]) == (2, 1)
+    heatmap = get("heatmap", run="kgrad", quantity="grad")
+    assert heatmap["steps"] == [0, 1] and {"up", "down"} <= set(heatmap["layers"])
+    shown = np.frombuffer(base64.b64decode(heatmap["values"]), "<f4").reshape(len(heatmap["layers"]), -1)
+    written = records(out / "records_0.json")
+    for row, layer in zip(shown, heatmap["layers"]):
+        np.testing.assert_allclose(row, [r["scalars"][f"grad_norm/{layer}"] for r in written], rtol=1e-6)
 
 
 def test_a_guard_trip_stops_both_and_process_0_writes_the_report(run):
