@@ -3,7 +3,9 @@
 # GradientProbe every 1, 10 and 100 steps, and with a NonFiniteGuard: ms/step and ratios
 # (benchmarks/jax_overhead.py), beside the one-pass and read-once floors and the floor of any
 # guard; then issue 53's depth sweep: the HLO fusions a probed step adds to MLPs of 4, 16 and
-# 32 layers (benchmarks/depth_ops.py).
+# 32 layers (benchmarks/depth_ops.py); then issue 52's sharded row: the same configurations on a
+# transformer split over the machine's GPUs by ModelParallel (benchmarks/sharded.py), where it has
+# two or more (with --quick: 2 simulated CPU devices).
 #
 # That machine has JAX (CUDA) and TensorBoard but not Keras: its wheels travel in .whl/.
 #   here, once:   bash benchmarks/gpu_jax.sh fetch          (wheels for Python 3.12, x86-64)
@@ -45,6 +47,15 @@ run)
         --out "$out/gpu_jax.json" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' | tee "$out/gpu_jax.log"
     python3 -m benchmarks.depth_ops --depths "$depths" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' \
         | tee -a "$out/gpu_jax.log"
+    devices=$(python3 -c 'import jax; print(len(jax.devices()))')
+    sharded=(--devices $((devices - devices % 2)) --pairs "$pairs" --steps 100)
+    if [ "${1:-}" = "--quick" ]; then sharded=(--devices 2 --pairs 1 --steps 4 --width 32); fi
+    if [ "${1:-}" = "--quick" ] || [ "$devices" -ge 2 ]; then
+        python3 -m benchmarks.sharded "${sharded[@]}" --out "$out/gpu_jax_sharded.json" 2>&1 \
+            | grep -v -e '^I0000' -e '^WARNING: All log' | tee -a "$out/gpu_jax.log"
+    else
+        echo "sharded row: $devices device(s), it needs 2 or more (benchmarks/sharded.py)" | tee -a "$out/gpu_jax.log"
+    fi
     ;;
 *)
     echo "usage: bash benchmarks/gpu_jax.sh fetch | run [--quick]" >&2
