@@ -24,18 +24,35 @@ def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_
     They are written only on probed steps; computing them on every step
     is the price of TensorFlow not allowing collectives inside a branch.
     """
-    if plan.guard is not None:
-        raise ValueError(
-            "kgrad.NonFiniteGuard does not support tf.distribute strategies with "
-            f"more than one replica yet (this model trains on {plan.replicas} replicas): "
-            "skipping a bad update must be decided in a branch, which "
-            "MirroredStrategy forbids. Use it on a single device, or use "
-            "keras.callbacks.TerminateOnNaN with the strategy."
-        )
     gradients = tape.gradient(loss, weights)
     builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient, loss)
     model.optimizer.apply_gradients(zip(gradients, weights))
     pipeline.record(step, builder.scalars(), builder.histograms(), weights, where=probe_now)
+
+
+def check_guard_replicas(model, plan, own_step):
+    """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
+
+    Raises:
+        ValueError: Under another strategy of several replicas (untested:
+            multi-worker), or for a model's own ``train_step`` (its tapes'
+            guarded applies are not decided across replicas yet).
+    """
+    if plan.guard is None or plan.replicas == 1:
+        return
+    strategy = model.distribute_strategy
+    where = None
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        where = f"under {type(strategy).__name__} (it is tested under MirroredStrategy only)"
+    elif own_step:
+        where = (f"with a model's own train_step (model '{model.name}' defines one): its ProbeTapes' "
+                 "updates are not decided across replicas yet")
+    if where is not None:
+        raise ValueError(
+            f"kgrad.NonFiniteGuard does not support {plan.replicas} replicas {where}. Use it "
+            "under MirroredStrategy with Keras' own train_step, on a single device, or use "
+            "keras.callbacks.TerminateOnNaN with the strategy."
+        )
 
 
 def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, prediction_gradient):
@@ -65,7 +82,8 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
 
     ``shared_guard_state(tape_name, names, on_trip_only)`` gives the step's
     `kgrad.backends.tensorflow.guard.sentinel.GuardState` for the checked tensors; ``keep_batch``
-    (or ``None``) runs in the branch of a trip (`kgrad.backends.tensorflow.guard.tripped_batch.batch_keeper`),
+    (or ``None``) runs in the branch of a trip (`kgrad.backends.tensorflow.guard.tripped_batch.batch_keeper`;
+    ``None`` under several replicas, each holding a slice of the batch),
     ``put_back_forward_state`` (or ``None``) in the branch of a skipped
     update (`kgrad.backends.tensorflow.differentiate.forward_state.state_before_forward`).
     """
@@ -86,7 +104,8 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
             builder = current.pipeline.summarize(probe, gradients, weights, x, prediction_gradient, loss)
             return builder.scalars(), builder.histograms()
 
-        summaries = probed() if plan.probes_every_step else tf.cond(
+        # Several replicas: every step, since collectives cannot sit in a branch.
+        summaries = probed() if plan.probes_every_step or plan.replicas > 1 else tf.cond(
             probe_now, probed, current.pipeline.no_summaries
         )
 
