@@ -13,6 +13,7 @@ The run writes ``OUT_DIR/result.npz`` (every probed record and the final
 weights) and TensorBoard events under ``LOG_DIR``.
 """
 
+import contextlib
 import os
 import sys
 
@@ -207,7 +208,9 @@ def guard_nan(strategy):
     x, y = data()
     x[NAN_EXAMPLE, 2] = np.nan
     guard, states = kgrad.NonFiniteGuard(), []
-    model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0, callbacks=[guard, _states(model, states)])
+    model.fit(
+        x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0, callbacks=[guard, _states(model, states)]
+    )
     report = guard.report
     fields = {
         "step": report.step, "tensor": report.tensor, "last_finite_step": report.last_finite_step,
@@ -240,15 +243,59 @@ def guard_spike(strategy, log_dir):
         model.set_weights([np.full((4, 1), 0.3, "float32"), np.zeros(1, "float32")])
         model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
     guard, states = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir), []
-    model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0, callbacks=[guard, _states(model, states)])
+    with _kgrad_reads() as (reads, phase):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
+                  callbacks=[phase, guard, _states(model, states)])
     scalars = kgrad.read_logs(log_dir)["kgrad"]["scalars"]
     fields = {
         "steps": [s.step for s in guard.skipped_steps], "iterations": int(model.optimizer.iterations.numpy()),
         "values": guard.skipped_steps[0].values, "z_scores": guard.skipped_steps[0].z_scores,
         "series": {tag: [scalars[tag].steps.tolist(), scalars[tag].values.tolist()] for tag in SPIKE_TAGS},
         "stopped": guard.spike_report is not None or guard.report is not None,
+        "reads": sorted(reads),
     }
     return fields, states
+
+
+def _initializes_a_mirror():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "initial_value_fn" and "mirrored_strategy" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def _kgrad_reads():
+    """``(reads, callback)``: the phases of fit (a batch from its begin, or "end") with host reads.
+
+    As tests/test_no_host_sync.py: an eager read of a variable named ``kgrad...`` is a host
+    read, except where MirroredStrategy creates a variable (once): it initialises each replica's
+    copy from the first's, a read on the devices.
+    """
+    import keras
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    import tensorflow as tf
+
+    reads, phase = set(), ["begin"]
+    original = BaseResourceVariable._read_variable_op
+
+    def read(variable, *args, **kwargs):
+        if tf.executing_eagerly() and "kgrad" in variable.name and not _initializes_a_mirror():
+            reads.add(str(phase[0]))
+        return original(variable, *args, **kwargs)
+
+    callback = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: phase.__setitem__(0, batch),
+        on_epoch_end=lambda epoch, logs: phase.__setitem__(0, "end"),
+    )
+    BaseResourceVariable._read_variable_op = read
+    try:
+        yield reads, callback
+    finally:
+        BaseResourceVariable._read_variable_op = original
 
 
 def save_guard_runs(out_dir, strategy):

@@ -88,10 +88,10 @@ def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_s
         if gradients is not None:
             replica_gradients, global_gradients = gradients
             weights = [w for _, w in update_pairs]
-            update = (optimizer, update_pairs, [(first(g), w) for g, (_, w) in zip(global_gradients, measured)],
-                      lambda: strategy.extended.call_for_each_replica(
-                          lambda grads: optimizer.apply_gradients(zip(grads, weights)),
-                          args=(replica_gradients,)))
+            checked = [(first(g), w) for g, (_, w) in zip(global_gradients, measured)]
+            update = (optimizer, update_pairs, checked, lambda: strategy.extended.call_for_each_replica(
+                lambda grads: optimizer.apply_gradients(zip(grads, weights)), args=(replica_gradients,)
+            ))
         return state.decide(
             first(squares), lambda: first(on_every_replica(counts)()),
             first(loss), first(step), on_every_replica(apply), halt_updates,
