@@ -208,6 +208,12 @@ def test_non_finite_guard_trips_under_mirrored_as_on_one_device(mirrored):
     # The NaN sits in the second replica's half: one device's replay could not see it.
     assert fields["replay_note"].startswith("Not replayed: the model trains on 2 replicas")
     _assert_kept_on_every_replica(states, trip)
+    # A GradientProbe beside the guard records the global batch's values, as on one device.
+    assert [step for step, _ in fields["records"]] == [step for step, _ in one["records"]] == [0, 2]
+    for (_, scalars), (_, one_scalars) in zip(fields["records"], one["records"]):
+        assert scalars.keys() == one_scalars.keys() and "global/grad_norm" in scalars
+        for tag, value in one_scalars.items():
+            assert scalars[tag] == pytest.approx(value, rel=1e-5, abs=1e-6), tag
 
 
 def test_spike_skipping_under_mirrored_skips_as_on_one_device(mirrored, tmp_path):

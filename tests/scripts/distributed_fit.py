@@ -200,16 +200,21 @@ def _states(model, states):
 
 
 def guard_nan(strategy):
-    """A run whose batch 3 holds a NaN: ``(report fields, per-batch states of every replica)``."""
+    """A run whose batch 3 holds a NaN: ``(report fields, per-batch states of every replica)``.
+
+    A `kgrad.GradientProbe` beside the guard: its records before the trip are in the fields.
+    """
     import kgrad
 
     with strategy.scope():
         model = build_model()
     x, y = data()
     x[NAN_EXAMPLE, 2] = np.nan
-    guard, states = kgrad.NonFiniteGuard(), []
+    guard, states, records = kgrad.NonFiniteGuard(), [], []
+    probe = kgrad.GradientProbe(every_n_steps=EVERY_N_STEPS, on_probe=records.append)
     model.fit(
-        x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0, callbacks=[guard, _states(model, states)]
+        x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
+        callbacks=[probe, guard, _states(model, states)],
     )
     report = guard.report
     fields = {
@@ -217,6 +222,7 @@ def guard_nan(strategy):
         "last_finite_norm": report.last_finite_norm, "replay_note": report.replay_note,
         "non_finite": {name: [float(c) for c in counts] for name, counts in report.non_finite.items()},
         "iterations": int(model.optimizer.iterations.numpy()),
+        "records": [[r.step, {tag: float(v) for tag, v in r.scalars.items()}] for r in records],
     }
     return fields, states
 
