@@ -169,9 +169,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             if self._spikes is not None:
                 rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
                 self.config = dataclasses.replace(self.config, spikes=rule)
-                # `.numpy()`: int() refuses a MirroredVariable (under MirroredStrategy).
-                iterations = int(self.model.optimizer.iterations.numpy())
-                self._spikes.start(self._writes and self.log_dir or None, iterations)
+                self._spikes.start(self._writes and self.log_dir or None, self.model.optimizer.iterations)
             self._step = backends.current().attach(self.model, "guard", self.config)
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises

@@ -204,7 +204,6 @@ class ProbingStep:
         model, plan = self.model, traced.plan
         if plan.probe is None and plan.guard is None:
             return type(model).train_step(model, data)
-        updates.check_guard_replicas(model, plan, has_own_train_step(model))
         if has_own_train_step(model):
             return tripped_batch.keeping_the_batch(model, traced, self._own_train_step(data), data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -250,10 +249,8 @@ class ProbingStep:
             # tf.experimental.Optional) take a list for one tensor.
             return {**outputs, traced_module.SUMMARY_INPUTS_OUTPUT: (step, tuple(summaries))}
         pipeline = traced.pipeline
-        if pipeline is not None and pipeline.names is not None:
-            if plan.replicas > 1:  # no branch: the record's writes merge across replicas
-                pipeline.record(step, *summaries, weights, where=probe_now)
-            elif plan.probes_every_step:
+        if pipeline is not None and pipeline.names is not None and plan.replicas == 1:
+            if plan.probes_every_step:
                 record = pipeline.record(step, *summaries, weights)
                 if plan.records_in_outputs:
                     # The host takes the record written last from the outputs.
@@ -266,10 +263,7 @@ class ProbingStep:
                 tf.cond(probe_now, write, tf.no_op)
         if plan.guard is not None:
             # The flag travels with the logs that Keras reads anyway.
-            flag = traced.guard_state.flag()
-            if plan.replicas > 1:  # Keras averages the outputs over replicas (all hold the same flag)
-                flag = tf.cast(flag, tf.float32)
-            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: flag}
+            outputs = {**outputs, guard_module.TRIPPED_OUTPUT: traced.guard_state.flag()}
             outputs = tripped_batch.keeping_the_batch(model, traced, outputs, data, kept_on_trip=True)
         return outputs
 

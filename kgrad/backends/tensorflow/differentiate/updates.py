@@ -30,31 +30,6 @@ def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_
     pipeline.record(step, builder.scalars(), builder.histograms(), weights, where=probe_now)
 
 
-def check_guard_replicas(model, plan, own_step):
-    """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
-
-    Raises:
-        ValueError: Under another strategy of several replicas (untested:
-            multi-worker), or for a model's own ``train_step`` (its tapes'
-            guarded applies are not decided across replicas yet).
-    """
-    if plan.guard is None or plan.replicas == 1:
-        return
-    strategy = model.distribute_strategy
-    where = None
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        where = f"under {type(strategy).__name__} (it is tested under MirroredStrategy only)"
-    elif own_step:
-        where = (f"with a model's own train_step (model '{model.name}' defines one): its ProbeTapes' "
-                 "updates are not decided across replicas yet")
-    if where is not None:
-        raise ValueError(
-            f"kgrad.NonFiniteGuard does not support {plan.replicas} replicas {where}. Use it "
-            "under MirroredStrategy with Keras' own train_step, on a single device, or use "
-            "keras.callbacks.TerminateOnNaN with the strategy."
-        )
-
-
 def probed_update(model, plan, pipeline, tape, loss, weights, probe_now, x, prediction_gradient):
     """One backward pass: over the probed tensors too on probed steps only.
 
@@ -86,6 +61,8 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
     ``None`` under several replicas, each holding a slice of the batch),
     ``put_back_forward_state`` (or ``None``) in the branch of a skipped
     update (`kgrad.backends.tensorflow.differentiate.forward_state.state_before_forward`).
+    Under several replicas the summaries are computed every step and recorded
+    here, on probed steps, without a branch (as `every_step_update` does).
     """
     current = traced
     gradients = tape.gradient(loss, weights)
@@ -119,6 +96,8 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
         inverse_loss_scale(model.optimizer), on_trip=keep_batch, on_skip=put_back_forward_state,
         spike_update=_spike_update(model, gradients, weights),
     )
+    if plan.replicas > 1 and plan.probe is not None:  # no branch: the record's writes merge across replicas
+        current.pipeline.record(step, *summaries, weights, where=probe_now)
     return summaries
 
 

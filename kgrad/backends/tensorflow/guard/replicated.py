@@ -32,6 +32,28 @@ from kgrad.report.non_finite import split_name
 SHARED_KINDS = frozenset({"loss", "weight_grad"})
 
 
+def check_supported(model, own_step):
+    """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
+
+    Raises:
+        ValueError: Under another strategy of several replicas (untested:
+            multi-worker), or for a model's own ``train_step`` (its tapes'
+            guarded applies are not decided across replicas yet).
+    """
+    strategy, where = model.distribute_strategy, None
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        where = f"under {type(strategy).__name__} (it is tested under MirroredStrategy only)"
+    elif own_step:
+        where = (f"with a model's own train_step (model '{model.name}' defines one): its ProbeTapes' "
+                 "updates are not decided across replicas yet")
+    if where is not None:
+        raise ValueError(
+            f"kgrad.NonFiniteGuard does not support {strategy.num_replicas_in_sync} replicas {where}. "
+            "Use it under MirroredStrategy with Keras' own train_step, on a single device, or use "
+            "keras.callbacks.TerminateOnNaN with the strategy."
+        )
+
+
 def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_skip, spike_update):
     """`GuardState.guarded_apply` of one replica, its decision taken across replicas.
 

@@ -39,10 +39,15 @@ class GuardState:
         self.spikes = None if spikes is None else SpikeState(spikes, len(self._weight_rows))
 
     def flag(self):
-        """Graph code: what the host reads after each execution: a trip, or a skip it has not seen."""
-        if self.spikes is None:
-            return self.tripped.read_value()
-        return tf.reduce_any(tf.stack([self.tripped, self.spikes.news, self.spikes.tripped]))
+        """Graph code: what the host reads after each execution: a trip, or a skip it has not seen.
+
+        A float 0 or 1 under several replicas: Keras averages a step's outputs over them
+        (each holds the same).
+        """
+        flag = self.tripped.read_value() if self.spikes is None else tf.reduce_any(
+            tf.stack([self.tripped, self.spikes.news, self.spikes.tripped])
+        )
+        return tf.cast(flag, tf.float32) if replicas.multi_replica() else flag
 
     def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None,
                       on_skip=None, spike_update=None):
@@ -267,6 +272,8 @@ class SharedGuardStates:
     def get(self, tape_name, names, on_trip_only, spikes=None):
         """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
         key = (tape_name, tuple(names), frozenset(on_trip_only), spikes)
+        if replicas.multi_replica():
+            replicated.check_supported(self._model, own_step=tape_name is not None)
         if key not in self._states:
             self._states[key] = replicas.create_variables(
                 self._model, lambda: GuardState(names, on_trip_only, spikes)
