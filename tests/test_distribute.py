@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import keras
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from kgrad.backends.tensorflow.guard import replicated
 from scripts import distributed_fit
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed_fit.py")
@@ -170,6 +172,18 @@ def test_non_finite_guard_refuses_a_models_own_train_step_on_more_than_one_repli
     message = (mirrored / "guard_error.txt").read_text()
     assert message.startswith("kgrad cannot probe model 'own_step' on 2 replicas: its class OwnStep defines")
     assert "Train it on one device" in message
+
+
+def test_the_guard_refuses_other_strategies_of_several_replicas():
+    class MultiWorkerMirroredStrategy:  # not tf.distribute's: its cluster would outlive the test
+        num_replicas_in_sync = 4
+
+    model = types.SimpleNamespace(name="workers", distribute_strategy=MultiWorkerMirroredStrategy())
+    with pytest.raises(ValueError, match=(
+        r"^kgrad\.NonFiniteGuard does not support 4 replicas under MultiWorkerMirroredStrategy "
+        r"\(it is tested under MirroredStrategy only\)\. Use it under MirroredStrategy"
+    )):
+        replicated.check_supported(model, own_step=False)
 
 
 def _guard_run(directory, name):
