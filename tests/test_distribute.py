@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import keras
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
+from kgrad.backends.tensorflow.guard import replicated
 from scripts import distributed_fit
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed_fit.py")
@@ -165,10 +167,85 @@ def test_mirrored_mixed_precision_equals_single_device(mirrored):
     )
 
 
-def test_non_finite_guard_refuses_more_than_one_replica(mirrored):
+def test_non_finite_guard_refuses_a_models_own_train_step_on_more_than_one_replica(mirrored):
+    # Refused before the guard's own check (`replicated.check_supported`), for any kgrad part.
     message = (mirrored / "guard_error.txt").read_text()
-    assert "NonFiniteGuard does not support tf.distribute strategies with more than one replica" in message
-    assert "2 replicas" in message and "TerminateOnNaN" in message
+    assert message.startswith("kgrad cannot probe model 'own_step' on 2 replicas: its class OwnStep defines")
+    assert "Train it on one device" in message
+
+
+def test_the_guard_refuses_other_strategies_of_several_replicas():
+    class MultiWorkerMirroredStrategy:  # not tf.distribute's: its cluster would outlive the test
+        num_replicas_in_sync = 4
+
+    model = types.SimpleNamespace(name="workers", distribute_strategy=MultiWorkerMirroredStrategy())
+    with pytest.raises(ValueError, match=(
+        r"^kgrad\.NonFiniteGuard does not support 4 replicas under MultiWorkerMirroredStrategy "
+        r"\(it is tested under MirroredStrategy only\)\. Use it under MirroredStrategy"
+    )):
+        replicated.check_supported(model, own_step=False)
+
+
+def _guard_run(directory, name):
+    """``(fields, states)`` of a mirrored guard run: ``states[batch][variable][replica]``."""
+    fields = json.loads((directory / f"{name}.json").read_text())
+    copies = {}
+    for key, value in _load(directory / f"{name}.npz").items():
+        batch, variable, replica = map(int, key.split("/"))
+        copies.setdefault(batch, {}).setdefault(variable, {})[replica] = value
+    states = [[[variables[v][r] for r in sorted(variables[v])] for v in sorted(variables)]
+              for _, variables in sorted(copies.items())]
+    return fields, states
+
+
+def _assert_kept_on_every_replica(states, kept_step):
+    """The step ``kept_step`` left every replica's weights and optimizer state bit for bit as before it."""
+    for variables in states:  # the replicas' copies stay one
+        for copies in variables:
+            assert len(copies) == 2
+            np.testing.assert_array_equal(copies[0], copies[1])
+    for before, after in zip(states[kept_step - 1], states[kept_step]):
+        for copy_before, copy_after in zip(before, after):
+            np.testing.assert_array_equal(copy_after, copy_before)
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(states[kept_step - 2], states[kept_step - 1]))
+
+
+def test_non_finite_guard_trips_under_mirrored_as_on_one_device(mirrored):
+    fields, states = _guard_run(mirrored, "guard_nan")
+    one, _ = distributed_fit.guard_nan(tf.distribute.get_strategy())
+    trip = distributed_fit.NAN_EXAMPLE // distributed_fit.GLOBAL_BATCH
+    assert fields["step"] == one["step"] == trip and fields["iterations"] == one["iterations"] == trip
+    assert fields["tensor"] == one["tensor"] and fields["non_finite"] == one["non_finite"]
+    assert fields["last_finite_step"] == one["last_finite_step"] == trip - 1
+    assert fields["last_finite_norm"] == pytest.approx(one["last_finite_norm"], rel=1e-5)
+    # The NaN sits in the second replica's half: one device's replay could not see it.
+    assert fields["replay_note"].startswith("Not replayed: the model trains on 2 replicas")
+    _assert_kept_on_every_replica(states, trip)
+    # A GradientProbe beside the guard records the global batch's values, as on one device.
+    assert [step for step, _ in fields["records"]] == [step for step, _ in one["records"]] == [0, 2]
+    for (_, scalars), (_, one_scalars) in zip(fields["records"], one["records"]):
+        assert scalars.keys() == one_scalars.keys() and "global/grad_norm" in scalars
+        for tag, value in one_scalars.items():
+            assert scalars[tag] == pytest.approx(value, rel=1e-5, abs=1e-6), tag
+
+
+def test_spike_skipping_under_mirrored_skips_as_on_one_device(mirrored, tmp_path):
+    fields, states = _guard_run(mirrored, "guard_spike")
+    one, _ = distributed_fit.guard_spike(tf.distribute.get_strategy(), str(tmp_path / "logs"))
+    assert fields["steps"] == one["steps"] == [distributed_fit.SPIKE_BATCH] and not fields["stopped"]
+    assert fields["iterations"] == one["iterations"] == 49  # 50 batches, one update skipped
+    for kind in ("values", "z_scores"):
+        assert fields[kind].keys() == one[kind].keys() and fields[kind]
+        for name, per_weight in one[kind].items():
+            assert fields[kind][name] == pytest.approx(per_weight, rel=1e-5), (kind, name)
+    # Judged on the global batch's loss and gradient norm: one device's window, score and decisions.
+    for tag in distributed_fit.SPIKE_TAGS:
+        (steps, values), (one_steps, one_values) = fields["series"][tag], one["series"][tag]
+        assert steps == one_steps, tag
+        np.testing.assert_allclose(values, one_values, rtol=1e-5, atol=1e-5, err_msg=tag)
+    _assert_kept_on_every_replica(states, distributed_fit.SPIKE_BATCH)
+    # The host reads kgrad's variables after the skip and at the epoch's end only, as on one device.
+    assert fields["reads"] == one["reads"] == sorted([str(distributed_fit.SPIKE_BATCH), "end"])
 
 
 def _probing_model():

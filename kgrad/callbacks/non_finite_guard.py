@@ -169,7 +169,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             if self._spikes is not None:
                 rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
                 self.config = dataclasses.replace(self.config, spikes=rule)
-                self._spikes.start(self._writes and self.log_dir or None, int(self.model.optimizer.iterations))
+                self._spikes.start(self._writes and self.log_dir or None, self.model.optimizer.iterations)
             self._step = backends.current().attach(self.model, "guard", self.config)
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
@@ -285,7 +285,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         fields = {"batch_index": batch if spe == 1 and batch is not None else kept_index}
         if data is None:
             reason = self._step.batch_not_kept() or "the step's batch was not kept"
-            fields["replay_note"] = (
+            fields["replay_note"] = reason if reason.startswith("Not replayed:") else (
                 f"Not replayed: with steps_per_execution={spe} the guard keeps the tripped step's "
                 f"batch in variables, and here {reason}; fit with steps_per_execution=1 to locate "
                 "the NaN."

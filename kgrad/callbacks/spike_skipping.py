@@ -87,10 +87,11 @@ class SpikeSkipping:
         self.rule = dataclasses.replace(self.rule, row_capacity=capacity)
         return self.rule
 
-    def start(self, log_dir, first_step):
-        """At ``fit``'s start: ``first_step``, ``optimizer.iterations`` then (the guard counts skips too)."""
+    def start(self, log_dir, iterations):
+        """At ``fit``'s start: ``iterations``, the optimizer's (the guard counts skips too)."""
         self.close()
-        self.log_dir, self.first_step = log_dir, first_step
+        # `.numpy()`: int() refuses the MirroredVariable of a MirroredStrategy.
+        self.log_dir, self.first_step = log_dir, int(iterations.numpy())
         self.logs = {}
         self.stop_report = None
         self.pending = False

@@ -13,6 +13,7 @@ The run writes ``OUT_DIR/result.npz`` (every probed record and the final
 weights) and TensorBoard events under ``LOG_DIR``.
 """
 
+import contextlib
 import os
 import sys
 
@@ -157,17 +158,167 @@ def train_mixed_precision(strategy):
 
 
 def guard_error(strategy):
-    """The message of the error NonFiniteGuard raises under this strategy."""
+    """The message of the error NonFiniteGuard raises under this strategy, for a model's own train_step."""
+    import keras
+
     import kgrad
 
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
     with strategy.scope():
-        model = build_model()
+        plain = build_model()
+        model = OwnStep(plain.inputs, plain.outputs)
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=False)
     x, y = data()
     try:
         model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[kgrad.NonFiniteGuard()])
     except ValueError as error:
         return str(error)
     return "no error"
+
+
+#: The example given a NaN: batch 3's seventh, in the second replica's half of it.
+NAN_EXAMPLE = 3 * GLOBAL_BATCH + 6
+#: The batch whose inputs are scaled x1000 in the spike run.
+SPIKE_BATCH = 40
+
+
+def _states(model, states):
+    """A callback appending, at each batch end, every replica's copy of the weights and the optimizer's."""
+    import keras
+
+    def snapshot(batch, logs):
+        variables = model.weights + model.optimizer.variables
+        states.append([
+            [np.array(copy) for copy in model.distribute_strategy.experimental_local_results(v.value)]
+            for v in variables
+        ])
+
+    return keras.callbacks.LambdaCallback(on_train_batch_end=snapshot)
+
+
+def guard_nan(strategy):
+    """A run whose batch 3 holds a NaN: ``(report fields, per-batch states of every replica)``.
+
+    A `kgrad.GradientProbe` beside the guard: its records before the trip are in the fields.
+    """
+    import kgrad
+
+    with strategy.scope():
+        model = build_model()
+    x, y = data()
+    x[NAN_EXAMPLE, 2] = np.nan
+    guard, states, records = kgrad.NonFiniteGuard(), [], []
+    probe = kgrad.GradientProbe(every_n_steps=EVERY_N_STEPS, on_probe=records.append)
+    model.fit(
+        x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
+        callbacks=[probe, guard, _states(model, states)],
+    )
+    report = guard.report
+    fields = {
+        "step": report.step, "tensor": report.tensor, "last_finite_step": report.last_finite_step,
+        "last_finite_norm": report.last_finite_norm, "replay_note": report.replay_note,
+        "non_finite": {name: [float(c) for c in counts] for name, counts in report.non_finite.items()},
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "records": [[r.step, {tag: float(v) for tag, v in r.scalars.items()}] for r in records],
+    }
+    return fields, states
+
+
+#: The spike rule's per-step tags compared with one device's.
+SPIKE_TAGS = (
+    "global/step_skipped", "global/spike_score", "spike_window_mean/log_loss", "spike_window_std/log_loss",
+    "spike_window_mean/log_grad_norm", "spike_window_std/log_grad_norm",
+)
+
+
+def guard_spike(strategy, log_dir):
+    """A regression run whose batch 40's inputs are x1000, skipping spikes: ``(skip fields, states)``."""
+    import keras
+
+    import kgrad
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (50 * GLOBAL_BATCH, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    x[SPIKE_BATCH * GLOBAL_BATCH : (SPIKE_BATCH + 1) * GLOBAL_BATCH] *= 1000.0
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")])
+        model.set_weights([np.full((4, 1), 0.3, "float32"), np.zeros(1, "float32")])
+        model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
+    guard, states = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir), []
+    with _kgrad_reads() as (reads, phase):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
+                  callbacks=[phase, guard, _states(model, states)])
+    scalars = kgrad.read_logs(log_dir)["kgrad"]["scalars"]
+    fields = {
+        "steps": [s.step for s in guard.skipped_steps], "iterations": int(model.optimizer.iterations.numpy()),
+        "values": guard.skipped_steps[0].values, "z_scores": guard.skipped_steps[0].z_scores,
+        "series": {tag: [scalars[tag].steps.tolist(), scalars[tag].values.tolist()] for tag in SPIKE_TAGS},
+        "stopped": guard.spike_report is not None or guard.report is not None,
+        "reads": sorted(reads),
+    }
+    return fields, states
+
+
+def _initializes_a_mirror():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "initial_value_fn" and "mirrored_strategy" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def _kgrad_reads():
+    """``(reads, callback)``: the phases of fit (a batch from its begin, or "end") with host reads.
+
+    As tests/test_no_host_sync.py: an eager read of a variable named ``kgrad...`` is a host
+    read, except where MirroredStrategy creates a variable (once): it initialises each replica's
+    copy from the first's, a read on the devices.
+    """
+    import keras
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    import tensorflow as tf
+
+    reads, phase = set(), ["begin"]
+    original = BaseResourceVariable._read_variable_op
+
+    def read(variable, *args, **kwargs):
+        if tf.executing_eagerly() and "kgrad" in variable.name and not _initializes_a_mirror():
+            reads.add(str(phase[0]))
+        return original(variable, *args, **kwargs)
+
+    callback = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: phase.__setitem__(0, batch),
+        on_epoch_end=lambda epoch, logs: phase.__setitem__(0, "end"),
+    )
+    BaseResourceVariable._read_variable_op = read
+    try:
+        yield reads, callback
+    finally:
+        BaseResourceVariable._read_variable_op = original
+
+
+def save_guard_runs(out_dir, strategy):
+    """Writes `guard_nan`'s and `guard_spike`'s results under ``out_dir`` (JSON, and the states as .npz)."""
+    import json
+
+    spike_logs = os.path.join(out_dir, "spike_logs")
+    for name, run in (("guard_nan", guard_nan), ("guard_spike", lambda s: guard_spike(s, spike_logs))):
+        fields, states = run(strategy)
+        with open(os.path.join(out_dir, f"{name}.json"), "w") as file:
+            json.dump(fields, file)
+        np.savez(os.path.join(out_dir, f"{name}.npz"), **{
+            f"{batch}/{variable}/{replica}": copy
+            for batch, variables in enumerate(states)
+            for variable, copies in enumerate(variables)
+            for replica, copy in enumerate(copies)
+        })
 
 
 def save(path, records, weights):
@@ -206,6 +357,7 @@ def main(mode, out_dir, log_dir):
         save(os.path.join(out_dir, "mixed.npz"), *train_mixed_precision(strategy))
         with open(os.path.join(out_dir, "guard_error.txt"), "w") as file:
             file.write(guard_error(strategy))
+        save_guard_runs(out_dir, strategy)
     print(f"done: {strategy.num_replicas_in_sync} replicas, {len(records)} records", flush=True)
 
 

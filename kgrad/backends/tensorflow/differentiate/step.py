@@ -228,7 +228,7 @@ class ProbingStep:
         prediction_gradient = lambda: losses.compiled_prediction_gradient(  # noqa: E731
             model, y, y_pred, sample_weight
         )
-        if plan.replicas > 1:
+        if plan.replicas > 1 and plan.guard is None:
             updates.every_step_update(
                 model, plan, traced.pipeline, tape, loss, weights, x, prediction_gradient,
                 probe_now, step,
@@ -249,7 +249,7 @@ class ProbingStep:
             # tf.experimental.Optional) take a list for one tensor.
             return {**outputs, traced_module.SUMMARY_INPUTS_OUTPUT: (step, tuple(summaries))}
         pipeline = traced.pipeline
-        if pipeline is not None and pipeline.names is not None:
+        if pipeline is not None and pipeline.names is not None and plan.replicas == 1:
             if plan.probes_every_step:
                 record = pipeline.record(step, *summaries, weights)
                 if plan.records_in_outputs:

@@ -24,14 +24,6 @@ def every_step_update(model, plan, pipeline, tape, loss, weights, x, prediction_
     They are written only on probed steps; computing them on every step
     is the price of TensorFlow not allowing collectives inside a branch.
     """
-    if plan.guard is not None:
-        raise ValueError(
-            "kgrad.NonFiniteGuard does not support tf.distribute strategies with "
-            f"more than one replica yet (this model trains on {plan.replicas} replicas): "
-            "skipping a bad update must be decided in a branch, which "
-            "MirroredStrategy forbids. Use it on a single device, or use "
-            "keras.callbacks.TerminateOnNaN with the strategy."
-        )
     gradients = tape.gradient(loss, weights)
     builder = pipeline.summarize(tape.probe, gradients, weights, x, prediction_gradient, loss)
     model.optimizer.apply_gradients(zip(gradients, weights))
@@ -65,9 +57,12 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
 
     ``shared_guard_state(tape_name, names, on_trip_only)`` gives the step's
     `kgrad.backends.tensorflow.guard.sentinel.GuardState` for the checked tensors; ``keep_batch``
-    (or ``None``) runs in the branch of a trip (`kgrad.backends.tensorflow.guard.tripped_batch.batch_keeper`),
+    (or ``None``) runs in the branch of a trip (`kgrad.backends.tensorflow.guard.tripped_batch.batch_keeper`;
+    ``None`` under several replicas, each holding a slice of the batch),
     ``put_back_forward_state`` (or ``None``) in the branch of a skipped
     update (`kgrad.backends.tensorflow.differentiate.forward_state.state_before_forward`).
+    Under several replicas the summaries are computed every step and recorded
+    here, on probed steps, without a branch (as `every_step_update` does).
     """
     current = traced
     gradients = tape.gradient(loss, weights)
@@ -86,7 +81,8 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
             builder = current.pipeline.summarize(probe, gradients, weights, x, prediction_gradient, loss)
             return builder.scalars(), builder.histograms()
 
-        summaries = probed() if plan.probes_every_step else tf.cond(
+        # Several replicas: every step, since collectives cannot sit in a branch.
+        summaries = probed() if plan.probes_every_step or plan.replicas > 1 else tf.cond(
             probe_now, probed, current.pipeline.no_summaries
         )
 
@@ -100,6 +96,8 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
         inverse_loss_scale(model.optimizer), on_trip=keep_batch, on_skip=put_back_forward_state,
         spike_update=_spike_update(model, gradients, weights),
     )
+    if plan.replicas > 1 and plan.probe is not None:  # no branch: the record's writes merge across replicas
+        current.pipeline.record(step, *summaries, weights, where=probe_now)
     return summaries
 
 

@@ -3,11 +3,12 @@
 import numpy as np
 import tensorflow as tf
 
+from kgrad.backends.tensorflow.guard import replicated
 from kgrad.backends.tensorflow.guard.spikes import SpikeState
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
 from kgrad.report.non_finite import report_of_counts, split_name
-from kgrad.backends.tensorflow.handover.replicas import state_variable, sum_over_replicas
+from kgrad.backends.tensorflow.handover.replicas import state_variable
 
 
 #: Kinds of checked tensors that loss scaling multiplies (see `GuardState.guarded_apply`).
@@ -38,10 +39,15 @@ class GuardState:
         self.spikes = None if spikes is None else SpikeState(spikes, len(self._weight_rows))
 
     def flag(self):
-        """Graph code: what the host reads after each execution: a trip, or a skip it has not seen."""
-        if self.spikes is None:
-            return self.tripped.read_value()
-        return tf.reduce_any(tf.stack([self.tripped, self.spikes.news, self.spikes.tripped]))
+        """Graph code: what the host reads after each execution: a trip, or a skip it has not seen.
+
+        A float 0 or 1 under several replicas: Keras averages a step's outputs over them
+        (each holds the same).
+        """
+        flag = self.tripped.read_value() if self.spikes is None else tf.reduce_any(
+            tf.stack([self.tripped, self.spikes.news, self.spikes.tripped])
+        )
+        return tf.cast(flag, tf.float32) if replicas.multi_replica() else flag
 
     def guarded_apply(self, tensors, step, apply, halt_updates, inverse_scale=None, on_trip=None,
                       on_skip=None, spike_update=None):
@@ -74,26 +80,45 @@ class GuardState:
         Returns:
             A boolean tensor: whether ``apply`` ran.
         """
+        if replicas.multi_replica():  # the decision and the update in the cross-replica context
+            return replicated.guarded_apply(
+                self, tensors, step, apply, halt_updates, inverse_scale, on_skip, spike_update
+            )
         every_step = [t for name, t in zip(self.names, tensors) if name not in self.on_trip_only]
-        unscale = self._unscale_half_squares(inverse_scale)
         # Half sums of squares (`tf.nn.l2_loss`, one kernel each): non-finite
         # whenever an element is; the host doubles them for the norms.
-        # Summed over replicas: every replica then takes the same branch and
-        # the same apply decision, which the optimizer's all-reduce needs.
-        half_squares = sum_over_replicas(
-            tf.stack([tf.nn.l2_loss(tf.cast(t, tf.float32)) for t in every_step])
+        half_squares = tf.stack([tf.nn.l2_loss(tf.cast(t, tf.float32)) for t in every_step])
+
+        def counts():
+            computed = [t() if name in self.on_trip_only else t for name, t in zip(self.names, tensors)]
+            return tf.stack([stats.count_nonfinite(t) for t in computed])
+
+        return self.decide(
+            half_squares, counts, tensors[self.names.index("loss/loss")], step, apply, halt_updates,
+            inverse_scale, on_trip, on_skip, spike_update,
         )
+
+    def decide(self, half_squares, counts, loss, step, apply, halt_updates, inverse_scale=None,
+               on_trip=None, on_skip=None, spike_update=None):
+        """`guarded_apply` from the step's checks: ``half_squares`` of the every-step tensors, ``counts()``.
+
+        ``counts()`` gives every tensor's ``[NaN, Inf]`` counts, called in the
+        branch of a step whose sums are not finite; ``loss`` is the step's loss.
+        Under several replicas, graph code of the cross-replica context
+        (`kgrad.backends.tensorflow.guard.replicated`): all of these are then
+        the global batch's, and ``apply``, ``on_skip`` run on every replica.
+        """
+        unscale = self._unscale_half_squares(inverse_scale)
         clean = tf.reduce_all(tf.math.is_finite(half_squares))
         if halt_updates:
             clean = tf.logical_and(clean, tf.logical_not(self.tripped))
 
         def locate():
-            computed = [t() if name in self.on_trip_only else t for name, t in zip(self.names, tensors)]
-            counts = sum_over_replicas(tf.stack([stats.count_nonfinite(t) for t in computed]))
-            really_bad = tf.reduce_any(counts > 0)
+            found = counts()
+            really_bad = tf.reduce_any(found > 0)
 
             def record_trip():
-                self.counts.assign(counts)
+                self.counts.assign(found)
                 self.trip_step.assign(tf.cast(step, tf.int64))
                 self.tripped.assign(True)
                 if on_trip is not None:
@@ -120,7 +145,7 @@ class GuardState:
         may_apply = tf.cond(clean, lambda: tf.constant(True), not_clean)
         if self.spikes is not None:
             self.spikes.optimizer = spike_update[0]  # the part's own, for what the host says of Adam
-            judged = self._judge_spike(tensors, unscale(half_squares), inverse_scale)
+            judged = self._judge_spike(loss, unscale(half_squares), inverse_scale)
             spike = judged[1]
             may_apply = tf.logical_and(may_apply, tf.logical_not(spike))
             if halt_updates:
@@ -158,10 +183,10 @@ class GuardState:
             self.spikes.after_step(*judged, accepted=may_apply)
         return may_apply
 
-    def _judge_spike(self, tensors, every_step_half_squares, inverse_scale):
+    def _judge_spike(self, loss, every_step_half_squares, inverse_scale):
         """`SpikeState.judge` of the step, from the loss and the weight gradients' sums of squares."""
         squares = 2.0 * self._spread(every_step_half_squares)
-        loss = tf.cast(tensors[self.names.index("loss/loss")], tf.float32)
+        loss = tf.cast(loss, tf.float32)
         if inverse_scale is not None:
             loss = loss * tf.cast(inverse_scale, tf.float32)
         return self.spikes.judge(loss, tf.gather(squares, self._weight_rows))
@@ -247,6 +272,8 @@ class SharedGuardStates:
     def get(self, tape_name, names, on_trip_only, spikes=None):
         """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
         key = (tape_name, tuple(names), frozenset(on_trip_only), spikes)
+        if replicas.multi_replica():
+            replicated.check_supported(self._model, own_step=tape_name is not None)
         if key not in self._states:
             self._states[key] = replicas.create_variables(
                 self._model, lambda: GuardState(names, on_trip_only, spikes)

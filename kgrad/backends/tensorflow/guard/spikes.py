@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
-from kgrad.backends.tensorflow.handover.replicas import state_variable
+from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
 from kgrad.backends.tensorflow.summarize.optimizer_state import moment_statistics
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
@@ -99,7 +99,7 @@ class SpikeState:
         """
         slot = self.accepted % self.rule.window
         old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
-        self.window.scatter_nd_update([[slot]], [tf.where(accepted, values, old)])
+        scatter_nd_update(self.window, [[slot]], [tf.where(accepted, values, old)])
         self.accepted.assign_add(tf.cast(accepted, tf.int64))
         streak = tf.where(spike, self.streak + 1, tf.where(accepted, tf.constant(0, tf.int64), self.streak))
         self.streak.assign(streak)
@@ -109,11 +109,14 @@ class SpikeState:
             tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score,
             mean[0], std[0], mean[1], std[1],
         ])
-        self.rows.scatter_nd_update([[self.row_count % self.rule.row_capacity]], [row])
+        scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, optimizer, applied, measured):
+    def record_skip(self, judged, optimizer, applied, measured, apply_update=None):
         """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
+
+        Under several replicas (``apply_update`` given, the cross-replica
+        context), inline: the update's all-reduce cannot sit in a nested function.
 
         Not inlined: TensorFlow's graph executor visits every op of a branch
         not taken (its dead tensors propagate), and the would-be update is
@@ -121,6 +124,10 @@ class SpikeState:
         on the benchmark transformer, the guard with spike skipping cost
         1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
         """
+        if apply_update is not None:
+            self.measure_skip(judged, optimizer, applied, measured, apply_update)
+            return
+
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
         def measure():
             self.measure_skip(judged, optimizer, applied, measured)
@@ -128,7 +135,7 @@ class SpikeState:
 
         measure()
 
-    def measure_skip(self, judged, optimizer, applied, measured):
+    def measure_skip(self, judged, optimizer, applied, measured, apply_update=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -140,13 +147,18 @@ class SpikeState:
             optimizer: ``model.optimizer``.
             applied: ``[(gradient, weight)]``: the whole update, as the step applies it.
             measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
+            apply_update: What applies ``applied`` (``None``: ``optimizer.apply_gradients``);
+                under several replicas, on every replica (`kgrad.backends.tensorflow.guard.replicated`).
         """
         weights = [weight for _, weight in applied]
         before = [tf.identity(weight) for weight in weights]
         state = [tf.identity(variable) for variable in optimizer.variables]
         rms = self._adam_rms(optimizer, measured)
         with tf.control_dependencies(before + state + [rms]):
-            optimizer.apply_gradients(applied)
+            if apply_update is None:
+                optimizer.apply_gradients(applied)
+            else:
+                apply_update()
         position = {id(weight): index for index, weight in enumerate(weights)}
         after = [tf.identity(weight) for weight in weights]
         with tf.control_dependencies(after):
@@ -167,8 +179,8 @@ class SpikeState:
             grad_norms, update_norms / weight_norms, dots / (grad_norms * weight_norms), rms, z,
         ], axis=1)
         slot = self.skip_count % SKIP_SLOTS
-        self.skip_values.scatter_nd_update([[slot]], [table])
-        self.skip_steps.scatter_nd_update([[slot]], [self.row_count.read_value()])
+        scatter_nd_update(self.skip_values, [[slot]], [table])
+        scatter_nd_update(self.skip_steps, [[slot]], [self.row_count.read_value()])
         self.skip_count.assign_add(1)
 
     def _adam_rms(self, optimizer, measured):

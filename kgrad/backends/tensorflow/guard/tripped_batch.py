@@ -117,9 +117,17 @@ def batch_keeper(model, traced, data):
 
     For Keras' own step outside XLA; elsewhere (see the module) ``None``, and
     `keeping_the_batch` keeps the batch. Sets ``traced.batch_not_kept`` to why
-    variables cannot hold ``data``, if they cannot.
+    variables cannot hold ``data``, if they cannot; under several replicas
+    (each holding a slice of the batch) it keeps none, and says so.
     """
     plan = traced.plan
+    if plan.replicas > 1:
+        traced.batch_not_kept = (
+            f"Not replayed: the model trains on {plan.replicas} replicas, each holding a slice of "
+            "the batch, and the replay runs one device's forward pass on the whole batch; train "
+            "the same model on a single device to locate the NaN."
+        )
+        return None
     if plan.compiles_step_inside or _returns_its_batch(model, plan, data):
         return None
     traced.batch_not_kept = _why_variables_cannot_hold(data)
@@ -168,7 +176,7 @@ def keeping_the_batch(model, traced, outputs, data, kept_on_trip=False):
     benchmark MLP: ~1-3% of a step for the batch).
     """
     plan = traced.plan
-    if plan.guard is None:
+    if plan.guard is None or plan.replicas > 1:  # none kept: see `batch_keeper`
         return outputs
     if _returns_its_batch(model, plan, data):
         return {**outputs, BATCH_OUTPUT: data}

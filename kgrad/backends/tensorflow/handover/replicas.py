@@ -104,6 +104,21 @@ def state_variable(initial_value, name):
     )
 
 
+def scatter_nd_update(variable, indices, updates):
+    """``variable.scatter_nd_update(indices, updates)``, on every replica's copy of a mirrored one.
+
+    A distributed variable has no ``scatter_nd_update`` of its own: it
+    forwards the call to one copy (the replica's own in a replica context,
+    the first in the cross-replica context, where the guard of several
+    replicas writes its state: `kgrad.backends.tensorflow.guard.replicated`).
+    """
+    if isinstance(variable, tf.distribute.DistributedValues) and tf.distribute.in_cross_replica_context():
+        return variable.distribute_strategy.extended.update(
+            variable, lambda copy, values: copy.scatter_nd_update(indices, values), args=(updates,)
+        )
+    return variable.scatter_nd_update(indices, updates)
+
+
 #: Strategies kgrad is tested with, besides Keras' default (no strategy).
 SUPPORTED_STRATEGIES = (
     tf.distribute.OneDeviceStrategy,

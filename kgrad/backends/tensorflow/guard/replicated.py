@@ -1,0 +1,129 @@
+"""The guard's check and guarded update under a tf.distribute strategy of several replicas.
+
+Each replica of a ``MirroredStrategy`` step holds its own slice of the batch;
+the optimizer all-reduces the gradients inside ``apply_gradients``, through a
+``merge_call``. A ``tf.cond`` in a replica's context cannot hold a branch
+that calls ``merge_call``, so, as Keras' ``LossScaleOptimizer`` does, the
+decision is taken in the cross-replica context (one ``merge_call`` per
+step) and its branches run the update on every replica
+(``call_for_each_replica``). The decision is taken once, from the global
+batch's values, so every replica applies the same update or none.
+
+The global batch's values, as on one device:
+
+- the loss and the weight gradients are each replica's share of the
+  global ones: they are summed over replicas before their squares and
+  their NaN/Inf counts (one all-reduce of the gradients every step, the
+  price of judging the global gradient norm);
+- per-example tensors (inputs, activations, dJ/da, dJ/dŷ) are slices of
+  the global batch: their squares and counts are summed over replicas.
+
+Example (graph code, inside each replica of the traced step)::
+
+    applied = replicated.guarded_apply(state, tensors, step, apply, True, None, None, None)
+"""
+
+import tensorflow as tf
+
+from kgrad.backends.tensorflow.summarize import stats
+from kgrad.report.non_finite import split_name
+
+#: Kinds of checked tensors that are each replica's share of a global one (summed before squaring).
+SHARED_KINDS = frozenset({"loss", "weight_grad"})
+
+
+def check_supported(model, own_step):
+    """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
+
+    Raises:
+        ValueError: Under another strategy of several replicas (untested:
+            multi-worker), or for a model's own ``train_step`` (its tapes'
+            guarded applies are not decided across replicas yet).
+    """
+    strategy, where = model.distribute_strategy, None
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        where = f"under {type(strategy).__name__} (it is tested under MirroredStrategy only)"
+    elif own_step:
+        where = (f"with a model's own train_step (model '{model.name}' defines one): its ProbeTapes' "
+                 "updates are not decided across replicas yet")
+    if where is not None:
+        raise ValueError(
+            f"kgrad.NonFiniteGuard does not support {strategy.num_replicas_in_sync} replicas {where}. "
+            "Use it under MirroredStrategy with Keras' own train_step, on a single device, or use "
+            "keras.callbacks.TerminateOnNaN with the strategy."
+        )
+
+
+def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_skip, spike_update):
+    """`GuardState.guarded_apply` of one replica, its decision taken across replicas.
+
+    Graph code of a replica's context. No batch is kept for the replay here
+    (each replica holds a slice of it; see `kgrad.backends.tensorflow.guard.tripped_batch`).
+
+    Returns:
+        A boolean tensor: whether ``apply`` ran (on every replica).
+    """
+    context = tf.distribute.get_replica_context()
+    every_step = [(name, t) for name, t in zip(state.names, tensors) if name not in state.on_trip_only]
+    shared = {name: t for name, t in every_step if split_name(name)[0] in SHARED_KINDS}
+    sliced = [tf.nn.l2_loss(tf.cast(t, tf.float32)) for name, t in every_step if name not in shared]
+    # One all-reduce for the step (the strategy batches the list).
+    sliced_squares, totals = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, [tf.stack(sliced) if sliced else tf.zeros([0]), list(shared.values())]
+    )
+    total = dict(zip(shared, totals))
+    squares, position = [], 0
+    for name, _ in every_step:
+        if name in total:
+            squares.append(tf.nn.l2_loss(tf.cast(total[name], tf.float32)))
+        else:
+            squares.append(sliced_squares[position])
+            position += 1
+
+    def counts():  # a replica's, in the branch of a step that is not clean
+        computed = [t() if name in state.on_trip_only else t for name, t in zip(state.names, tensors)]
+        zero = tf.zeros([2])
+        local = tf.stack([zero if name in total else stats.count_nonfinite(t)
+                          for name, t in zip(state.names, computed)])
+        # The replica context of the branch's own call, not the step's.
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+        return summed + tf.stack([stats.count_nonfinite(total[name]) if name in total else zero
+                                  for name in state.names])
+
+    # Only tensors and callables cross the merge: a weight would come back as
+    # TensorFlow's distributed variable, not the Keras one.
+    gradients = None
+    if spike_update is not None:
+        optimizer, update_pairs, measured = spike_update
+        # The skip's per-weight values are those of the global gradients.
+        gradients = ([g for g, _ in update_pairs], [total[name] for name in state.names if name in total
+                                               and split_name(name)[0] == "weight_grad"])
+
+    def in_cross_replica_context(strategy, squares, loss, step, inverse_scale, counts, apply, on_skip,
+                                 gradients):
+        first = lambda value: strategy.experimental_local_results(value)[0]  # noqa: E731
+
+        def on_every_replica(fn):
+            return lambda: strategy.extended.call_for_each_replica(lambda own: own(), args=(fn,))
+
+        update = None
+        if gradients is not None:
+            replica_gradients, global_gradients = gradients
+            weights = [w for _, w in update_pairs]
+            checked = [(first(g), w) for g, (_, w) in zip(global_gradients, measured)]
+            update = (optimizer, update_pairs, checked, lambda: strategy.extended.call_for_each_replica(
+                lambda grads: optimizer.apply_gradients(zip(grads, weights)), args=(replica_gradients,)
+            ))
+        return state.decide(
+            first(squares), lambda: first(on_every_replica(counts)()),
+            first(loss), first(step), on_every_replica(apply), halt_updates,
+            None if inverse_scale is None else first(inverse_scale), None,
+            None if on_skip is None else on_every_replica(on_skip), update,
+        )
+
+    applied = context.merge_call(in_cross_replica_context, args=(
+        tf.stack(squares), total["loss/loss"], step, inverse_scale, counts, apply, on_skip, gradients,
+    ))
+    state.applied = applied
+    return applied
+
