@@ -138,17 +138,19 @@ def test_the_demos_usage_errors_answer_at_once_without_tensorflow(tmp_path, case
     blocked = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True, text=True, env=env,
                              timeout=60)
     assert "tensorflow imported (blocked by the test)" in blocked.stderr
-    code = ("import sys, time; started = time.monotonic()\n"
+    code = ("import sys\n"
             "from kgrad.cli import main\n"
             "try:\n    main(sys.argv[1:])\n"
-            "finally:\n    print(f'{time.monotonic() - started:.3f}')\n")
+            "finally:\n"
+            "    print(sorted(m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules))\n")
     result = subprocess.run([sys.executable, "-c", code, "demo", "--log-dir", str(log_dir)],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
-    # Wall time in the command's process, after Python started: without TensorFlow
-    # ~0.2 s idle; TensorFlow's import alone took 11-14 s on a busy machine.
-    assert float(result.stdout.split()[-1]) < 1.5
+    # "At once": the refusal comes before any deep-learning framework is imported
+    # (TensorFlow's import alone took 11-14 s on a busy machine). Asserted on what was
+    # imported, not on a wall-clock time, which a loaded machine can stretch.
+    assert result.stdout.split("\n")[-2] == "[]"
 
 
 def test_ctrl_c_swallowed_by_a_library_still_ends_the_command_with_130(monkeypatch, capsys):

@@ -22,6 +22,7 @@ class _TensorFlowGAN:
     """The GAN (``make(compiled)``: graph or XLA), its data and its hand gradients on TensorFlow."""
 
     fit_compiled = False  # the module's fit: graph
+    reads_when_computed = False  # the skip flag comes back with each step's logs
 
     @staticmethod
     def make(compiled):
@@ -42,6 +43,35 @@ class _TensorFlowGAN:
         with tf.GradientTape() as tape:
             loss = gan.loss_fn(labels, gan.discriminator(images))
         return tape.gradient(loss, gan.discriminator.trainable_weights)
+
+    @staticmethod
+    def forbid_other_host_reads(monkeypatch, reading):
+        """Any eager read of a kgrad variable raises unless ``reading`` (a list) is non-empty.
+
+        After a skip, the flag that came back may also be a NaN trip: the guard then reads
+        its NaN report too (`GuardState.read_report`), as with Keras' step.
+        """
+        import tensorflow as tf
+        from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+        from kgrad.backends.tensorflow.guard.sentinel import GuardState
+
+        original_read, original_report = BaseResourceVariable._read_variable_op, GuardState.read_report
+
+        def read_report(self, *args, **kwargs):
+            reading.append(True)
+            try:
+                return original_report(self, *args, **kwargs)
+            finally:
+                reading.pop()
+
+        def guarded_read(variable, *args, **kwargs):
+            if tf.executing_eagerly() and "kgrad" in variable.name and not reading:
+                raise AssertionError(f"Host read of {variable.name} outside a spike read.")
+            return original_read(variable, *args, **kwargs)
+
+        monkeypatch.setattr(BaseResourceVariable, "_read_variable_op", guarded_read)
+        monkeypatch.setattr(GuardState, "read_report", read_report)
 
     @staticmethod
     def g_grads(gan, noise):
@@ -138,3 +168,79 @@ def test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part(compiled,
     assert "3 steps in a row of part 'discriminator' spiked (steps 20, 21, 22)" in report
     assert "stopped training" in capsys.readouterr().err
     assert int(gan.d_optimizer.iterations) == 20
+
+
+READS_STEPS, READS_SPIKE = 24, 20  # steps per epoch; the spiking batch, again in the second epoch
+
+
+def _fit_logging_reads(gan_kit, monkeypatch, spike):
+    """Two epochs of the GAN; the callback events, each spike read after the event before it."""
+    import keras
+
+    from kgrad.callbacks.spike_skipping import SpikeSkipping
+
+    events, reading = [], []
+    original = SpikeSkipping.read
+
+    def read(self, states, optimizer):
+        events.append(("read",))
+        reading.append(True)
+        try:
+            return original(self, states, optimizer)
+        finally:
+            reading.pop()
+
+    class EventLog(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            events.append(("batch_end", self.epoch, batch))
+
+        def on_epoch_end(self, epoch, logs=None):
+            events.append(("epoch_end", epoch))
+
+    monkeypatch.setattr(SpikeSkipping, "read", read)
+    gan_kit.forbid_other_host_reads(monkeypatch, reading)
+    batch = gan_kit.batch
+    real, noise = gan_kit.data(READS_STEPS)
+    if spike:
+        real[READS_SPIKE * batch : (READS_SPIKE + 1) * batch] *= 1000.0
+    gan = gan_kit.make(gan_kit.fit_compiled)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
+    gan.fit((real, noise), batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[EventLog(), guard])
+    points, last = [], None
+    for event in events:
+        if event == ("read",):
+            points.append(last)
+        else:
+            last = event
+    return guard, points
+
+
+def test_a_clean_own_step_reads_its_spike_states_at_each_epochs_end_only(gan_kit, monkeypatch):
+    guard, points = _fit_logging_reads(gan_kit, monkeypatch, spike=False)
+    assert guard.skipped_steps == []
+    assert points == [("epoch_end", 0), ("epoch_end", 1)]
+
+
+def test_a_skipped_part_is_read_after_its_batch_and_at_each_epochs_end(gan_kit, monkeypatch):
+    guard, points = _fit_logging_reads(gan_kit, monkeypatch, spike=True)
+    skipped = [(s.step, s.part) for s in guard.skipped_steps]
+    # The spiking batch comes back in the second epoch; whether the discriminator of then
+    # spikes on it depends on its weights (on TensorFlow it does, on JAX it does not).
+    assert skipped[0] == (READS_SPIKE, "discriminator") and set(skipped) <= {
+        (READS_SPIKE, "discriminator"), (READS_STEPS + READS_SPIKE, "discriminator")}
+    expected = []
+    for epoch in range(2):
+        if (epoch * READS_STEPS + READS_SPIKE, "discriminator") in skipped:
+            expected.append(("batch_end", epoch, READS_SPIKE))
+        expected.append(("epoch_end", epoch))
+    assert len(points) == len(expected), points
+    for point, wanted in zip(points, expected):
+        if wanted[0] == "batch_end" and gan_kit.reads_when_computed:
+            # JAX's count of skips is read once computed, never waited for: at that
+            # batch's end or a later one of the same epoch.
+            assert point[:2] == wanted[:2] and point[2] >= READS_SPIKE, points
+        else:  # TensorFlow's flag comes back with the step's logs
+            assert point == wanted, points

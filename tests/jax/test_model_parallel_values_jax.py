@@ -6,7 +6,8 @@ process: the number of host devices is fixed when JAX starts), its kernels
 split on both axes of a ``(2, 4)`` mesh, the embedding, the vocabulary and
 the attention heads on ``model``: ``statistics="all"``, histograms and the
 optimizer, logits and attention instruments on every step, with Keras' own
-``train_step`` and with a model's own (``kgrad.value_and_grad``).
+``train_step`` and with a model's own (``kgrad.value_and_grad``); and a
+`kgrad.ProbingModel` whose hidden activations pass through `kgrad.tap`.
 """
 
 import json
@@ -106,3 +107,23 @@ def test_the_guard_trips_and_names_the_same_tensor_as_on_one_device(runs):
     assert sharded["last_finite_norm"] == pytest.approx(one["last_finite_norm"], rel=1e-5)
     for got, expected in zip(sharded["weights"], one["weights"]):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_probing_model_and_its_tap_give_the_values_of_one_device(runs):
+    one_device, sharded = runs["probing_model"]["one_device"], runs["probing_model"]["sharded"]
+    assert [r["step"] for r in sharded] == [r["step"] for r in one_device] == [0, 1]
+    for one, split in zip(one_device, sharded):
+        assert split["scalars"].keys() == one["scalars"].keys()
+        # The tapped tensor (split on the batch) and dJ/d(it), and the both-axes kernels.
+        assert {"activation_mean/hidden", "grad_norm/hidden", "weight_grad_norm/up/kernel",
+                "weight_grad_norm/down/kernel"} <= split["scalars"].keys()
+        for tag, value in one["scalars"].items():
+            if "zero_fraction" in tag or "nonfinite" in tag:
+                assert split["scalars"][tag] == value, tag
+            else:
+                assert split["scalars"][tag] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), tag
+        assert split["histograms"].keys() == one["histograms"].keys() and one["histograms"]
+        for tag, buckets in one["histograms"].items():
+            expected, got = np.array(buckets), np.array(split["histograms"][tag])
+            np.testing.assert_allclose(got[:, :2], expected[:, :2], rtol=1e-6, err_msg=tag)
+            assert np.abs(np.cumsum(got[:, 2]) - np.cumsum(expected[:, 2])).max() <= 1, tag

@@ -19,6 +19,8 @@ from guide_model import GuideModel
 
 from test_spike_skipping_own_step import (  # noqa: F401 (collected here, in the JAX run)
     gan_fit,
+    test_a_clean_own_step_reads_its_spike_states_at_each_epochs_end_only,
+    test_a_skipped_part_is_read_after_its_batch_and_at_each_epochs_end,
     test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part,
     test_each_part_logs_its_own_rows,
     test_the_skipped_parts_values_equal_a_hand_reference,
@@ -110,6 +112,11 @@ class _JaxGAN:
 
     batch = BATCH
     fit_compiled = True  # the module's fit: jitted (op by op, JAX's costs 5x the CPU)
+    reads_when_computed = True  # the count of skips, read in Keras' worker thread once computed
+
+    @staticmethod
+    def forbid_other_host_reads(monkeypatch, reading):
+        """JAX's guard keeps no variables: its record is read only through `SpikeSkipping.read`."""
 
     @staticmethod
     def make(compiled):

@@ -8,7 +8,8 @@ both axes of a ``(2, 4)`` mesh, the embedding, the vocabulary and the heads on
 (``kgrad.value_and_grad``); the probe writes ``statistics="all"``,
 histograms and the optimizer, logits and attention instruments on every step.
 Then the guard, on a float model split the same way, of a NaN in the inputs
-of step 1. Prints one JSON object: the records of each run, Keras' own
+of step 1, and a `kgrad.ProbingModel` of that float model whose hidden
+activations pass through `kgrad.tap`. Prints one JSON object: the records of each run, Keras' own
 sharded gradients (the witness of any difference), and the guard's reports.
 """
 
@@ -87,6 +88,25 @@ def guard_report(distribution):
     }
 
 
+def probing_model_records(distribution):
+    """`kgrad.ProbingModel.probe_results` of each step of the float model, its hidden layer tapped."""
+    keras.backend.clear_session()
+    keras.distribution.set_distribution(distribution)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32,), name="features")
+    hidden = keras.layers.Dense(64, activation="relu", name="up")(inputs)
+    tapped = keras.layers.Lambda(lambda x: kgrad.tap("hidden", x), name="tap")(hidden)
+    model = kgrad.ProbingModel(inputs, keras.layers.Dense(8, name="down")(tapped), name="p")
+    model.configure_probe(every_n_steps=1, statistics="all", histograms=True, layers="all")
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    records = []
+    for step in range(2):  # a fit per batch: `probe_results` holds the latest probed step only
+        rows = slice(8 * step, 8 * step + 8)
+        model.fit(features[rows], labels[rows], batch_size=8, epochs=1, shuffle=False, verbose=0)
+        records.append(model.probe_results)
+    return records
+
+
 def main():
     parallel = model_parallel()
     json.dump({
@@ -99,6 +119,8 @@ def main():
             "sharded": {k: v.tolist() for k, v in keras_gradients(parallel).items()},
         },
         "guard": {"one_device": guard_report(None), "sharded": guard_report(parallel)},
+        "probing_model": {"one_device": as_json(probing_model_records(None)),
+                          "sharded": as_json(probing_model_records(parallel))},
     }, sys.stdout)
 
 
