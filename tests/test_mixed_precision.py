@@ -3,9 +3,10 @@
 The tape differentiates the *scaled* loss, in float16; what kgrad reports is
 of the true loss, in float32. What both backends share (the probe's statistics
 under loss scaling, steps the scaler skips) is tested once, for both, in
-tests/test_loss_scale.py; these tests are TensorFlow's: a ``train_step`` written
-with TensorFlow ops around a ``ProbeTape``, and the guard's replay of both kinds
-of step.
+tests/test_loss_scale.py. The guard's replay under loss scaling with Keras' own step
+holds on both backends: tests/jax/test_mixed_precision_jax.py runs that test on JAX.
+The rest is TensorFlow's: a ``train_step`` written with TensorFlow ops around a
+``ProbeTape``.
 """
 
 import keras
@@ -74,7 +75,14 @@ def _fit_with_scale(make_model, initial_scale, x, y, callbacks):
     return model
 
 
-@pytest.mark.parametrize("make_model", [_model, OwnStep], ids=["keras_step", "own_step"])
+ON_TENSORFLOW = keras.config.backend() == "tensorflow"
+# JAX's own step under loss scaling: tests/jax/test_own_step_loss_scale_jax.py.
+_TENSORFLOW_STEP = pytest.mark.skipif(not ON_TENSORFLOW, reason="a train_step of TensorFlow ops")
+
+
+@pytest.mark.parametrize(
+    "make_model", [_model, pytest.param(OwnStep, marks=_TENSORFLOW_STEP)], ids=["keras_step", "own_step"]
+)
 def test_the_guard_reports_norms_of_the_true_loss_whatever_the_loss_scale(mixed_float16, make_model):
     x, y = _data(samples=4 * BATCH)
     x[2 * BATCH + 1, 0] = np.nan  # step 2

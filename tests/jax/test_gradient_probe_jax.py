@@ -4,6 +4,9 @@ The model: x → Dense(relu) "hidden" → keras.ops.sin (an op node) → Dense "
 mean squared error, plain SGD, so that the reference can follow the weights
 step by step. Every logged value is compared, on every probed step, with
 jit on and off; the weights after the probed fit are the plain fit's.
+
+What holds on both backends (model kinds, the record's types, bad options, the schedule
+across fits) is tested once, in tests/test_gradient_probe.py, run here too.
 """
 
 import jax
@@ -13,6 +16,17 @@ import numpy as np
 import pytest
 
 import kgrad
+from test_gradient_probe import (  # noqa: F401 (collected here, in the JAX run)
+    test_a_later_probed_fit_starts_a_fresh_schedule,
+    test_bad_layer_item_type_is_refused,
+    test_bad_options_name_the_argument_and_the_value,
+    test_every_n_steps_must_be_a_positive_int,
+    test_latest_is_plain_python_and_numpy,
+    test_probes_sequential_functional_and_subclassed_models,
+    test_two_probes_in_one_fit_are_refused_and_the_model_restored,
+    test_unknown_layer_name_fails_at_fit_start_and_leaves_the_model_untouched,
+    test_unwritable_log_dir_is_refused,
+)
 
 BATCH, STEPS, FEATURES, HIDDEN, LEARNING_RATE = 8, 4, 3, 5, 0.1
 

@@ -317,11 +317,24 @@ def test_watching_activations_in_an_own_train_step_names_the_part_and_layer_wher
     _assert_same_state(model, _state(expected))
 
 
-def test_watching_gradients_in_an_own_train_step_names_the_activation_whose_gradient_went_nan():
+def _fit_watched_gan_root(callbacks):
+    """A fresh GAN with the sqrt Lambda, fitted on 4 batches under a guard watching every tensor."""
     gan = _gan(generator_root=True)
     guard = kgrad.NonFiniteGuard(layers="all", watch="all")
-    gan.fit(_ring(4), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
-    report = guard.report
+    gan.fit(_ring(4), batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard, *callbacks])
+    return guard.report, _state(gan)
+
+
+@pytest.fixture(scope="module")
+def watched_gan_root():
+    """`_fit_watched_gan_root` without a probe: the report one test reads and others compare with."""
+    return _fit_watched_gan_root([])
+
+
+def test_watching_gradients_in_an_own_train_step_names_the_activation_whose_gradient_went_nan(
+    watched_gan_root,
+):
+    report, _ = watched_gan_root
     # From the loss down: dJ/dŷ and dJ/d(root) are finite, dJ/d(g_hidden) = dJ/d(root's input) is not.
     assert (report.step, report.tensor, report.kind, report.pass_) == (
         0, "grad/generator/g_hidden", "grad", "backward")
@@ -340,20 +353,15 @@ def _report_fields(report):
 
 @pytest.mark.parametrize("every_n_steps", [1, 2])
 def test_watching_with_a_probe_in_an_own_train_step_reports_what_the_guard_alone_reports(
-    every_n_steps, tmp_path
+    watched_gan_root, every_n_steps, tmp_path
 ):
     # The probed steps check the watched tensors in the probe's own pass of each part.
-    reports, states = {}, {}
-    for probed in (False, True):
-        gan = _gan(generator_root=True)
-        guard = kgrad.NonFiniteGuard(layers="all", watch="all")
-        probe = kgrad.GradientProbe(str(tmp_path / str(probed)), every_n_steps=every_n_steps)
-        gan.fit(_ring(4), batch_size=BATCH, shuffle=False, verbose=0,
-                callbacks=[guard, probe] if probed else [guard])
-        reports[probed], states[probed] = guard.report, _state(gan)
-    assert reports[False].tensor == "grad/generator/g_hidden"
-    assert _report_fields(reports[True]) == _report_fields(reports[False])
-    _assert_same_state_as(states[True], states[False])
+    alone, alone_state = watched_gan_root
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=every_n_steps)
+    probed, probed_state = _fit_watched_gan_root([probe])
+    assert alone.tensor == "grad/generator/g_hidden"
+    assert _report_fields(probed) == _report_fields(alone)
+    _assert_same_state_as(probed_state, alone_state)
 
 
 def test_a_clean_guide_model_watched_and_probed_trains_as_plain_fit(tmp_path):

@@ -8,6 +8,8 @@ the jitted step (and run eagerly); the first non-finite tensor in forward,
 then backward order is reported, and the bad update is kept out.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -149,28 +151,45 @@ def _bad_prediction_gradient_model():
     return _tanh_model()
 
 
+def _watch_case(case):
+    """The data, loss and model of a case: a NaN born in an activation (forward) or in dJ/dŷ."""
+    x, y = guard_data()
+    if case == "forward_activation":
+        x[2 * BATCH :] += 1.0  # from the 3rd batch on, `first` - 1.5 goes negative under log
+        return x, y, "mse", _bad_log_model
+    y[2 * BATCH + 1] = 500.0  # a NaN in dJ/dŷ at step 2 (`_sqrt_at_zero_loss`)
+    return x, y, _sqrt_at_zero_loss, _bad_prediction_gradient_model
+
+
+def _fit_watched(case, callbacks):
+    """The report and weights of a fresh model of ``case`` fitted under a guard watching everything."""
+    x, y, loss, make = _watch_case(case)
+    model = make()
+    guard = kgrad.NonFiniteGuard(layers="all", watch="all")
+    _fit(model, x, y, [guard, *callbacks], loss=loss)
+    return guard.report, model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def watched_alone():
+    """``case`` -> `_fit_watched` without a probe: fitted once a case, for every `every_n_steps`."""
+    return functools.cache(lambda case: _fit_watched(case, []))
+
+
 @pytest.mark.parametrize("every_n_steps", [1, 2])
 @pytest.mark.parametrize("case", ["forward_activation", "backward_prediction_gradient"])
-def test_watch_with_a_gradient_probe_reports_what_it_reports_alone(case, every_n_steps, tmp_path):
+def test_watch_with_a_gradient_probe_reports_what_it_reports_alone(
+    watched_alone, case, every_n_steps, tmp_path
+):
     # The probed steps tap the guard's watched tensors in their own pass: the same rows, so the
     # same report as the guard alone, whether the tripped step is probed or not.
-    x, y = guard_data()
-    x[2 * BATCH :] += 1.0  # from the 3rd batch on, `first` - 1.5 goes negative under log
-    loss, make = "mse", _bad_log_model
-    if case == "backward_prediction_gradient":
-        y[2 * BATCH + 1] = 500.0  # a NaN in dJ/dŷ at step 2 (`_sqrt_at_zero_loss`)
-        loss, make, x = _sqrt_at_zero_loss, _bad_prediction_gradient_model, guard_data()[0]
-    reports, weights = {}, {}
-    for probed in (False, True):
-        model = make()
-        guard = kgrad.NonFiniteGuard(layers="all", watch="all")
-        probe = kgrad.GradientProbe(str(tmp_path / str(probed)), every_n_steps=every_n_steps)
-        _fit(model, x, y, [guard, probe] if probed else [guard], loss=loss)
-        reports[probed], weights[probed] = guard.report, model.get_weights()
-    assert reports[False] is not None
-    assert _report_fields(reports[True]) == _report_fields(reports[False])
-    assert reports[True].kind == ("activation" if case == "forward_activation" else "pred_grad")
-    for got, want in zip(weights[True], weights[False]):
+    alone, alone_weights = watched_alone(case)
+    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=every_n_steps)
+    probed, probed_weights = _fit_watched(case, [probe])
+    assert alone is not None
+    assert _report_fields(probed) == _report_fields(alone)
+    assert probed.kind == ("activation" if case == "forward_activation" else "pred_grad")
+    for got, want in zip(probed_weights, alone_weights):
         np.testing.assert_array_equal(got, want)
 
 

@@ -5,7 +5,8 @@ the optimizer's state read back after the step (``model.optimizer.variables``)
 and a float64 ``jax.grad`` of the model split by hand, in NumPy; the logits'
 from the model's own pre-softmax values; the per-example norms from a
 brute-force loop of float64 ``jax.grad``, one example at a time. Jit on and
-off; the weights after the probed fits are the plain fits'.
+off; the weights after the probed fits are the plain fits'. The backend-free tests of
+tests/test_stability_instruments.py that these do not hold already run here too.
 """
 
 import warnings
@@ -18,6 +19,13 @@ import pytest
 
 import kgrad
 from fit_helpers import SharedDense
+from test_stability_instruments import (  # noqa: F401 (collected here, in the JAX run)
+    test_a_sigmoid_output_gets_no_logit_statistics_and_a_reason,
+    test_logit_statistics_of_a_softmax_classifier_are_of_its_logits,
+    test_other_optimizers_give_update_rms_only_and_say_why,
+    test_outlier_sigmas_must_be_a_positive_number,
+    test_training_is_unchanged_by_the_stability_instruments,
+)
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 3, 4, 3, 3
 INSTRUMENTS = ["optimizer", "logits", "per_example"]

@@ -1,7 +1,8 @@
 """Mixed precision on JAX: ``mixed_bfloat16`` (no loss scaling) against ``jax.grad`` of the same Keras
 model's own stateless call. ``mixed_float16`` and loss scaling (the probe's statistics, the steps the
 scaler skips, the guard) are tested for both backends in tests/test_loss_scale.py, which
-tests/jax/test_loss_scale_jax.py runs here."""
+tests/jax/test_loss_scale_jax.py runs here, and the guard's replay whatever the loss scale in
+tests/test_mixed_precision.py, whose backend-free test runs here too."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,10 @@ import numpy as np
 import pytest
 
 import kgrad
+from test_mixed_precision import (  # noqa: F401 (collected here, in the JAX run)
+    mixed_float16,
+    test_the_guard_reports_norms_of_the_true_loss_whatever_the_loss_scale,
+)
 
 
 @pytest.fixture

@@ -170,18 +170,28 @@ def test_a_part_without_logits_says_why_and_writes_none(tmp_path):
 
 
 
-@pytest.mark.parametrize("guarded", [False, True])
-def test_the_gan_with_every_instrument_trains_as_without_the_probe(guarded, tmp_path):
-    def gan():
-        keras.backend.clear_session()
-        keras.utils.set_random_seed(0)
-        made = jax_gan.make_gan()
-        loss = keras.losses.BinaryCrossentropy()
-        made.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.01), loss)
-        return made
+def _adam_gan():
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    made = jax_gan.make_gan()
+    made.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.01), keras.losses.BinaryCrossentropy())
+    return made
 
-    real = jax_gan.ring(32)
-    probed, plain = gan(), gan()
+
+def _fit_gan(gan, callbacks=()):
+    gan.fit(jax_gan.ring(32), batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=list(callbacks))
+    return gan
+
+
+@pytest.fixture(scope="module")
+def plain_gan_weights():
+    """`_adam_gan` fitted by `_fit_gan` without callbacks: both cases of the test below compare with it."""
+    return _fit_gan(_adam_gan()).get_weights()
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_the_gan_with_every_instrument_trains_as_without_the_probe(plain_gan_weights, guarded, tmp_path):
+    probed = _adam_gan()
     records = []
     probe = kgrad.GradientProbe(
         str(tmp_path), every_n_steps=2, instruments=["per_example", "optimizer", "logits"],
@@ -189,9 +199,8 @@ def test_the_gan_with_every_instrument_trains_as_without_the_probe(guarded, tmp_
     )
     callbacks = [probe, kgrad.NonFiniteGuard()] if guarded else [probe]
     with pytest.warns(UserWarning, match="a sigmoid output"):
-        probed.fit(real, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
-    plain.fit(real, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    for probed_weight, plain_weight in zip(probed.get_weights(), plain.get_weights(), strict=True):
+        _fit_gan(probed, callbacks)
+    for probed_weight, plain_weight in zip(probed.get_weights(), plain_gan_weights, strict=True):
         np.testing.assert_allclose(probed_weight, plain_weight, rtol=1e-6, atol=1e-7)
     latest = {record.tape: record for record in records}
     # The discriminator's step sees the fake and the real images: 16 examples; the generator's 8.

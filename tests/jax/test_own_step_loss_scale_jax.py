@@ -237,8 +237,20 @@ def test_a_function_returning_another_value_than_the_scaled_loss_is_refused(tmp_
 # -- kgrad.NonFiniteGuard ------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def plain_overflowing_weights():
+    """The weights after ``_fit_overflowing(2.0**20, [])``: the plain fit both guard tests compare with."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        return _fit_overflowing(2.0**20, []).get_weights()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 @pytest.mark.parametrize("probed", [False, True], ids=["guard", "guard_and_probe"])
-def test_the_guard_checks_the_loss_and_when_strict_the_gradients(float16_policy, probed, tmp_path):
+def test_the_guard_checks_the_loss_and_when_strict_the_gradients(
+    plain_overflowing_weights, float16_policy, probed, tmp_path
+):
     def fit(callbacks):
         return _fit_overflowing(2.0**20, callbacks)
 
@@ -247,7 +259,7 @@ def test_the_guard_checks_the_loss_and_when_strict_the_gradients(float16_policy,
     model = fit([guard, *probe])
     assert guard.report is None
     assert 0 < int(model.optimizer.iterations.numpy()) < 16  # some steps skipped by the scaler
-    for guarded_weight, plain_weight in zip(model.get_weights(), fit([]).get_weights(), strict=True):
+    for guarded_weight, plain_weight in zip(model.get_weights(), plain_overflowing_weights, strict=True):
         np.testing.assert_array_equal(guarded_weight, plain_weight)
     strict = kgrad.NonFiniteGuard(ignore_loss_scale_skips=False)
     fit([strict, *probe])

@@ -1,4 +1,9 @@
-"""`kgrad.ProbingModel` on JAX: the probed step built into the model, without a callback."""
+"""`kgrad.ProbingModel` on JAX: the probed step built into the model, without a callback.
+
+What holds on both backends (functional and subclassed models, `configure_probe`, saving and
+loading, a `GradientProbe` passed to fit) is tested once, in tests/test_probing_model.py, run
+here too; these tests check JAX's values against ``jax.grad`` and what JAX alone refuses.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +12,14 @@ import numpy as np
 import pytest
 
 import kgrad
+from test_probing_model import (  # noqa: F401 (collected here, in the JAX run)
+    test_configure_probe_rejects_bad_options,
+    test_configure_probe_selects_layers_captures_and_schedule,
+    test_functional_probing_model_probes_every_step_by_default,
+    test_gradient_probe_on_a_probing_model_then_its_own_probe_again,
+    test_save_and_load_model,
+    test_subclassing_still_works_after_a_functional_probing_model_exists,
+)
 
 
 def _data(samples=16):
@@ -65,37 +78,6 @@ def test_probed_steps_are_every_n_th_across_fits():
     assert model.probe_results.step == 8
     scalars = model.probe_results.scalars
     assert "grad_norm/hidden" in scalars and "grad_norm/out" not in scalars
-
-
-def test_a_subclassed_probing_model():
-    class Small(kgrad.ProbingModel):
-        def __init__(self):
-            super().__init__(name="small")
-            self.hidden = keras.layers.Dense(3, activation="relu", name="hidden")
-            self.out = keras.layers.Dense(1, name="out")
-
-        def call(self, x):
-            return self.out(self.hidden(x))
-
-    x, y = _data(8)
-    model = Small()
-    model.compile("sgd", "mse")
-    assert model.probe_results is None  # nothing probed yet
-    model.fit(x, y, batch_size=8, verbose=0)
-    assert model.probe_results.step == 0 and "weight_grad_norm/hidden/kernel" in model.probe_results.scalars
-
-
-def test_a_gradient_probe_passed_to_fit_uses_its_options_and_writes_logs(tmp_path):
-    x, y = _data(8)
-    model = _functional(kgrad.ProbingModel)
-    model.configure_probe(every_n_steps=1, layers=["hidden"])
-    probe = kgrad.GradientProbe(str(tmp_path), every_n_steps=2, layers=["out"])
-    model.fit(x, y, batch_size=2, verbose=0, callbacks=[probe])
-    logs = kgrad.read_logs(tmp_path)["kgrad"]["scalars"]
-    assert logs["grad_norm/out"].steps.tolist() == [0, 2]
-    assert "grad_norm/hidden" not in logs
-    model.fit(x, y, batch_size=2, verbose=0)  # without the callback, the model's own options again
-    assert model.probe_results.step == 7 and "grad_norm/hidden" in model.probe_results.scalars
 
 
 def test_a_probing_model_with_its_own_train_step_says_what_to_use():
