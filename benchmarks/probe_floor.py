@@ -17,6 +17,8 @@ must compute:
 - ``floor_one_pass`` / ``floor_one_pass_norms``: one reduction (the max) over
   every captured element, the cheapest kernel that reads them all: no
   implementation of the statistics, fused or not, reads less.
+- ``floor_read_once`` / ``floor_read_once_norms``: one sum per captured
+  tensor (issue 53's read-once floor; the same read as the max).
 
 The ``*_norms`` variants have ``histograms=False`` (compared with the 1.10
 target), the others write histograms (the 1.25 target). ``probe_n1`` and
@@ -55,8 +57,13 @@ def _one_pass(flat):
     return [tf.reduce_max(values) for values in flat]
 
 
+def _read_once(flat):
+    # The read-once floor of issue 53: one sum per captured tensor.
+    return [tf.reduce_sum(values) for values in flat]
+
+
 #: Floor name -> fn(flat float32 tensors) -> one scalar per tensor.
-FLOORS = {"floor_capture": _capture_only, "floor_one_pass": _one_pass}
+FLOORS = {"floor_capture": _capture_only, "floor_one_pass": _one_pass, "floor_read_once": _read_once}
 
 
 def _floor_of_current_thread():
@@ -81,14 +88,14 @@ def _summarize_many(tensors, bucket_count=None):
     return moments, histograms
 
 
-def floor_configs():
-    """kgrad's two ``every_n_steps=1`` configurations, their floors and baselines."""
+def floor_configs(floors=tuple(FLOORS), others=("probe_linear_n1",)):
+    """kgrad's two ``every_n_steps=1`` configurations, their ``floors``, baselines and ``others``."""
     by_name = {config.name: config for config in configs.all_configs()}
-    chosen = [by_name[name] for name in (configs.BASELINE, configs.AA_CONTROL)]
+    chosen = [by_name[name] for name in (configs.BASELINE, configs.AA_CONTROL, *others)]
     for kgrad_name, suffix in (("probe_n1", ""), ("probe_norms_n1", "_norms")):
         kgrad_config = by_name[kgrad_name]
         chosen.append(kgrad_config)
-        for floor in FLOORS:
+        for floor in floors:
             chosen.append(
                 configs.Config(
                     name=f"{floor}{suffix}",
@@ -102,33 +109,46 @@ def floor_configs():
     return chosen
 
 
+#: The floor every configuration is also compared with (issue 53).
+READ_ONCE = "floor_read_once"
+
+
 def table(model_name, results):
-    """Markdown rows: configuration, pairs, CPU ratio median [IQR], wall ratio."""
+    """Markdown rows: configuration, pairs, CPU ratio median [IQR], wall ratio, ratio to the read-once floor.
+
+    The last column divides the configuration's median CPU ratio by the
+    read-once floor's (``_norms`` configurations by ``floor_read_once_norms``),
+    where the run measured it.
+    """
     lines = [
         f"{model_name} (plain step {results[configs.BASELINE]['cpu_ms_per_step']:.2f} CPU-ms)",
         "",
-        "| config | pairs | CPU ratio, median [IQR] | wall ratio |",
-        "|---|---|---|---|",
+        "| config | pairs | CPU ratio, median [IQR] | wall ratio | CPU ratio / read-once floor |",
+        "|---|---|---|---|---|",
     ]
     for name, result in results.items():
         cpu, wall = result.get("cpu_ratio"), result.get("wall_ratio")
         if cpu is None:
             continue
+        floor = results.get(READ_ONCE + ("_norms" if "norms" in name else ""), {}).get("cpu_ratio")
+        to_floor = f"{cpu['median'] / floor['median']:.3f}" if floor else "–"
         lines.append(
             f"| `{name}` | {cpu['n']} | {cpu['median']:.3f} [{cpu['q1']:.3f}–{cpu['q3']:.3f}] "
-            f"| {wall['median']:.3f} |"
+            f"| {wall['median']:.3f} | {to_floor} |"
         )
     return "\n".join(lines)
 
 
-def measure(model_names, settings):
+def measure(model_names, settings, floors=tuple(FLOORS), others=("probe_linear_n1",)):
     """``{model: results}`` of `floor_configs`, as `benchmarks.bench.ModelBench` returns them."""
     measured = {}
     stats.summarize_many = _summarize_many
     try:
         with tempfile.TemporaryDirectory(prefix="kgrad-floor-") as log_root:
             for name in model_names:
-                measured[name] = bench.ModelBench(MODELS[name], floor_configs(), settings, log_root).run()
+                measured[name] = bench.ModelBench(
+                    MODELS[name], floor_configs(floors, others), settings, log_root
+                ).run()
     finally:
         stats.summarize_many = _REAL_SUMMARIZE_MANY
     return measured
@@ -138,6 +158,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=run._names, default=["mlp"])
     parser.add_argument("--pairs", type=int, default=7, help="Timed pairs per configuration.")
+    parser.add_argument(
+        "--floors", type=run._names, default=list(FLOORS), help="Floors to measure, comma-separated."
+    )
+    parser.add_argument(
+        "--others", type=run._names, default=["probe_linear_n1"],
+        help="Other configurations of benchmarks.configs to measure in the same run (e.g. probe_n10,probe_n100).",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(MODELS))
     if unknown:
@@ -145,7 +172,10 @@ def main(argv=None):
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1. Received: --pairs={args.pairs}.")
     settings = dataclasses.replace(run.PRESETS["full"], pairs=args.pairs, min_pairs=min(5, args.pairs))
-    for name, results in measure(args.models, settings).items():
+    unknown = sorted(set(args.floors) - set(FLOORS))
+    if unknown:
+        parser.error(f"unknown floor(s) {unknown}; expected names among {', '.join(FLOORS)}.")
+    for name, results in measure(args.models, settings, args.floors, args.others).items():
         print(table(name, results), flush=True)
     return 0
 

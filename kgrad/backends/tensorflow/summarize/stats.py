@@ -132,10 +132,9 @@ def summarize_many(tensors, bucket_count=None):
         return tf.zeros([0, len(MOMENT_NAMES)]), histograms
     if is_log_magnitude_count(bucket_count):
         # Fixed edges: the histograms need neither the min and max nor the careful branch.
+        # The tensors as they are: flattened and cast where their keys are computed.
         moments, _ = summarize_many(tensors, None)
-        flat_shape = tf.constant([-1])
-        flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
-        return moments, log_magnitude_histograms(flat)
+        return moments, log_magnitude_histograms(tensors)
     # Per tensor only the kernels that read it, sharing their constants: a
     # large model's step summarizes hundreds of tensors, and each graph op
     # costs tracing and optimizing time on the first step.
