@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # kgrad on JAX on the GPU machine the device tool lends: plain fit against fit with a
 # GradientProbe every 1, 10 and 100 steps, and with a NonFiniteGuard: ms/step and ratios
-# (benchmarks/jax_overhead.py), beside the one-pass floors and the floor of any guard.
+# (benchmarks/jax_overhead.py), beside the one-pass and read-once floors and the floor of any
+# guard; then issue 53's depth sweep: the HLO fusions a probed step adds to MLPs of 4, 16 and
+# 32 layers (benchmarks/depth_ops.py).
 #
 # That machine has JAX (CUDA) and TensorBoard but not Keras: its wheels travel in .whl/.
 #   here, once:   bash benchmarks/gpu_jax.sh fetch          (wheels for Python 3.12, x86-64)
 #   the device:   run(command="bash benchmarks/gpu_jax.sh run", carry=[".whl"], timeout_s=540)
 #   a CPU check:  bash benchmarks/gpu_jax.sh run --quick    (here, with the project's environment)
 # Results: $OUT/gpu_jax.json and $OUT/gpu_jax.log (OUT defaults to /tmp). Under 8 minutes on
-# an H200 (3 models x 8 configurations x 5 pairs of 200 steps, after warm-up compiles).
+# an H200 for 3 models x 8 configurations x 5 pairs of 200 steps; issue 53 added the transformer,
+# four configurations and the depth sweep (not timed on a GPU yet: give it timeout_s=600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -33,12 +36,15 @@ run)
         export PYTHONPATH=/tmp/site
     fi
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" KERAS_BACKEND=jax PYTHONUNBUFFERED=1
-    models=mlp,cnn,mobilenet pairs=5 steps=200
-    if [ "${1:-}" = "--quick" ]; then models=mlp pairs=1 steps=20; fi
+    models=mlp,cnn,transformer,mobilenet pairs=5 steps=200 depths=4,16,32
+    if [ "${1:-}" = "--quick" ]; then models=mlp pairs=1 steps=20 depths=2,4; fi
     python3 -c 'import jax; print("JAX devices:", jax.devices())'
-    configs=baseline_aa,probe_n100,probe_n10,probe_n1,guard,guard_floor,floor_one_pass_n10,floor_one_pass_n1
+    configs=baseline_aa,probe_n100,probe_n10,probe_n1,probe_linear_n1,guard,guard_floor
+    configs=$configs,floor_one_pass_n10,floor_one_pass_n1,floor_read_once_n10,floor_read_once_n1
     python3 -m benchmarks.jax_overhead --models "$models" --pairs "$pairs" --steps "$steps" --configs "$configs" \
         --out "$out/gpu_jax.json" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' | tee "$out/gpu_jax.log"
+    python3 -m benchmarks.depth_ops --depths "$depths" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' \
+        | tee -a "$out/gpu_jax.log"
     ;;
 *)
     echo "usage: bash benchmarks/gpu_jax.sh fetch | run [--quick]" >&2

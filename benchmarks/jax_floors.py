@@ -6,7 +6,8 @@
   sums of squares of the loss and the gradients: any guard's least.
 - `statistics_replaced_by_one_pass`: while a probed step is traced, kgrad's
   statistics are one max per tensor (the one-pass floor), or that and the
-  histograms kgrad writes, at their cheapest (the histogram floor); their
+  histograms kgrad writes, at their cheapest (the histogram floor), or one sum
+  per tensor (the read-once floor of issue 53); their
   numbers are wrong by design, for timing only.
 """
 
@@ -109,11 +110,11 @@ def guard_floor_step(model):
     return step
 
 
-def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
+def _one_pass_summary(x, bucket_count, columns=stats.ALL_COLUMNS, reduce=jnp.max):
     """The one-pass floor's stand-in for `stats.summarize`: one max over ``x``, a histogram of zeros."""
     del columns
     values = jnp.ravel(x).astype(jnp.float32)
-    peak = jnp.max(values) if values.size else jnp.float32(0.0)
+    peak = reduce(values) if values.size else jnp.float32(0.0)
     histogram = None if bucket_count is None else jnp.zeros([bucket_count, 3], jnp.float32)
     return jnp.full([stats.ROW], peak), histogram
 
@@ -132,13 +133,19 @@ def _one_pass_and_histogram_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
     return row, histogram
 
 
+def _read_once_summary(x, bucket_count, columns=stats.ALL_COLUMNS):
+    """The read-once floor's stand-in (issue 53): one sum over ``x``, a histogram of zeros."""
+    return _one_pass_summary(x, bucket_count, columns, reduce=jnp.sum)
+
+
 @contextlib.contextmanager
-def statistics_replaced_by_one_pass(with_histograms=False):
+def statistics_replaced_by_one_pass(with_histograms=False, stand_in=None):
     """While a floor's probed step is traced: `stats.summarize` (and `summarize_group`) give one max.
 
     ``with_histograms``: with the histograms the probe writes as well (the histogram floor).
+    ``stand_in``: another stand-in for `stats.summarize` (the read-once floor's sum).
     """
-    stand_in = _one_pass_and_histogram_summary if with_histograms else _one_pass_summary
+    stand_in = stand_in or (_one_pass_and_histogram_summary if with_histograms else _one_pass_summary)
     real, real_group = stats.summarize, stats.summarize_group
     stats.summarize = stand_in
     stats.summarize_group = lambda items: [stand_in(*item) for item in items]
@@ -154,4 +161,6 @@ def stand_in_statistics(config):
         return statistics_replaced_by_one_pass()
     if config.startswith("floor_histograms"):
         return statistics_replaced_by_one_pass(with_histograms=True)
+    if config.startswith("floor_read_once"):
+        return statistics_replaced_by_one_pass(stand_in=_read_once_summary)
     return contextlib.nullcontext()

@@ -29,6 +29,8 @@ per-pair CPU-time ratios (wall time beside it), with an A/A control
   that any implementation of them reads. Their numbers are wrong by design:
   they are for timing only. The target "every step ≤ 1.2 × the one-pass floor"
   compares ``probe_n1`` with ``floor_one_pass_n1``.
+- ``floor_read_once_n1`` / ``floor_read_once_n10``: the same with one sum per
+  captured tensor (issue 53's read-once floor; "every step ≤ 1.15 × the floor").
 - ``floor_histograms_n1`` / ``floor_histograms_n10``: the one-pass floor with the histograms the probe
   writes (twelve on the MLP), each at its cheapest: a min (the max is the
   floor's), the bucket index and one scatter. A histogram between the
@@ -67,6 +69,8 @@ CONFIGS = (
     "guard_floor",
     "floor_one_pass_n10",
     "floor_one_pass_n1",
+    "floor_read_once_n10",
+    "floor_read_once_n1",
     "floor_histograms_n10",
     "floor_histograms_n1",
     "floor_perturb_n1",
@@ -94,7 +98,7 @@ def _callbacks(config, log_dir):
         return [kgrad.GradientProbe(None, capture=["activation_gradients"], every_n_steps=1)]
     if config == "probe_linear_n1":  # earlier versions' histograms, beside probe_n1's log-magnitude ones
         return [kgrad.GradientProbe(log_dir, every_n_steps=1, histogram_buckets="linear")]
-    if config.startswith(("probe_n", "floor_one_pass_n", "floor_histograms_n")):
+    if config.startswith(("probe_n", "floor_one_pass_n", "floor_histograms_n", "floor_read_once_n")):
         return [kgrad.GradientProbe(log_dir, every_n_steps=int(config.rpartition("_n")[2]))]
     return []
 
@@ -156,7 +160,7 @@ def run_model(spec, pairs, steps, seed=0, configs=CONFIGS):
 
 MEMORY_CONFIGS = (
     "baseline", "probe_n1", "probe_n10", "guard",
-    "floor_one_pass_n1", "floor_histograms_n1", "floor_histograms_n10",
+    "floor_one_pass_n1", "floor_histograms_n1", "floor_histograms_n10", "floor_read_once_n1",
 )
 
 

@@ -4,13 +4,12 @@ TensorFlow's histogram op has no XLA kernel; these compile under XLA and run
 with TensorFlow's kernels elsewhere. A histogram is TensorBoard's ``[k, 3]``
 tensor of (left edge, right edge, count), over the finite elements: equal
 buckets between the min and max (linear), or fixed log-magnitude buckets
-(`log_magnitude_histograms`).
+(`kgrad.backends.tensorflow.summarize.log_buckets`).
 """
 
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.summarize.log_buckets import in_xla, log_magnitude_counts_many
-from kgrad.plan.histogram_buckets import log_magnitude_edges
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla  # noqa: F401 (stats.in_xla)
 
 
 def check_bucket_count(bucket_count):
@@ -74,14 +73,3 @@ def bucket_counts(values, finite, low, high, bucket_count):
     # Integer counts: a float32 count stops growing at 2**24 elements.
     ones = tf.ones_like(index) if finite is None else tf.cast(finite, tf.int32)
     return tf.math.unsorted_segment_sum(ones, index, bucket_count)
-
-
-def log_magnitude_histograms(tensors):
-    """``[n, LOG_BUCKET_COUNT, 3]`` log-magnitude histograms of float tensors of any shape.
-
-    The edges are fixed (`kgrad.plan.histogram_buckets`): no min/max pass,
-    no branch on non-finite values. The counts of all the tensors are one
-    compiled pass and one count (`kgrad.backends.tensorflow.summarize.log_buckets`).
-    """
-    edges = tf.constant(log_magnitude_edges())[tf.newaxis]
-    return histogram_rows(tf.tile(edges, [len(tensors), 1]), log_magnitude_counts_many(tensors))

@@ -11,18 +11,18 @@ rounding: each element lands in the bucket of the rule, NaN and Inf in a
 bucket of their own that is dropped.
 
 Without XLA each of those steps would be a TensorFlow kernel and a pass over
-the tensor: the keys of every tensor are computed in one function that XLA
-compiles (``jit_compile=True``, even when the step itself is not compiled),
-where they fuse into one loop per tensor, and come back as one integer vector
-(each tensor's keys offset by its index, the tensors concatenated: they are
-on one device, as every tensor of a TensorFlow step is here). One
-``bincount`` then counts them all. The ops a probed step adds for its
+the tensor: `kgrad.backends.tensorflow.summarize.one_pass` computes the keys
+of every tensor in the function that XLA compiles for their moments, where
+they fuse into one loop per tensor, and they come back as one integer vector
+(`offset_keys`: each tensor's keys offset by its index, concatenated; the
+tensors of a TensorFlow step are on one device). One ``bincount``
+(`counts_of_keys`) then counts them all. The ops a probed step adds for its
 histograms do not grow with the number of tensors.
 
 Example:
 
 >>> import tensorflow as tf
->>> counts = log_magnitude_counts_many([tf.constant([0.0, 1.0, -1.0, float("nan")])])
+>>> counts = counts_of_keys(offset_keys([tf.constant([0.0, 1.0, -1.0, float("nan")])]), 1)
 >>> counts.shape, int(tf.reduce_sum(counts))  # the NaN is in no bucket
 (TensorShape([1, 65]), 3)
 """
@@ -117,11 +117,6 @@ def offset_keys(tensors):
     )
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled_offset_keys():
-    return tf.function(offset_keys, jit_compile=True, autograph=False, reduce_retracing=True)
-
-
 def counts_of_keys(keys, count):
     """``[count, LOG_BUCKET_COUNT]`` int32 counts of `offset_keys` of ``count`` tensors; NaN and Inf dropped."""
     if in_xla():
@@ -131,20 +126,3 @@ def counts_of_keys(keys, count):
         # count stops growing at 2**24 elements.
         counts = tf.math.bincount(keys, minlength=count * _KEYS, maxlength=count * _KEYS, dtype=tf.int32)
     return tf.reshape(counts, [count, _KEYS])[:, :-1]
-
-
-def log_magnitude_counts_many(tensors):
-    """``[n, LOG_BUCKET_COUNT]`` int32 counts of the finite elements of each of ``tensors``.
-
-    Outside XLA, the keys are computed in one XLA-compiled function and
-    counted by one ``bincount``; under XLA (an XLA step), inline, and counted
-    by one segment sum.
-
-    Args:
-        tensors: A non-empty list of float tensors of any shape.
-    """
-    if in_xla() or tf.executing_eagerly():
-        keys = offset_keys(tensors)
-    else:
-        keys = _compiled_offset_keys()(list(tensors))
-    return counts_of_keys(keys, len(tensors))
