@@ -213,6 +213,10 @@ def _main(argv=None):
         "first_step_peak_mb": first_step.peak_mb,
         "first_step_end_rss_mb": first_step.rss_mb,
         "end_rss_mb": end_rss,
+        # Of the resident size at the end: anonymous memory, and pages of files
+        # (shared libraries' code, such as XLA's compiler once a function is compiled).
+        "end_anon_mb": _status_mib("RssAnon:"),
+        "end_file_mb": _status_mib("RssFile:"),
     }
     print(json.dumps(report))
 

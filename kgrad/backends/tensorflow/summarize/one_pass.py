@@ -80,6 +80,33 @@ def _call(function, tensors):
     return _compiled(function)(list(tensors))
 
 
+def _split_squares(tensors, sizes):
+    pieces = tf.split(tensors[0], list(sizes))
+    return tf.stack([tf.reduce_sum(tf.square(piece)) for piece in pieces])
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_split(sizes):
+    return tf.function(functools.partial(_split_squares, sizes=sizes), jit_compile=True, autograph=False)
+
+
+def split_sums_of_squares(flat, sizes):
+    """``[len(sizes)]`` sums of squares of consecutive pieces of the flat float32 ``flat``, in one compiled call.
+
+    What `kgrad.backends.tensorflow.summarize.weight_snapshots` needs of the
+    weights it concatenated: a segment sum over them was a scatter of every
+    entry, the most costly op of a probed MLP step (53% of the op time it added).
+
+    >>> import tensorflow as tf
+    >>> split_sums_of_squares(tf.constant([3.0, 4.0, 1.0]), [2, 1]).numpy().tolist()
+    [25.0, 1.0]
+    """
+    sizes = tuple(int(size) for size in sizes)
+    if in_xla() or tf.executing_eagerly():
+        return _split_squares([flat], sizes)
+    return _compiled_split(sizes)([flat])
+
+
 def sums_of_squares(tensors):
     """``[n]`` float32 sums of squares of a non-empty list of float tensors, in one compiled call.
 
