@@ -1,0 +1,128 @@
+"""Log-magnitude histogram counts of many tensors in one compiled pass and one count.
+
+A finite float32's log-magnitude bucket (`kgrad.plan.histogram_buckets`) is
+a function of its bits: the sign, the exponent and the mantissa's top bits
+say which bucket it is in, except in the few ranges of those bits that hold
+an edge, where one integer comparison with the edge's bits decides (a
+positive float's bits order as its value does, so that comparison is the
+float comparison). Three lookups in tables of 8192 entries and one
+comparison per element, with no binary search, no logarithm and no
+rounding: each element lands in the bucket of the rule, NaN and Inf in a
+bucket of their own that is dropped.
+
+Without XLA each of those steps would be a TensorFlow kernel and a pass over
+the tensor: `kgrad.backends.tensorflow.summarize.one_pass` computes the keys
+of every tensor in the function that XLA compiles for their moments, where
+they fuse into one loop per tensor, and they come back as one integer vector
+(`offset_keys`: each tensor's keys offset by its index, concatenated; the
+tensors of a TensorFlow step are on one device). One ``bincount``
+(`counts_of_keys`) then counts them all. The ops a probed step adds for its
+histograms do not grow with the number of tensors.
+
+Example:
+
+>>> import tensorflow as tf
+>>> counts = counts_of_keys(offset_keys([tf.constant([0.0, 1.0, -1.0, float("nan")])]), 1)
+>>> counts.shape, int(tf.reduce_sum(counts))  # the NaN is in no bucket
+(TensorShape([1, 65]), 3)
+"""
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from kgrad.plan.histogram_buckets import (
+    BUCKETS_PER_SIDE,
+    LOG_BUCKET_COUNT,
+    MAGNITUDE_EDGES,
+    SMALLEST_NORMAL,
+)
+
+#: Bits below the table index: sign, exponent and the mantissa's top 4 bits index the tables.
+_LOW_BITS = 19
+#: Keys per tensor: the buckets, then one for NaN and Inf (dropped).
+_KEYS = int(LOG_BUCKET_COUNT) + 1
+_MAGNITUDE_BITS = 0x7FFFFFFF
+
+
+def in_xla():
+    """Whether the graph being built is compiled by XLA (an XLA step, or a function inside one)."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _bits(value):
+    return int(np.array(value, np.float32).view(np.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def bucket_tables():
+    """``(base, step, edge)``: int32 tables indexed by a float32's bits >> 19.
+
+    A finite value ``v`` with ``i = bits(v) >> 19`` is in bucket
+    ``base[i] + step[i] * (bits(|v|) >= edge[i])``; a NaN or Inf in bucket
+    ``LOG_BUCKET_COUNT`` (``step`` 0). Checked against the binary search of
+    `kgrad.plan.histogram_buckets.signed_boundaries` on every edge and its
+    float32 neighbours (tests/test_log_histograms.py).
+    """
+    size = 1 << (32 - _LOW_BITS)
+    half = size // 2
+    # Magnitude bits at the start of each index's range (the sign bit cleared).
+    starts = (np.arange(half, dtype=np.int64) << _LOW_BITS).astype(np.int64)
+    edge_bits = np.array([_bits(edge) for edge in MAGNITUDE_EDGES[1:BUCKETS_PER_SIDE]], np.int64)
+    # Within its side, the bucket of a magnitude m is how many edges are <= m.
+    below = np.searchsorted(edge_bits, starts, side="right")
+    # One edge at most lies inside a range (edges are a factor 10**0.5 apart, a range at most 1 + 2**-4).
+    inside = np.full(half, _MAGNITUDE_BITS, np.int64)
+    for bits in edge_bits:
+        index = bits >> _LOW_BITS
+        if bits > starts[index]:
+            inside[index] = bits
+    zero = starts < _bits(SMALLEST_NORMAL)  # 0 and the subnormals
+    nonfinite = starts >= _bits(np.inf)
+    positive = np.where(zero, BUCKETS_PER_SIDE, BUCKETS_PER_SIDE + 1 + below)
+    negative = np.where(zero, BUCKETS_PER_SIDE, BUCKETS_PER_SIDE - 1 - below)
+    positive = np.where(nonfinite, int(LOG_BUCKET_COUNT), positive)
+    negative = np.where(nonfinite, int(LOG_BUCKET_COUNT), negative)
+    moves = ~(zero | nonfinite)
+    base = np.concatenate([positive, negative]).astype(np.int32)
+    step = np.concatenate([np.where(moves, 1, 0), np.where(moves, -1, 0)]).astype(np.int32)
+    edge = np.concatenate([inside, inside]).astype(np.int32)
+    return base, step, edge
+
+
+def bucket_keys(values):
+    """The log-magnitude bucket of each element of flat float32 ``values``; NaN and Inf: ``LOG_BUCKET_COUNT``."""
+    base, step, edge = (tf.constant(table) for table in bucket_tables())
+    bits = tf.bitcast(values, tf.int32)
+    # The table index: the bits shifted as unsigned (the sign bit is the index's top bit).
+    index = tf.bitwise.right_shift(tf.bitcast(values, tf.uint32), tf.constant(_LOW_BITS, tf.uint32))
+    index = tf.cast(index, tf.int32)
+    beyond_edge = tf.cast(tf.bitwise.bitwise_and(bits, _MAGNITUDE_BITS) >= tf.gather(edge, index), tf.int32)
+    return tf.gather(base, index) + tf.gather(step, index) * beyond_edge
+
+
+def offset_keys(tensors):
+    """One int32 vector of the bucket keys of each tensor, tensor ``i``'s offset by ``i * (LOG_BUCKET_COUNT + 1)``.
+
+    Each tensor's keys in a range of its own, all in one vector for one count (`counts_of_keys`).
+    """
+    return tf.concat(
+        [
+            bucket_keys(tf.reshape(tf.cast(tensor, tf.float32), [-1])) + index * _KEYS
+            for index, tensor in enumerate(tensors)
+        ],
+        axis=0,
+    )
+
+
+def counts_of_keys(keys, count):
+    """``[count, LOG_BUCKET_COUNT]`` int32 counts of `offset_keys` of ``count`` tensors; NaN and Inf dropped."""
+    if in_xla():
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(keys), keys, count * _KEYS)
+    else:
+        # Several times faster than a scatter on CPU. Integer counts: a float32
+        # count stops growing at 2**24 elements.
+        counts = tf.math.bincount(keys, minlength=count * _KEYS, maxlength=count * _KEYS, dtype=tf.int32)
+    return tf.reshape(counts, [count, _KEYS])[:, :-1]
