@@ -43,7 +43,7 @@ from kgrad.plan.histogram_buckets import (
 #: Bits below the table index: sign, exponent and the mantissa's top 4 bits index the tables.
 _LOW_BITS = 19
 #: Keys per tensor: the buckets, then one for NaN and Inf (dropped).
-_KEYS = int(LOG_BUCKET_COUNT) + 1
+KEYS_PER_TENSOR = int(LOG_BUCKET_COUNT) + 1
 _MAGNITUDE_BITS = 0x7FFFFFFF
 
 
@@ -58,11 +58,13 @@ def _bits(value):
 
 @functools.lru_cache(maxsize=None)
 def bucket_tables():
-    """``(base, step, edge)``: int32 tables indexed by a float32's bits >> 19.
+    """``(below, above, edge)``: int32 tables indexed by a float32's bits >> 19.
 
-    A finite value ``v`` with ``i = bits(v) >> 19`` is in bucket
-    ``base[i] + step[i] * (bits(|v|) >= edge[i])``; a NaN or Inf in bucket
-    ``LOG_BUCKET_COUNT`` (``step`` 0). Checked against the binary search of
+    A value ``v`` with ``i = bits(v) >> 19`` is in bucket ``above[i]`` when
+    its bits, as a signed int32, are ``>= edge[i]``, else ``below[i]``; a NaN
+    or Inf is in bucket ``LOG_BUCKET_COUNT``. A negative float's int32 bits
+    are its magnitude's minus 2**31, so its edge is stored so too: one
+    signed comparison for both signs. Checked against the binary search of
     `kgrad.plan.histogram_buckets.signed_boundaries` on every edge and its
     float32 neighbours (tests/test_log_histograms.py).
     """
@@ -85,22 +87,26 @@ def bucket_tables():
     negative = np.where(zero, BUCKETS_PER_SIDE, BUCKETS_PER_SIDE - 1 - below)
     positive = np.where(nonfinite, int(LOG_BUCKET_COUNT), positive)
     negative = np.where(nonfinite, int(LOG_BUCKET_COUNT), negative)
-    moves = ~(zero | nonfinite)
-    base = np.concatenate([positive, negative]).astype(np.int32)
-    step = np.concatenate([np.where(moves, 1, 0), np.where(moves, -1, 0)]).astype(np.int32)
-    edge = np.concatenate([inside, inside]).astype(np.int32)
-    return base, step, edge
+    has_edge = inside != _MAGNITUDE_BITS
+    lower = np.concatenate([positive, negative])
+    upper = np.concatenate([np.where(has_edge, positive + 1, positive), np.where(has_edge, negative - 1, negative)])
+    # No negative int32 reaches the positive _MAGNITUDE_BITS: a range without an edge stays below.
+    edge = np.concatenate([inside, np.where(has_edge, inside - (1 << 31), _MAGNITUDE_BITS)])
+    return lower.astype(np.int32), upper.astype(np.int32), edge.astype(np.int32)
 
 
 def bucket_keys(values):
-    """The log-magnitude bucket of each element of flat float32 ``values``; NaN and Inf: ``LOG_BUCKET_COUNT``."""
-    base, step, edge = (tf.constant(table) for table in bucket_tables())
-    bits = tf.bitcast(values, tf.int32)
+    """The log-magnitude bucket of each element of float32 ``values`` (any shape); NaN and Inf: ``LOG_BUCKET_COUNT``.
+
+    Six passes of TensorFlow kernels: a shift, three lookups in tables of
+    8192 entries, a comparison and a selection.
+    """
+    lower, upper, edge = (tf.constant(table) for table in bucket_tables())
     # The table index: the bits shifted as unsigned (the sign bit is the index's top bit).
     index = tf.bitwise.right_shift(tf.bitcast(values, tf.uint32), tf.constant(_LOW_BITS, tf.uint32))
-    index = tf.cast(index, tf.int32)
-    beyond_edge = tf.cast(tf.bitwise.bitwise_and(bits, _MAGNITUDE_BITS) >= tf.gather(edge, index), tf.int32)
-    return tf.gather(base, index) + tf.gather(step, index) * beyond_edge
+    index = tf.bitcast(index, tf.int32)
+    beyond_edge = tf.bitcast(values, tf.int32) >= tf.gather(edge, index)
+    return tf.where(beyond_edge, tf.gather(upper, index), tf.gather(lower, index))
 
 
 def offset_keys(tensors):
@@ -110,7 +116,7 @@ def offset_keys(tensors):
     """
     return tf.concat(
         [
-            bucket_keys(tf.reshape(tf.cast(tensor, tf.float32), [-1])) + index * _KEYS
+            bucket_keys(tf.reshape(tf.cast(tensor, tf.float32), [-1])) + index * KEYS_PER_TENSOR
             for index, tensor in enumerate(tensors)
         ],
         axis=0,
@@ -120,9 +126,9 @@ def offset_keys(tensors):
 def counts_of_keys(keys, count):
     """``[count, LOG_BUCKET_COUNT]`` int32 counts of `offset_keys` of ``count`` tensors; NaN and Inf dropped."""
     if in_xla():
-        counts = tf.math.unsorted_segment_sum(tf.ones_like(keys), keys, count * _KEYS)
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(keys), keys, count * KEYS_PER_TENSOR)
     else:
         # Several times faster than a scatter on CPU. Integer counts: a float32
         # count stops growing at 2**24 elements.
-        counts = tf.math.bincount(keys, minlength=count * _KEYS, maxlength=count * _KEYS, dtype=tf.int32)
-    return tf.reshape(counts, [count, _KEYS])[:, :-1]
+        counts = tf.math.bincount(keys, minlength=count * KEYS_PER_TENSOR, maxlength=count * KEYS_PER_TENSOR, dtype=tf.int32)
+    return tf.reshape(counts, [count, KEYS_PER_TENSOR])[:, :-1]

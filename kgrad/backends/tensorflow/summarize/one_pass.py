@@ -1,25 +1,20 @@
-"""The reductions of every tensor a probed step summarizes, in one XLA-compiled call.
+"""The reductions of every tensor a probed step summarizes, in a constant number of kernels.
 
-Without XLA, each reduction of each tensor is a TensorFlow op: five or six per
-tensor for the moments, a few more for a histogram, so a probed step's ops
-grew with the number of layers and each paid its launch. Here the same
-reductions of all the tensors are one function that XLA compiles
-(``jit_compile=True``, even inside a step that is not compiled): one call in
-the step's graph whatever the number of tensors, each tensor's reductions
-fused into a loop over it, and its log-magnitude bucket keys
-(`kgrad.backends.tensorflow.summarize.log_buckets`) computed in the same call.
-The tensors of a TensorFlow step are on one device, so one call may read them
-all; nothing is concatenated but the integer keys.
+Outside XLA (`kgrad.backends.tensorflow.summarize.blocks`), every tensor's five
+reductions and log-magnitude counts are a few kernels over the rows of one
+matrix of all the tensors, one call in the step's graph, nothing compiled.
+Inside an XLA step, the same reductions are built inline for each tensor
+(XLA fuses each into a loop over it) and the bucket keys of all of them are
+counted by one segment sum.
 
-Sums are taken by blocks of `BLOCK` elements then over the blocks: a float32
-sum of a long vector, one element after another, loses digits as it grows
-(the reference tests ask for 1e-4 at any size); the count of nonzero elements
-is an integer sum, exact at any size.
+Sums inside XLA are taken by blocks of `BLOCK` elements then over the
+blocks: a float32 sum of a long vector, one element after another, loses
+digits as it grows (the reference tests ask for 1e-4 at any size).
 
 Example:
 
 >>> import tensorflow as tf
->>> rows, keys = reductions([tf.constant([[3.0, 4.0]]), tf.constant([0.0])], with_keys=False)
+>>> rows, counts = reductions([tf.constant([[3.0, 4.0]]), tf.constant([0.0])], with_counts=False)
 >>> rows.numpy().tolist()  # size, sum of squares, sum, min, max, nonzero count
 [[2.0, 25.0, 7.0, 3.0, 4.0, 2.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
 """
@@ -28,19 +23,20 @@ import functools
 
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.summarize.log_buckets import in_xla, offset_keys
+from kgrad.backends.tensorflow.summarize import blocks
+from kgrad.backends.tensorflow.summarize.log_buckets import counts_of_keys, in_xla, offset_keys
 
-#: Elements summed one after another before the blocks' sums are added.
+#: Elements summed one after another, inside XLA, before the blocks' sums are added.
 BLOCK = 4096
 
 #: The columns of `reductions`' rows.
-COLUMNS = ("size", "squares", "sum", "minimum", "maximum", "nonzeros")
+COLUMNS = blocks.COLUMNS
 
 
 def _blocked_sum(values):
     whole = tf.size(values) // BLOCK * BLOCK
-    blocks = tf.reduce_sum(tf.reshape(values[:whole], [-1, BLOCK]), axis=1)
-    return tf.reduce_sum(blocks) + tf.reduce_sum(values[whole:])
+    block_sums = tf.reduce_sum(tf.reshape(values[:whole], [-1, BLOCK]), axis=1)
+    return tf.reduce_sum(block_sums) + tf.reduce_sum(values[whole:])
 
 
 def _row(tensor):
@@ -55,60 +51,30 @@ def _row(tensor):
     ])
 
 
-def _moments(tensors):
-    return tf.stack([_row(tensor) for tensor in tensors]), tf.zeros([0], tf.int32)
+def reductions(tensors, with_counts):
+    """``(rows, counts)`` of a non-empty list of float tensors of any shapes.
 
+    Args:
+        tensors: The tensors, of any float dtype (reduced in float32).
+        with_counts: Whether to count their log-magnitude buckets.
 
-def _moments_and_keys(tensors):
-    return tf.stack([_row(tensor) for tensor in tensors]), offset_keys(tensors)
-
-
-def _squares(tensors):
-    return tf.stack([_blocked_sum(tf.square(tf.reshape(tf.cast(t, tf.float32), [-1]))) for t in tensors])
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(function):
-    return tf.function(function, jit_compile=True, autograph=False)
-
-
-def _call(function, tensors):
-    # Inside an XLA step the ops are built inline; eagerly they run as they
-    # are (no compile per call of a test).
-    if in_xla() or tf.executing_eagerly():
-        return function(tensors)
-    return _compiled(function)(list(tensors))
-
-
-def _split_squares(tensors, sizes):
-    pieces = tf.split(tensors[0], list(sizes))
-    return tf.stack([tf.reduce_sum(tf.square(piece)) for piece in pieces])
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_split(sizes):
-    return tf.function(functools.partial(_split_squares, sizes=sizes), jit_compile=True, autograph=False)
-
-
-def split_sums_of_squares(flat, sizes):
-    """``[len(sizes)]`` sums of squares of consecutive pieces of the flat float32 ``flat``, in one compiled call.
-
-    What `kgrad.backends.tensorflow.summarize.weight_snapshots` needs of the
-    weights it concatenated: a segment sum over them was a scatter of every
-    entry, the most costly op of a probed MLP step (53% of the op time it added).
-
-    >>> import tensorflow as tf
-    >>> split_sums_of_squares(tf.constant([3.0, 4.0, 1.0]), [2, 1]).numpy().tolist()
-    [25.0, 1.0]
+    Returns:
+        ``rows``: a ``[n, 6]`` float32 tensor of `COLUMNS` per tensor (the min
+        and max of an empty tensor are +Inf and -Inf; with a NaN or Inf, the
+        min, max and sums are not meaningful: the caller's careful branch
+        takes over). ``counts``: ``[n, LOG_BUCKET_COUNT]`` int32 counts of the
+        finite elements (``[n, 0]`` without ``with_counts``).
     """
-    sizes = tuple(int(size) for size in sizes)
-    if in_xla() or tf.executing_eagerly():
-        return _split_squares([flat], sizes)
-    return _compiled_split(sizes)([flat])
+    if not in_xla():
+        return blocks.reductions(tensors, with_counts)
+    rows = tf.stack([_row(tensor) for tensor in tensors])
+    if not with_counts:
+        return rows, tf.zeros([len(tensors), 0], tf.int32)
+    return rows, counts_of_keys(offset_keys(tensors), len(tensors))
 
 
 def sums_of_squares(tensors):
-    """``[n]`` float32 sums of squares of a non-empty list of float tensors, in one compiled call.
+    """``[n]`` float32 sums of squares of a non-empty list of float tensors.
 
     What a tensor of which only the norm is written needs
     (`kgrad.backends.tensorflow.summarize.norms.norms_many`).
@@ -117,21 +83,39 @@ def sums_of_squares(tensors):
     >>> sums_of_squares([tf.constant([3.0, 4.0]), tf.constant([[1.0]])]).numpy().tolist()
     [25.0, 1.0]
     """
-    return _call(_squares, tensors)
+    if not in_xla():
+        return blocks.sums_of_squares(tensors)
+    return tf.stack([_blocked_sum(tf.square(tf.reshape(tf.cast(t, tf.float32), [-1]))) for t in tensors])
 
 
-def reductions(tensors, with_keys):
-    """``(rows, keys)`` of a non-empty list of float tensors of any shapes.
+def _split_squares(flat, sizes):
+    # Split along the first axis shares the flat tensor's memory: one pass.
+    return tf.stack([2.0 * tf.nn.l2_loss(piece) for piece in tf.split(flat, list(sizes))])
 
-    Args:
-        tensors: The tensors, of any float dtype (reduced in float32).
-        with_keys: Whether to compute their log-magnitude bucket keys.
 
-    Returns:
-        ``rows``: a ``[n, 6]`` float32 tensor of `COLUMNS` per tensor (the min
-        and max of an empty tensor are +Inf and -Inf; with a NaN, the min,
-        max and sums are not meaningful: the caller's careful branch takes
-        over). ``keys``: `kgrad.backends.tensorflow.summarize.log_buckets.offset_keys`
-        of the tensors (empty without ``with_keys``).
+@functools.lru_cache(maxsize=None)
+def _split_function(sizes):
+    return tf.function(
+        functools.partial(_split_squares, sizes=sizes),
+        autograph=False,
+        experimental_attributes={"_noinline": True},
+    )
+
+
+def split_sums_of_squares(flat, sizes):
+    """``[len(sizes)]`` sums of squares of consecutive pieces of the flat float32 ``flat``.
+
+    What `kgrad.backends.tensorflow.summarize.weight_snapshots` needs of the
+    weights it concatenated: a segment sum over them was a scatter of every
+    entry, the most costly op of a probed MLP step (53% of the op time it
+    added). Here one fused kernel per piece, in one function that is not
+    inlined (one call in the step's graph).
+
+    >>> import tensorflow as tf
+    >>> split_sums_of_squares(tf.constant([3.0, 4.0, 1.0]), [2, 1]).numpy().tolist()
+    [25.0, 1.0]
     """
-    return _call(_moments_and_keys if with_keys else _moments, tensors)
+    sizes = tuple(int(size) for size in sizes)
+    if in_xla() or tf.executing_eagerly():
+        return _split_squares(flat, sizes)
+    return _split_function(sizes)(flat)

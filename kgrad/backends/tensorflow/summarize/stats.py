@@ -30,7 +30,6 @@ from kgrad.backends.tensorflow.summarize.histograms import (
     in_xla,
 )
 from kgrad.backends.tensorflow.summarize import one_pass
-from kgrad.backends.tensorflow.summarize.log_buckets import counts_of_keys
 from kgrad.plan.histogram_buckets import is_log_magnitude_count, log_magnitude_edges
 
 #: Names of the values returned by `moments`, in order.
@@ -137,7 +136,7 @@ def summarize_many(tensors, bucket_count=None):
     log_magnitude = is_log_magnitude_count(bucket_count)
     # Every tensor's reductions (and log-magnitude keys) in one compiled call:
     # the ops this adds to a step do not grow with the number of tensors.
-    rows, keys = one_pass.reductions(tensors, with_keys=log_magnitude)
+    rows, counts = one_pass.reductions(tensors, with_counts=log_magnitude)
     plain = plain_moments(rows)
     # A finite sum of squares means no element is NaN or Inf and no square
     # overflowed. E[x²] - E[x]² keeps ~5 significant digits of the variance
@@ -189,7 +188,6 @@ def summarize_many(tensors, bucket_count=None):
     moments = tf.concat([norms[:, tf.newaxis], moments[:, 1:]], axis=1)
     if log_magnitude:
         edges = tf.constant(log_magnitude_edges())[tf.newaxis]
-        counts = counts_of_keys(keys, len(tensors))
         histograms = histogram_rows(tf.tile(edges, [len(tensors), 1]), counts)
     return moments, None if bucket_count is None else histograms
 
