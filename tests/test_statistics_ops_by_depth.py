@@ -1,7 +1,9 @@
 """The ops a probed step's statistics add do not grow with the number of layers (issue 53).
 
 Graph ops are counted, not timed: every tensor's reductions and log-magnitude
-keys are one XLA-compiled call, its histograms one ``bincount``. The bucket of
+counts are one call of a function that is not inlined (rows of one matrix of
+all the tensors, `kgrad.backends.tensorflow.summarize.blocks`), and nothing is
+compiled by XLA outside an XLA step. The bucket of
 every element is checked against the binary search of the bucket rule
 (`kgrad.plan.histogram_buckets.signed_boundaries`, as NumPy's ``searchsorted``)
 on every edge, its float32 neighbours and random bit patterns.
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.summarize import stats
+from kgrad.backends.tensorflow.summarize import blocks, stats
 from kgrad.backends.tensorflow.summarize.log_buckets import counts_of_keys, offset_keys
 from kgrad.backends.tensorflow.summarize.summaries import SummaryBuilder
 from kgrad.plan.histogram_buckets import (
@@ -30,7 +32,7 @@ def _layer_tensors(depth):
 
 
 def _graph_ops(function, specs):
-    """Ops of the traced graph, its inputs left out; an XLA-compiled function's ops are in its call."""
+    """Ops of the traced graph, its inputs left out; a called function's ops are in its call."""
     graph = tf.function(function, autograph=False).get_concrete_function(specs).graph
     return [op.type for op in graph.get_operations() if op.type != "Placeholder"]
 
@@ -60,6 +62,57 @@ def test_statistics_of_32_layers_add_the_ops_of_4(statistics):
     # that runs only when one does).
     assert len(deep) == len(shallow), sorted(set(deep) ^ set(shallow))
     assert "Bucketize" not in deep and "L2Loss" not in deep
+
+
+def test_statistics_compile_nothing_outside_an_xla_step():
+    # An XLA program of the statistics grew with the number of tensors and
+    # raised a small model's peak memory by 0.2-0.3 GB (benchmarks/RESULTS.md).
+    graph = tf.function(_default_builder_outputs, autograph=False).get_concrete_function(_layer_tensors(4)).graph
+    library = graph.as_graph_def().library.function
+    assert library, "the statistics are a called function"
+    compiled = [f.signature.name for f in library if f.attr["_XlaMustCompile"].b]
+    assert not compiled, compiled
+
+
+def _reference_rows(values):
+    finite = values[np.isfinite(values)]
+    bucket = np.searchsorted(signed_boundaries(), finite, side="right")
+    counts = np.bincount(bucket, minlength=int(LOG_BUCKET_COUNT))
+    in_float64 = values.astype(np.float64)
+    big = np.finfo(np.float32).max
+    extremes = [values.min(), values.max()] if values.size else [big, -big]
+    row = [values.size, np.sum(in_float64**2), in_float64.sum(), *extremes, np.count_nonzero(values)]
+    return np.array(row), counts
+
+
+@pytest.mark.parametrize("known_shapes", [True, False], ids=["static", "dynamic"])
+def test_rows_of_the_padded_matrix_are_each_tensors_own(known_shapes):
+    # Sizes around the row length (the padding's zeros must not count as the
+    # tensor's), an empty tensor, negative values only (a padded zero would be
+    # the max), and zeros.
+    rng = np.random.default_rng(2)
+    tensors = [
+        -1.0 - rng.random(blocks.BLOCK + 1),
+        rng.standard_normal(blocks.BLOCK) * 1e-3,
+        np.zeros(0),
+        np.where(rng.random(3000) < 0.3, 0.0, rng.standard_normal(3000) * 1e3),
+        -np.ones(1),
+        5.0 + rng.random((7, 3)),
+    ]
+    tensors = [t.astype(np.float32) for t in tensors]
+    specs = [tf.TensorSpec(t.shape if known_shapes else [None] * t.ndim, tf.float32) for t in tensors]
+    rows, counts = tf.function(
+        lambda *ts: blocks.reductions(list(ts), with_counts=True), input_signature=specs, autograph=False
+    )(*tensors)
+    moments_only, _ = tf.function(
+        lambda *ts: blocks.reductions(list(ts), with_counts=False), input_signature=specs, autograph=False
+    )(*tensors)
+    for index, values in enumerate(tensors):
+        expected_row, expected_counts = _reference_rows(values.reshape(-1))
+        np.testing.assert_array_equal(counts[index].numpy(), expected_counts)
+        for written in (rows[index].numpy(), moments_only[index].numpy()):
+            np.testing.assert_array_equal(written[[0, 3, 4, 5]], expected_row[[0, 3, 4, 5]])
+            np.testing.assert_allclose(written[1:3], expected_row[1:3], rtol=1e-6, atol=1e-6)
 
 
 def _hard_values():

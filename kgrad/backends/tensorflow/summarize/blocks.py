@@ -102,7 +102,7 @@ class _Layout:
         return tf.cast(self.per_tensor(tf.cast(row_sums, tf.float64), tf.math.unsorted_segment_sum), tf.float32)
 
     def extremes(self):
-        """``(minimum, maximum)``: ``[n]`` each (+Inf and -Inf for an empty tensor)."""
+        """``(minimum, maximum)``: ``[n]`` each (float32's largest and lowest for an empty tensor)."""
         # The padding's zeros are in each tensor's last row only: those rows
         # are reduced again with the padding masked, and replace their row's.
         last = tf.gather(self.matrix, self.last_rows)
@@ -183,7 +183,8 @@ def reductions(tensors, with_counts):
 
     Returns:
         ``rows``: a ``[n, 6]`` float32 tensor of `COLUMNS` per tensor (the min
-        and max of an empty tensor are +Inf and -Inf; with a NaN or Inf, the
+        and max of an empty tensor are not its own: +-Inf, or float32's largest
+        and lowest outside XLA; with a NaN or Inf, the
         min, max and sums are not meaningful: the caller's careful branch
         takes over). ``counts``: ``[n, LOG_BUCKET_COUNT]`` int32 counts
         (``[n, 0]`` without ``with_counts``).

@@ -1,23 +1,23 @@
-"""Log-magnitude histogram counts of many tensors in one compiled pass and one count.
+"""Log-magnitude bucket keys from a float's bits, and their counts.
 
 A finite float32's log-magnitude bucket (`kgrad.plan.histogram_buckets`) is
 a function of its bits: the sign, the exponent and the mantissa's top bits
 say which bucket it is in, except in the few ranges of those bits that hold
 an edge, where one integer comparison with the edge's bits decides (a
 positive float's bits order as its value does, so that comparison is the
-float comparison). Three lookups in tables of 8192 entries and one
-comparison per element, with no binary search, no logarithm and no
-rounding: each element lands in the bucket of the rule, NaN and Inf in a
-bucket of their own that is dropped.
+float comparison). Lookups in tables of 8192 entries and one comparison
+per element, with no binary search, no logarithm and no rounding: each
+element lands in the bucket of the rule, NaN and Inf in a bucket of their
+own that is dropped.
 
-Without XLA each of those steps would be a TensorFlow kernel and a pass over
-the tensor: `kgrad.backends.tensorflow.summarize.one_pass` computes the keys
-of every tensor in the function that XLA compiles for their moments, where
-they fuse into one loop per tensor, and they come back as one integer vector
-(`offset_keys`: each tensor's keys offset by its index, concatenated; the
-tensors of a TensorFlow step are on one device). One ``bincount``
-(`counts_of_keys`) then counts them all. The ops a probed step adds for its
-histograms do not grow with the number of tensors.
+Outside XLA, `kgrad.backends.tensorflow.summarize.blocks` computes the keys
+of all the tensors of a call at once, as rows of one matrix, and counts them
+with one ``bincount`` (a kernel per step of `bucket_keys`, not per tensor).
+Inside an XLA step, `kgrad.backends.tensorflow.summarize.one_pass` builds
+them per tensor, where they fuse into each tensor's loop, as one integer
+vector (`offset_keys`: each tensor's keys offset by its index, concatenated;
+the tensors of a TensorFlow step are on one device), counted by one segment
+sum (`counts_of_keys`).
 
 Example:
 

@@ -60,7 +60,7 @@ def norms_many(tensors):
     What a probed step needs of a tensor when only its norm is written (a
     bias's gradient, which only enters the global norm; a kernel's gradient
     without its histogram): one sum of squares per tensor, all of them in one
-    XLA-compiled call (`kgrad.backends.tensorflow.summarize.one_pass`),
+    call (`kgrad.backends.tensorflow.summarize.one_pass`: one kernel for all),
     against the five reductions of `kgrad.backends.tensorflow.summarize.stats.summarize_many`. Only when a
     sum of squares is not finite (a NaN or Inf, or squares beyond float32)
     does one branch for the whole call rescale each tensor by its largest
@@ -85,7 +85,7 @@ def norms_many(tensors):
     """
     if not tensors:
         return tf.zeros([0])
-    # All the sums of squares in one compiled call: no op per tensor in the step.
+    # All the sums of squares in one call: no op per tensor in the step.
     squares = one_pass.sums_of_squares(tensors)
     return tf.cond(
         tf.reduce_all(tf.math.is_finite(squares)),

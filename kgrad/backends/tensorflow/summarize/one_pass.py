@@ -14,9 +14,9 @@ digits as it grows (the reference tests ask for 1e-4 at any size).
 Example:
 
 >>> import tensorflow as tf
->>> rows, counts = reductions([tf.constant([[3.0, 4.0]]), tf.constant([0.0])], with_counts=False)
->>> rows.numpy().tolist()  # size, sum of squares, sum, min, max, nonzero count
-[[2.0, 25.0, 7.0, 3.0, 4.0, 2.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+>>> rows, counts = reductions([tf.constant([-1.0, 0.0, 2.0])], with_counts=True)
+>>> rows[0, 3:5].numpy().tolist(), int(tf.reduce_sum(counts))  # min, max; elements counted
+([-1.0, 2.0], 3)
 """
 
 import functools
@@ -54,16 +54,8 @@ def _row(tensor):
 def reductions(tensors, with_counts):
     """``(rows, counts)`` of a non-empty list of float tensors of any shapes.
 
-    Args:
-        tensors: The tensors, of any float dtype (reduced in float32).
-        with_counts: Whether to count their log-magnitude buckets.
-
-    Returns:
-        ``rows``: a ``[n, 6]`` float32 tensor of `COLUMNS` per tensor (the min
-        and max of an empty tensor are +Inf and -Inf; with a NaN or Inf, the
-        min, max and sums are not meaningful: the caller's careful branch
-        takes over). ``counts``: ``[n, LOG_BUCKET_COUNT]`` int32 counts of the
-        finite elements (``[n, 0]`` without ``with_counts``).
+    The arguments and results of `kgrad.backends.tensorflow.summarize.blocks.reductions`
+    (inside XLA, an empty tensor's min and max are +Inf and -Inf).
     """
     if not in_xla():
         return blocks.reductions(tensors, with_counts)

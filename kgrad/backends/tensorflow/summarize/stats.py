@@ -96,7 +96,8 @@ def summarize_many(tensors, bucket_count=None):
     A probed step summarizes every captured tensor, so the common case is
     made cheap: the five straight-line reductions of every tensor (sum of
     squares, sum, min, max, nonzero count) and its log-magnitude bucket keys
-    are one XLA-compiled call (`kgrad.backends.tensorflow.summarize.one_pass`),
+    are a few kernels over the rows of one matrix of all the tensors, one
+    call that XLA does not compile (`kgrad.backends.tensorflow.summarize.blocks`),
     the log-magnitude counts of all tensors one ``bincount``; a linear
     histogram is one kernel per tensor; everything else is computed for all
     tensors together.
@@ -134,7 +135,7 @@ def summarize_many(tensors, bucket_count=None):
         histograms = None if bucket_count is None else tf.zeros([0, bucket_count, 3])
         return tf.zeros([0, len(MOMENT_NAMES)]), histograms
     log_magnitude = is_log_magnitude_count(bucket_count)
-    # Every tensor's reductions (and log-magnitude keys) in one compiled call:
+    # Every tensor's reductions (and log-magnitude counts) in one call:
     # the ops this adds to a step do not grow with the number of tensors.
     rows, counts = one_pass.reductions(tensors, with_counts=log_magnitude)
     plain = plain_moments(rows)

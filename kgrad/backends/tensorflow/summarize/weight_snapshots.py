@@ -2,8 +2,9 @@
 
 `ProbePipeline` writes ``weight_norm/`` from the weights before the update and
 ``update_ratio/`` (and ``update_rms/``) from their change: the weights are
-flattened and concatenated, their squares summed per weight in one XLA-compiled
-call (`kgrad.backends.tensorflow.summarize.one_pass.split_sums_of_squares`), and the copy kept for after the update is one flat
+flattened and concatenated, their squares summed per weight by one fused kernel
+each, in one call (`kgrad.backends.tensorflow.summarize.one_pass.split_sums_of_squares`),
+and the copy kept for after the update is one flat
 variable per pass, not one per weight. Per weight that was a norm, a copy, a
 difference and a norm again, dispatched one by one: on a small model the
 dispatch, not the arithmetic, is the cost (issue 42). A pass holds at most
@@ -73,7 +74,7 @@ class WeightSnapshots:
         sizes = [self._sizes[position] for position in positions]
         if len(sizes) == 1:
             return tf.sqrt(2.0 * tf.nn.l2_loss(flat))[tf.newaxis]  # one fused kernel
-        # One compiled call: a segment sum scattered every entry (2 × 7 ms a
+        # One call: a segment sum scattered every entry (2 × 7 ms a
         # probed MLP step, the most costly op the probe added).
         return tf.sqrt(one_pass.split_sums_of_squares(flat, sizes))
 
