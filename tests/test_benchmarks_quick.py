@@ -247,9 +247,10 @@ def test_profile_ops_shows_what_a_probe_adds(capsys):
     assert "**`probe_n1`**" in table
     # kgrad's own kernels appear as added op time, absent from the baseline: the one count
     # of every default log-magnitude histogram (DenseBincount; linear ones would be
-    # HistogramFixedWidth) and the weight snapshot's concatenation. The XLA-compiled
-    # reductions run outside TensorFlow's executor: no op of theirs is listed.
+    # HistogramFixedWidth), their keys' table lookups (GatherNd), and the concatenation
+    # of the captured tensors into one matrix and of the weight snapshot.
     assert "| `DenseBincount` | 0 |" in table and "| `ConcatV2` | 0 |" in table
+    assert "| `GatherNd` | 0 |" in table
     assert "`Bucketize`" not in table
 
 
