@@ -39,11 +39,12 @@ import tensorflow as tf
 from kgrad.backends.tensorflow.summarize.log_buckets import KEYS_PER_TENSOR, bucket_keys
 from kgrad.plan.histogram_buckets import BUCKETS_PER_SIDE, LOG_BUCKET_COUNT
 
-#: Elements per row of the matrix of all tensors (each tensor's padding is under one row).
-BLOCK = 1024
+#: Elements per row of the matrix of all tensors (each tensor's padding is under one row:
+#: rows of 1024 padded each 32-element bias of the benchmark transformer to 32 times its size).
+BLOCK = 256
 
 #: Rows whose bucket keys are computed and counted at a time (a 1 MB chunk).
-CHUNK_ROWS = 256
+CHUNK_ROWS = 1024
 
 #: The columns of `reductions`' rows.
 COLUMNS = ("size", "squares", "sum", "minimum", "maximum", "nonzeros")
@@ -193,6 +194,7 @@ def _call(python_function, tensors):
     return _function(python_function)(list(tensors))
 
 
+@tf.autograph.experimental.do_not_convert
 def reductions(tensors, with_counts):
     """``(rows, counts)`` of a non-empty list of float tensors of any shapes, outside XLA.
 
@@ -211,6 +213,7 @@ def reductions(tensors, with_counts):
     return _call(_moments_and_counts if with_counts else _moments, tensors)
 
 
+@tf.autograph.experimental.do_not_convert
 def sums_of_squares(tensors):
     """``[n]`` float32 sums of squares of a non-empty list of float tensors, outside XLA.
 
