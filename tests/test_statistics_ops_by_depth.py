@@ -126,7 +126,7 @@ def _hard_values():
     return np.concatenate([np.array(values, np.float32), random_bits, spread.astype(np.float32)])
 
 
-def test_each_element_is_counted_in_the_bucket_of_the_rule_in_the_compiled_step():
+def test_each_element_is_counted_in_the_bucket_of_the_rule_in_a_traced_step():
     values = _hard_values()
     finite = np.isfinite(values)
     expected = np.bincount(
@@ -150,9 +150,9 @@ def test_each_element_is_counted_in_the_bucket_of_the_rule_in_the_compiled_step(
     np.testing.assert_array_equal(eager, expected)
 
 
-def test_compiled_moments_match_float64_on_a_long_tensor():
+def test_moments_match_float64_on_a_long_tensor():
     # A float32 sum taken one element after another loses digits on a long
-    # tensor; the compiled reductions sum by blocks.
+    # tensor; the reductions sum by rows, then the rows in float64.
     rng = np.random.default_rng(1)
     values = (1.0 + rng.random(1_000_003)).astype(np.float32)
     moments = tf.function(lambda x: stats.summarize_many([x])[0], autograph=False)(tf.constant(values))
