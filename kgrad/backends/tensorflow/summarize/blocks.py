@@ -7,11 +7,12 @@ Here every tensor is flattened and padded with zeros to whole rows of
 `BLOCK` elements, and the rows of all tensors are one ``[rows, BLOCK]``
 matrix (the tensors of a TensorFlow step are on one device: one copy of
 them, no transfer). Each reduction is then one kernel over all the rows,
-followed by a reduction of each tensor's rows (a few hundred numbers); the
-log-magnitude bucket keys are computed for all rows at once
-(`kgrad.backends.tensorflow.summarize.log_buckets`) and counted by one
-``bincount``. The kernels a call runs do not depend on the number of
-tensors, and nothing is compiled: XLA's compile of such a program grew with
+followed by a reduction of each tensor's rows (a few thousand numbers); the
+log-magnitude bucket keys (`kgrad.backends.tensorflow.summarize.log_buckets`)
+are computed and counted by one ``bincount`` `CHUNK_ROWS` rows at a time, in
+one loop. Apart from a reshape of each tensor and its padding (which copy
+nothing but the padding), the kernels a call runs do not depend on the
+number of tensors, and nothing is compiled: XLA's compile of such a program grew with
 the number of tensors and cost a small model's fit 0.2-0.3 GB of peak memory
 (benchmarks/RESULTS.md). The work is one function that is not inlined, one
 call in the step's graph.
