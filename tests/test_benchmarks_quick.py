@@ -245,9 +245,13 @@ def test_profile_ops_shows_what_a_probe_adds(capsys):
     profile_ops.main(["--model", "mlp", "--configs", "probe_n1", "--steps", "2", "--top", "40"])
     table = capsys.readouterr().out
     assert "**`probe_n1`**" in table
-    # kgrad's own kernels appear as added op time, absent from the baseline: the default
-    # log-magnitude histograms' Bucketize (linear ones would be HistogramFixedWidth).
-    assert "| `Bucketize` | 0 |" in table and "| `L2Loss` | 0 |" in table
+    # kgrad's own kernels appear as added op time, absent from the baseline: the one count
+    # of every default log-magnitude histogram (DenseBincount; linear ones would be
+    # HistogramFixedWidth), their keys' table lookups (GatherNd), and the concatenation
+    # of the captured tensors into one matrix and of the weight snapshot.
+    assert "| `DenseBincount` | 0 |" in table and "| `ConcatV2` | 0 |" in table
+    assert "| `GatherNd` | 0 |" in table
+    assert "`Bucketize`" not in table
 
 
 def test_kernels_bucket_counts_agree_and_every_kernel_is_timed():

@@ -32,22 +32,19 @@ class _PlainMoments(typing.NamedTuple):
     nonzeros: tf.Tensor
 
 
-def plain_moments(flat):
-    """`_PlainMoments` of flat float32 tensors: five reductions of each, no branch."""
-    axis = tf.constant([0])
-    size = tf.cast(tf.stack([tf.size(v) for v in flat]), tf.float32)
+def plain_moments(rows):
+    """`_PlainMoments` of ``n`` tensors from their ``[n, 6]`` `kgrad.backends.tensorflow.summarize.one_pass` rows.
+
+    Arithmetic on ``[n]`` vectors only: the tensors were read by
+    `kgrad.backends.tensorflow.summarize.one_pass.reductions`.
+    """
+    size, squares, total, minimum, maximum, nonzeros = tf.unstack(rows, axis=1)
     count = tf.maximum(size, 1.0)
     not_empty = size > 0
-    squares = 2.0 * tf.stack([tf.nn.l2_loss(v) for v in flat])
-    mean = tf.stack([tf.reduce_sum(v, axis) for v in flat]) / count
+    mean = total / count
     # The min and max of an empty tensor are +-Inf: 0 is reported.
-    minimum = tf.where(not_empty, tf.stack([tf.reduce_min(v, axis) for v in flat]), 0.0)
-    maximum = tf.where(not_empty, tf.stack([tf.reduce_max(v, axis) for v in flat]), 0.0)
-    # sign(x)² is 1 where x != 0: two passes, no bool or int tensor (a third
-    # to half of the time of `tf.equal` or casts and an integer sum). The sum
-    # is TensorFlow's blocked float32 reduction, not a running sum that would
-    # stop growing at 2**24: exact to float32 rounding at any size (tested).
-    nonzeros = 2.0 * tf.stack([tf.nn.l2_loss(tf.sign(v)) for v in flat])
+    minimum = tf.where(not_empty, minimum, 0.0)
+    maximum = tf.where(not_empty, maximum, 0.0)
     variance = tf.maximum(squares / count - tf.square(mean), 0.0)
     return _PlainMoments(size, count, squares, mean, variance, minimum, maximum, nonzeros)
 

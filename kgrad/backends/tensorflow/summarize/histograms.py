@@ -4,20 +4,12 @@ TensorFlow's histogram op has no XLA kernel; these compile under XLA and run
 with TensorFlow's kernels elsewhere. A histogram is TensorBoard's ``[k, 3]``
 tensor of (left edge, right edge, count), over the finite elements: equal
 buckets between the min and max (linear), or fixed log-magnitude buckets
-(`log_magnitude_histograms`).
+(`kgrad.backends.tensorflow.summarize.log_buckets`).
 """
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
 
-from kgrad.plan.histogram_buckets import LOG_BUCKET_COUNT, log_magnitude_edges, signed_boundaries
-
-#: Bucketize's boundaries: a Python list of float32 values (an attribute of the op).
-_SIGNED_BOUNDARIES = [float(boundary) for boundary in signed_boundaries()]
-
-
-def in_xla():
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla  # noqa: F401 (stats.in_xla)
 
 
 def check_bucket_count(bucket_count):
@@ -81,30 +73,3 @@ def bucket_counts(values, finite, low, high, bucket_count):
     # Integer counts: a float32 count stops growing at 2**24 elements.
     ones = tf.ones_like(index) if finite is None else tf.cast(finite, tf.int32)
     return tf.math.unsorted_segment_sum(ones, index, bucket_count)
-
-
-def log_magnitude_histograms(flat):
-    """``[n, LOG_BUCKET_COUNT, 3]`` log-magnitude histograms of flat float32 tensors.
-
-    The edges are fixed (`kgrad.plan.histogram_buckets`): no min/max pass,
-    no branch on non-finite values, and the same program under XLA or not.
-    """
-    edges = tf.constant(log_magnitude_edges())[tf.newaxis]
-    counts = tf.stack([log_magnitude_counts(values) for values in flat])
-    return histogram_rows(tf.tile(edges, [len(flat), 1]), counts)
-
-
-def log_magnitude_counts(values):
-    """``[LOG_BUCKET_COUNT]`` integer counts of the finite flat ``values`` by sign and magnitude."""
-    buckets = int(LOG_BUCKET_COUNT)
-    # Each value's bucket by one binary search in float32 (exact at every edge; compiles
-    # under XLA): 5 ops a tensor, where a logarithm corrected by gathers took 19 and
-    # cost the MLP probed every step 3x the linear histograms.
-    bucket = tf.raw_ops.Bucketize(input=values, boundaries=_SIGNED_BOUNDARIES)
-    # NaN and Inf go to one more bucket, dropped. Integer counts: a float32 count
-    # stops growing at 2**24 elements.
-    bucket = tf.where(tf.math.is_finite(values), bucket, buckets)
-    if in_xla():
-        return tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, buckets + 1)[:-1]
-    # Several times faster than a scatter on CPU.
-    return tf.math.bincount(bucket, minlength=buckets + 1, maxlength=buckets + 1, dtype=tf.int32)[:-1]

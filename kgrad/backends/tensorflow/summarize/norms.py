@@ -9,6 +9,8 @@ tensor is divided by its largest magnitude first.
 
 import tensorflow as tf
 
+from kgrad.backends.tensorflow.summarize import one_pass
+
 # Written once for every backend with keras.ops, at the cost of TensorFlow's
 # kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
 from kgrad.backends.common.norms import (  # noqa: F401
@@ -57,7 +59,8 @@ def norms_many(tensors):
 
     What a probed step needs of a tensor when only its norm is written (a
     bias's gradient, which only enters the global norm; a kernel's gradient
-    without its histogram): one fused kernel per tensor (`sum_of_squares`),
+    without its histogram): one sum of squares per tensor, all of them in one
+    call (`kgrad.backends.tensorflow.summarize.one_pass`: one kernel for all),
     against the five reductions of `kgrad.backends.tensorflow.summarize.stats.summarize_many`. Only when a
     sum of squares is not finite (a NaN or Inf, or squares beyond float32)
     does one branch for the whole call rescale each tensor by its largest
@@ -82,10 +85,10 @@ def norms_many(tensors):
     """
     if not tensors:
         return tf.zeros([0])
-    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
-    squares = 2.0 * tf.stack([tf.nn.l2_loss(values) for values in flat])
+    # All the sums of squares in one call: no op per tensor in the step.
+    squares = one_pass.sums_of_squares(tensors)
     return tf.cond(
         tf.reduce_all(tf.math.is_finite(squares)),
         lambda: tf.sqrt(squares),
-        lambda: tf.stack([safe_norm(values) for values in flat]),
+        lambda: tf.stack([safe_norm(tf.reshape(tf.cast(t, tf.float32), [-1])) for t in tensors]),
     )

@@ -28,9 +28,9 @@ from kgrad.backends.tensorflow.summarize.histograms import (
     bucket_edges,
     histogram_rows,
     in_xla,
-    log_magnitude_histograms,
 )
-from kgrad.plan.histogram_buckets import is_log_magnitude_count
+from kgrad.backends.tensorflow.summarize import one_pass
+from kgrad.plan.histogram_buckets import is_log_magnitude_count, log_magnitude_edges
 
 #: Names of the values returned by `moments`, in order.
 
@@ -94,15 +94,19 @@ def summarize_many(tensors, bucket_count=None):
     """`summarize` of several tensors at once, as a probed step needs.
 
     A probed step summarizes every captured tensor, so the common case is
-    made cheap: each tensor is read by five straight-line reductions (sum of
-    squares, sum, min, max, nonzero count) and, with ``bucket_count``, one
-    histogram kernel; everything else is computed for all tensors together.
+    made cheap: the five straight-line reductions of every tensor (sum of
+    squares, sum, min, max, nonzero count) and its log-magnitude bucket keys
+    are a few kernels over the rows of one matrix of all the tensors, one
+    call that XLA does not compile (`kgrad.backends.tensorflow.summarize.blocks`),
+    the log-magnitude counts of all tensors one ``bincount``; a linear
+    histogram is one kernel per tensor; everything else is computed for all
+    tensors together.
     A single branch for the whole call handles the tensors that need more:
     when a tensor's mean is so large that E[x²] - E[x]² would lose the
     variance to round-off, it gets a centered pass; when it holds NaN or
     Inf, or squares that overflow float32, it is masked, rescaled and
     centered. The other tensors of the call keep their five reductions and
-    only get their histogram in that branch. Under XLA, which compiles the
+    only get their linear histogram in that branch. Under XLA, which compiles the
     branch whether it runs or not, that branch summarizes every tensor again
     exactly, all of them in one program of fixed size.
 
@@ -130,27 +134,29 @@ def summarize_many(tensors, bucket_count=None):
     if not tensors:
         histograms = None if bucket_count is None else tf.zeros([0, bucket_count, 3])
         return tf.zeros([0, len(MOMENT_NAMES)]), histograms
-    if is_log_magnitude_count(bucket_count):
-        # Fixed edges: the histograms need neither the min and max nor the careful branch.
-        moments, _ = summarize_many(tensors, None)
-        flat_shape = tf.constant([-1])
-        flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
-        return moments, log_magnitude_histograms(flat)
-    # Per tensor only the kernels that read it, sharing their constants: a
-    # large model's step summarizes hundreds of tensors, and each graph op
-    # costs tracing and optimizing time on the first step.
-    flat_shape = tf.constant([-1])
-    flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
-    plain = plain_moments(flat)
+    log_magnitude = is_log_magnitude_count(bucket_count)
+    # Every tensor's reductions (and log-magnitude counts) in one call:
+    # the ops this adds to a step do not grow with the number of tensors.
+    rows, counts = one_pass.reductions(tensors, with_counts=log_magnitude)
+    plain = plain_moments(rows)
     # A finite sum of squares means no element is NaN or Inf and no square
     # overflowed. E[x²] - E[x]² keeps ~5 significant digits of the variance
     # while the mean² is up to 100x the variance; beyond, a centered pass.
     simple = tf.logical_and(
         tf.math.is_finite(plain.squares), tf.square(plain.mean) <= 100.0 * plain.variance
     )
+    # Log-magnitude edges are fixed: those histograms need neither the min and
+    # max nor the careful branch. Linear ones are counted in the branches.
+    branch_buckets = None if log_magnitude else bucket_count
+
+    def flat():
+        # Built in the branches that read the tensors one by one, not in the step.
+        return [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
 
     def every_tensor_simple():
-        return moment_rows(plain, plain.variance), finite_histograms(flat, plain, bucket_count)
+        if branch_buckets is None:
+            return moment_rows(plain, plain.variance), tf.zeros([len(tensors), 0, 3])
+        return moment_rows(plain, plain.variance), finite_histograms(flat(), plain, branch_buckets)
 
     def some_tensors_need_care():
         # Common early in training, and for as long as a classifier's softmax
@@ -167,10 +173,10 @@ def summarize_many(tensors, bucket_count=None):
             # (the CNN's statistics alone: 19 CPU-s and 1.3-1.4 GB, against
             # 8-9 CPU-s and 1.0 GB in blocks), for a branch that runs ~1.4x
             # faster on CPU (52-55 against 70-82 ms there) when it runs.
-            return exact_summaries_in_blocks(flat, bucket_count)
-        summary_of = careful_summary_function(bucket_count)
-        rows = tf.unstack(tf.stack(plain, axis=1))
-        summaries = [summary_of(*arguments) for arguments in zip(flat, rows, tf.unstack(simple))]
+            return exact_summaries_in_blocks(flat(), branch_buckets)
+        summary_of = careful_summary_function(branch_buckets)
+        plain_rows = tf.unstack(tf.stack(plain, axis=1))
+        summaries = [summary_of(*arguments) for arguments in zip(flat(), plain_rows, tf.unstack(simple))]
         histograms = tf.stack([summary[1] for summary in summaries])
         return tf.stack([summary[0] for summary in summaries]), histograms
 
@@ -181,6 +187,9 @@ def summarize_many(tensors, bucket_count=None):
     # without its non-finite count beside it (``statistics="default"``).
     norms = tf.where(moments[:, 6] > 0, tf.sqrt(plain.squares), moments[:, 0])
     moments = tf.concat([norms[:, tf.newaxis], moments[:, 1:]], axis=1)
+    if log_magnitude:
+        edges = tf.constant(log_magnitude_edges())[tf.newaxis]
+        histograms = histogram_rows(tf.tile(edges, [len(tensors), 1]), counts)
     return moments, None if bucket_count is None else histograms
 
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 from kgrad.plan.tag_names import MOMENT_NAMES
 from kgrad.backends.tensorflow.summarize import norms, stats
 from kgrad.plan.options import check_statistics
-from kgrad.plan.tag_selection import ALL_MOMENTS, scalar_selected, selected
+from kgrad.plan.tag_selection import scalar_selected, selected
 
 
 _NORM = MOMENT_NAMES.index("norm")
@@ -43,6 +43,7 @@ class SummaryBuilder:
         # In name order, what `scalars()` concatenates: (tensor index, moment
         # columns), a [k] tensor, or fn(moments, tensors) -> scalar.
         self._scalar_blocks = []
+        self._scalar_sizes = []  # scalars per block
         self.histogram_names = []
         self._histogram_indices = []  # tensors with a histogram, in name order
         self._norm_only = set()  # tensors of which at most the norm is written
@@ -65,6 +66,7 @@ class SummaryBuilder:
         if columns:
             self.scalar_names += [f"{kind}_{MOMENT_NAMES[column]}/{name}" for column in columns]
             self._scalar_blocks.append((index, columns))
+            self._scalar_sizes.append(len(columns))
         if self._histograms and histogram:
             self.histogram_names.append(f"{kind}_hist/{name}")
             self._histogram_indices.append(index)
@@ -87,6 +89,7 @@ class SummaryBuilder:
         if not scalar_selected(self._statistics, tag):
             return
         self.scalar_names.append(tag)
+        self._scalar_sizes.append(1)
         if callable(value):
             self._scalar_blocks.append(value)
         else:
@@ -104,6 +107,7 @@ class SummaryBuilder:
             tags, values = [tags[index] for index in kept], tf.gather(values, kept)
         self.scalar_names += tags
         self._scalar_blocks.append(values)
+        self._scalar_sizes.append(len(tags))
 
     def inputs(self):
         """Every tensor the summaries are computed from, as one flat list.
@@ -146,6 +150,7 @@ class SummaryBuilder:
         other.histogram_names = list(self.histogram_names)
         other._histogram_indices = list(self._histogram_indices)
         other._norm_only = set(self._norm_only)
+        other._scalar_sizes = list(self._scalar_sizes)
         other._tensors = inputs[: len(self._tensors)]
         scalar_tensors = iter(inputs[len(self._tensors) :])
         other._scalar_blocks = [
@@ -190,34 +195,36 @@ class SummaryBuilder:
         return tf.gather(tf.concat(parts, axis=0), order), histograms
 
     def scalars(self):
-        """All scalars as one ``[n]`` float32 vector, in ``scalar_names`` order."""
+        """All scalars as one ``[n]`` float32 vector, in ``scalar_names`` order.
+
+        The moments written are taken by one gather, whatever the number of
+        tensors, then put in name order with the other scalars by another:
+        no op per tensor.
+        """
         if not self._scalar_blocks:
             return tf.zeros([0])
         moments = self._summarize()[0]
-        parts, run = [], []  # consecutive tensors with the same columns: one slice
-
-        def close_run():
-            if run:
-                rows = moments[run[0][0] : run[-1][0] + 1]
-                columns = run[0][1]
-                if columns != ALL_MOMENTS:
-                    rows = tf.gather(rows, columns, axis=1)
-                parts.append(tf.reshape(rows, [-1]))
-                run.clear()
-
-        for block in self._scalar_blocks:
+        width = len(MOMENT_NAMES)
+        moment_entries, others, other_count = [], [], 0
+        places = []  # per name: ("moment" or "other", its place among those)
+        for block, size in zip(self._scalar_blocks, self._scalar_sizes):
             if isinstance(block, tuple):
-                if run and (block[0] != run[-1][0] + 1 or block[1] != run[-1][1]):
-                    close_run()
-                run.append(block)
+                index, columns = block
+                places += [("moment", len(moment_entries) + place) for place in range(len(columns))]
+                moment_entries += [index * width + column for column in columns]
                 continue
-            close_run()
             if callable(block):
-                parts.append(tf.reshape(tf.cast(block(moments, self._tensors), tf.float32), [1]))
-            else:
-                parts.append(block)
-        close_run()
-        return tf.concat(parts, axis=0)
+                block = tf.cast(block(moments, self._tensors), tf.float32)
+            others.append(tf.reshape(block, [size]))
+            places += [("other", other_count + place) for place in range(size)]
+            other_count += size
+        parts = [tf.gather(tf.reshape(moments, [-1]), moment_entries)] if moment_entries else []
+        joined = tf.concat(parts + others, axis=0) if len(parts + others) > 1 else (parts + others)[0]
+        taken = len(moment_entries)
+        order = [place if kind == "moment" else taken + place for kind, place in places]
+        if order == list(range(len(order))):
+            return joined
+        return tf.gather(joined, order)
 
     def histograms(self):
         """All histograms as one ``[n, buckets, 3]`` float32 tensor."""

@@ -2,8 +2,9 @@
 
 `ProbePipeline` writes ``weight_norm/`` from the weights before the update and
 ``update_ratio/`` (and ``update_rms/``) from their change: the weights are
-flattened and concatenated, their squares summed per weight by one segment sum
-over static segment ids, and the copy kept for after the update is one flat
+flattened and concatenated, their squares summed per weight by one fused kernel
+each, in one call (`kgrad.backends.tensorflow.summarize.one_pass.split_sums_of_squares`),
+and the copy kept for after the update is one flat
 variable per pass, not one per weight. Per weight that was a norm, a copy, a
 difference and a norm again, dispatched one by one: on a small model the
 dispatch, not the arithmetic, is the cost (issue 42). A pass holds at most
@@ -29,10 +30,10 @@ Example:
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from kgrad.backends.tensorflow.handover import replicas
+from kgrad.backends.tensorflow.summarize import one_pass
 from kgrad.backends.tensorflow.summarize.optimizer_state import CHUNK_ENTRIES, chunks, flat_entries
 
 
@@ -73,8 +74,9 @@ class WeightSnapshots:
         sizes = [self._sizes[position] for position in positions]
         if len(sizes) == 1:
             return tf.sqrt(2.0 * tf.nn.l2_loss(flat))[tf.newaxis]  # one fused kernel
-        segment_ids = tf.constant(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes))
-        return tf.sqrt(tf.math.unsorted_segment_sum(tf.square(flat), segment_ids, len(sizes)))
+        # One call: a segment sum scattered every entry (2 × 7 ms a
+        # probed MLP step, the most costly op the probe added).
+        return tf.sqrt(one_pass.split_sums_of_squares(flat, sizes))
 
     def _ensure_variables(self, weights):
         sizes = [math.prod(weight.shape) for weight in weights]
