@@ -64,23 +64,30 @@ def careful_summary_on_device(values, bucket_count, needed):
     """
     values = jax.lax.stop_gradient(values)
     finite = jnp.isfinite(values)
-    nan_count, finite_count, zero_count = _counts(jnp.isnan(values), finite, values == 0)
-    safe = jnp.where(finite, values, 0.0)
-    scale = jnp.max(jnp.abs(safe))
+    # Each pass one reduction of several operands, whose masks XLA computes as it reads them
+    # (`reduce_in_one_pass`).
+    nan_count, finite_count, zero_count, scale, low, high = reduce_in_one_pass(
+        (jnp.isnan(values), 0, jnp.add), (finite, 0, jnp.add), (values == 0, 0, jnp.add),
+        (jnp.where(finite, jnp.abs(values), 0.0), 0.0, jnp.maximum),
+        (jnp.where(finite, values, jnp.inf), jnp.inf, jnp.minimum),
+        (jnp.where(finite, values, -jnp.inf), -jnp.inf, jnp.maximum),
+    )
     scale = jnp.where(scale > 0, scale, 1.0)
-    scaled = safe / scale
+    scaled = jnp.where(finite, values / scale, 0.0)
+    total, squares = reduce_in_one_pass((scaled, 0.0, jnp.add), (jnp.square(scaled), 0.0, jnp.add))
     divisor = jnp.maximum(finite_count, 1).astype(jnp.float32)
-    mean = jnp.sum(scaled) / divisor * scale
+    mean = total / divisor * scale
     any_finite = finite_count > 0
     row = [jnp.float32(jnp.nan)] * ROW
-    norm = jnp.sqrt(jnp.sum(jnp.square(scaled))) * scale
+    norm = jnp.sqrt(squares) * scale
     row[_NORM] = jnp.where(nan_count > 0, jnp.nan, jnp.where(finite_count < values.size, jnp.inf, norm))
     row[_MEAN] = mean
     if _STD in needed:
-        deviation = jnp.where(finite, scaled - mean / scale, 0.0)
-        row[_STD] = jnp.sqrt(jnp.sum(jnp.square(deviation)) / divisor) * scale
-    low = jnp.where(any_finite, jnp.min(jnp.where(finite, values, jnp.inf)), 0.0)
-    high = jnp.where(any_finite, jnp.max(jnp.where(finite, values, -jnp.inf)), 0.0)
+        deviation = jnp.where(finite, values / scale - mean / scale, 0.0)
+        (spread,) = reduce_in_one_pass((jnp.square(deviation), 0.0, jnp.add))
+        row[_STD] = jnp.sqrt(spread / divisor) * scale
+    low = jnp.where(any_finite, low, 0.0)
+    high = jnp.where(any_finite, high, 0.0)
     row[_MIN], row[_MAX] = low, high
     row[_ZEROS] = zero_count.astype(jnp.float32) / max(values.size, 1)
     row[_NONFINITE] = (values.size - finite_count).astype(jnp.float32)
@@ -101,22 +108,27 @@ def non_finite_counts_on_device(tensors):
     [[1, 2]]
     """
     tensors = [jax.lax.stop_gradient(tensor) for tensor in tensors]
-    return jnp.stack([jnp.stack(_counts(jnp.isnan(t), jnp.isinf(t))) for t in tensors])
+    return jnp.stack([jnp.stack(reduce_in_one_pass((jnp.isnan(t), 0, jnp.add), (jnp.isinf(t), 0, jnp.add)))
+                      for t in tensors])
 
 
-def _counts(*masks):
-    """The ``True`` elements of each mask (one shape), in one pass: one reduction of several operands.
+def reduce_in_one_pass(*parts):
+    """``(operand, start, combine)`` parts (one shape) reduced over every axis in one pass.
 
-    As one integer sum per mask, XLA's CPU backend gave the guarded step's
-    branch that counts NaN and Inf (never run on a clean step) scratch arrays
-    the size of its tensors: 12% of Keras' step's memory per device
-    (tests/jax/test_model_parallel_hlo_jax.py). Integer counts: a float32 count
-    stops growing at 2**24 elements.
+    One reduction of several operands: as one reduction each, XLA's CPU
+    backend wrote each mask or masked copy out whole first, and gave a
+    branch never run on a clean step (the guard's NaN and Inf counts, the
+    exact path) scratch arrays the size of its tensors: 12% of Keras' step's
+    memory per device for the guard (tests/jax/test_model_parallel_hlo_jax.py).
+    A boolean mask is counted in int32: a float32 count stops growing at
+    2**24 elements.
     """
-    operands = tuple(mask.astype(jnp.int32) for mask in masks)
-    zeros = tuple(jnp.int32(0) for _ in masks)
-    return jax.lax.reduce(operands, zeros, _add, tuple(range(masks[0].ndim)))
+    # Statistics, not differentiated (a reduction of several operands has no derivative rule).
+    operands = tuple(jax.lax.stop_gradient(x.astype(jnp.int32) if x.dtype == jnp.bool_ else x)
+                     for x, _, _ in parts)
+    starts = tuple(jnp.asarray(start, x.dtype) for (_, start, _), x in zip(parts, operands))
 
+    def combined(left, right):
+        return tuple(combine(a, b) for (_, _, combine), a, b in zip(parts, left, right))
 
-def _add(a, b):
-    return tuple(x + y for x, y in zip(a, b))
+    return jax.lax.reduce(operands, starts, combined, tuple(range(operands[0].ndim)))

@@ -13,10 +13,13 @@ the position of Keras' ``_momentums[i]`` / ``_velocities[i]`` in
 the reason (`kgrad.backends.common.moment_rules.moment_rule`).
 """
 
+import math
+
 import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.summarize.on_device import reduce_in_one_pass
 
 # The state each rule reads, per weight: Keras' attribute lists.
 _STATE = {
@@ -140,4 +143,7 @@ def moment_statistics(rule, gradient, first, second, second_max, step, hyper, si
     # spread to measure against: not an outlier.
     spread = sigmas * jnp.sqrt(jnp.maximum(variance, 0.0))
     outlier = (variance > 0) & (jnp.abs(gradient - first_hat) > spread)
-    return _rms(scaled), jnp.mean(outlier.astype(jnp.float32))
+    # One reduction of both: as one each, XLA's CPU backend wrote the outlier mask out whole first.
+    squares, outliers = reduce_in_one_pass((jnp.square(scaled), 0.0, jnp.add), (outlier, 0, jnp.add))
+    size = math.prod(scaled.shape) or jnp.nan  # (an empty weight has no mean: NaN, as before)
+    return jnp.sqrt(squares / size), outliers.astype(jnp.float32) / size

@@ -10,14 +10,17 @@ edge, right edge, count) over the finite elements, between their min and max
 edges of `kgrad.plan.histogram_buckets` when the bucket count is its
 ``LOG_BUCKET_COUNT``.
 
-Each is computed with plain reductions, fused with what made the tensor
-(under a ``keras.distribution``, over the tensor's own shape, never
-flattened: a reduction of a sharded tensor is then local partial results and
-an all-reduce of them, where a flattened one is first gathered onto every
-device; `kgrad.backends.jax.summarize.on_device.reducible`); when
-its sum of squares is not finite (a NaN, an Inf, or squares beyond float32:
-gradients beyond 1e19), a ``lax.cond`` replaces them by the exact values of
-`kgrad.backends.jax.summarize.careful`, computed on the host in float64.
+The moments of a tensor are one reduction of several operands
+(`one_pass_totals`; the standard deviation a second), fused with what made
+the tensor (under a ``keras.distribution``, over the tensor's own shape,
+never flattened: a reduction of a sharded tensor is then local partial
+results and an all-reduce of them, where a flattened one is first gathered
+onto every device; `kgrad.backends.jax.summarize.on_device.reducible`).
+On one device, when its sum of squares is not finite (a NaN, an Inf, or
+squares beyond float32: gradients beyond 1e19), a ``lax.cond`` replaces them
+by the exact values of `kgrad.backends.jax.summarize.careful`, computed on
+the host in float64; under a distribution over several devices the exact
+values, computed on the devices, are the only ones (`summarize_group`).
 
 Example:
 
@@ -32,7 +35,7 @@ import jax.numpy as jnp
 from kgrad.backends.jax.summarize.careful import careful_summaries
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
-from kgrad.backends.jax.summarize.on_device import reducible
+from kgrad.backends.jax.summarize.on_device import on_several_devices, reduce_in_one_pass, reducible
 from kgrad.plan.histogram_buckets import is_log_magnitude_count
 from kgrad.plan.tag_names import MOMENT_NAMES
 
@@ -50,30 +53,16 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
     """``(moments [7], histogram [bucket_count, 3] or None)`` of ``x``, in float32.
 
     Only ``columns`` of the row are computed (the others are NaN, for rows
-    whose tags are not written). They are computed unmasked, outside any
-    branch, where XLA fuses them with what made the tensor; a tensor's sum
-    of squares then decides whether they stand or the exact path
-    (`kgrad.backends.jax.summarize.careful`, one host call) replaces them,
-    in a ``lax.cond`` whose first branch only passes them on. A probed
+    whose tags are not written). On one device they are computed unmasked,
+    outside any branch, where XLA fuses them with what made the tensor; a
+    tensor's sum of squares then decides whether they stand or the exact
+    path (`kgrad.backends.jax.summarize.careful`, one host call) replaces
+    them, in a ``lax.cond`` whose first branch only passes them on. A probed
     step's weight gradients need a norm and a histogram, not seven moments:
-    0.07 ms against 1.3 ms for a 200k-element gradient on CPU.
+    0.07 ms against 1.3 ms for a 200k-element gradient on CPU. Under a
+    ``keras.distribution`` over several devices, see `summarize_group`.
     """
-    if is_log_magnitude_count(bucket_count):
-        # Fixed edges: the histogram needs neither the min and max nor the exact path.
-        return summarize(x, None, columns)[0], log_magnitude_histogram(x)
-    values = reducible(jnp.asarray(x).astype(jnp.float32))
-    if values.size == 0:
-        histogram = None if bucket_count is None else histogram_of(values, 0.0, 0.0, bucket_count)
-        return jnp.zeros([ROW], jnp.float32), histogram
-    needed = set(columns) | ({_MIN, _MAX} if bucket_count is not None else set())
-    squares = jnp.sum(jnp.square(values))
-
-    # Garbage where an element is not finite (the histogram's index is clipped, never out of range).
-    fast = _plain_summary(values, squares, needed, bucket_count)
-    row, histogram = jax.lax.cond(
-        jnp.isfinite(squares), lambda: fast, lambda: careful_summaries([values], [bucket_count], [needed])[0]
-    )
-    return row, (None if bucket_count is None else histogram)
+    return summarize_group([(x, bucket_count, columns)])[0]
 
 
 def summarize_group(items):
@@ -85,54 +74,98 @@ def summarize_group(items):
     the finite ones too, in the asked columns). One branch instead of one per tensor: a probed
     MLP step's weight gradients and activations, 15 branches, are 2; each
     branch costs a wait on a CPU.
+
+    Under a ``keras.distribution`` over several devices there is no branch:
+    the exact path, computed on the devices
+    (`kgrad.backends.jax.summarize.on_device`), is the only one. A branch
+    never taken still holds memory in the compiled step (XLA's CPU backend
+    gave the exact path's branch scratch arrays and copies of the tensors it
+    reads), and the exact path on the devices is a few reductions more, not
+    a host call.
     """
     results = [None] * len(items)
-    values, fast, squares = [], [], []
+    pending = []  # (index, float32 tensor, bucket count or None, needed columns)
     log_histograms = {}
     for index, (x, bucket_count, columns) in enumerate(items):
         if is_log_magnitude_count(bucket_count):
-            # Fixed edges: only the moments go through the branch.
+            # Fixed edges: the histogram needs neither the min and max nor the exact path.
             log_histograms[index] = log_magnitude_histogram(x)
             bucket_count = None
         tensor = reducible(jnp.asarray(x).astype(jnp.float32))  # (see the module's docstring)
         if tensor.size == 0:
-            results[index] = summarize(tensor, bucket_count, columns)
+            histogram = None if bucket_count is None else histogram_of(tensor, 0.0, 0.0, bucket_count)
+            results[index] = (jnp.zeros([ROW], jnp.float32), histogram)
             continue
         needed = set(columns) | ({_MIN, _MAX} if bucket_count is not None else set())
-        squares.append(jnp.sum(jnp.square(tensor)))
-        values.append((index, tensor, bucket_count, needed))
-        fast.append(_plain_summary(tensor, squares[-1], needed, bucket_count))
-    if values:
-        exact = jax.lax.cond(
-            jnp.all(jnp.isfinite(jnp.stack(squares))),
-            lambda: fast,
-            lambda: careful_summaries(
-                [tensor for _, tensor, _, _ in values],
-                [buckets for _, _, buckets, _ in values],
-                [needed for _, _, _, needed in values],
-            ),
-        )
-        for (index, _, bucket_count, _), (row, histogram) in zip(values, exact):
+        pending.append((index, tensor, bucket_count, needed))
+    if pending:
+        _, tensors, bucket_counts, needed = zip(*pending)
+        summaries = _fast_or_exact(tensors, bucket_counts, needed)
+        for (index, _, bucket_count, _), (row, histogram) in zip(pending, summaries):
             results[index] = (row, None if bucket_count is None else histogram)
     for index, histogram in log_histograms.items():
         results[index] = (results[index][0], histogram)
     return results
 
 
-def _plain_summary(values, squares, needed, bucket_count):
-    """The needed moments of finite values whose squares do not overflow, each in one pass."""
-    size = values.size
-    row = [jnp.sqrt(squares)] + [jnp.float32(jnp.nan)] * (ROW - 1)
+def _fast_or_exact(tensors, bucket_counts, needed):
+    """``[(row, histogram)]`` of non-empty float32 ``tensors``: the fast path, or the exact one if needed."""
+    if on_several_devices():
+        return careful_summaries(list(tensors), list(bucket_counts), list(needed))
+    totals = [one_pass_totals(tensor, columns) for tensor, columns in zip(tensors, needed)]
+    # Garbage where an element is not finite (the histogram's index is clipped, never out of range).
+    fast = [_plain_summary(*arguments) for arguments in zip(tensors, totals, needed, bucket_counts)]
+    return jax.lax.cond(
+        jnp.all(jnp.isfinite(jnp.stack([total["squares"] for total in totals]))),
+        lambda: fast,
+        lambda: careful_summaries(list(tensors), list(bucket_counts), list(needed)),
+    )
+
+
+def one_pass_totals(values, needed):
+    """``{name: total}`` of float32 ``values`` for the ``needed`` columns, in one pass.
+
+    Always ``"squares"`` (the sum of squares); ``"sum"`` for the mean or the
+    standard deviation, ``"min"``, ``"max"``, and ``"zeros"`` (an int32
+    count: a float32 count stops growing at 2**24 elements). One reduction
+    reads the tensor once: as one reduction each, XLA's CPU backend wrote
+    out a tensor read by several of them (its zero mask, whole, as int32) in
+    a scratch array the size of the tensor (`docs/sharded.md`, "What it costs").
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> totals = one_pass_totals(jnp.array([[0.0, -3.0], [4.0, 0.0]]), {_MEAN, _MIN, _ZEROS})
+    >>> {name: float(total) for name, total in sorted(totals.items())}
+    {'min': -3.0, 'squares': 25.0, 'sum': 1.0, 'zeros': 2.0}
+    """
+    parts = {"squares": (jnp.square(values), 0.0, jnp.add)}
     if needed & {_MEAN, _STD}:
-        row[_MEAN] = jnp.sum(values) / size
+        parts["sum"] = (values, 0.0, jnp.add)
+    if _MIN in needed:
+        parts["min"] = (values, jnp.inf, jnp.minimum)
+    if _MAX in needed:
+        parts["max"] = (values, -jnp.inf, jnp.maximum)
+    if _ZEROS in needed:
+        parts["zeros"] = (values == 0, 0, jnp.add)
+    return dict(zip(parts, reduce_in_one_pass(*parts.values())))
+
+
+def _plain_summary(values, totals, needed, bucket_count):
+    """The needed moments of finite values whose squares do not overflow, from `one_pass_totals`."""
+    size = values.size
+    row = [jnp.sqrt(totals["squares"])] + [jnp.float32(jnp.nan)] * (ROW - 1)
+    if needed & {_MEAN, _STD}:
+        row[_MEAN] = totals["sum"] / size
     if _STD in needed:
+        # A second read: one-pass variance formulas lose the spread of values far from 0.
         row[_STD] = jnp.sqrt(jnp.mean(jnp.square(values - row[_MEAN])))
     if _MIN in needed:
-        row[_MIN] = jnp.min(values)
+        row[_MIN] = totals["min"]
     if _MAX in needed:
-        row[_MAX] = jnp.max(values)
+        row[_MAX] = totals["max"]
     if _ZEROS in needed:
-        row[_ZEROS] = jnp.sum((values == 0).astype(jnp.int32)).astype(jnp.float32) / size
+        row[_ZEROS] = totals["zeros"].astype(jnp.float32) / size
     row[_NONFINITE] = jnp.float32(0.0)
     row = jnp.stack([jnp.asarray(value, jnp.float32) for value in row])
     histogram = empty_histogram(bucket_count)
