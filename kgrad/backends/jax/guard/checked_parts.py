@@ -25,6 +25,8 @@ step names its rows, inside the part's run (``loss/<part>``,
 part, of the run ``None``, adds no name (``loss/loss``).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -36,7 +38,7 @@ from kgrad.backends.jax.capture.loss_scale import (
 )
 from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.part_spikes import PartJudge
-from kgrad.backends.jax.guard.sentinel import may_apply, select_leaves, tensor_checks
+from kgrad.backends.jax.guard.sentinel import may_apply, tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
 from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, as_role, bind_differentiated
 from kgrad.report.non_finite import name_in_part
@@ -241,34 +243,17 @@ class CheckedParts:
         """``stateless_apply``'s result if the rows so far are clean (and no spike), else the values."""
         record, halt_updates, rule, compiled = self._behind_check
         squares, counts = self.checks()
-        apply, judged = may_apply(counts, record, halt_updates), None
-        operands = (list(grads), list(trainable_variables), list(optimizer_variables))
-        width = (len(operands[0]), len(spike_rule.SKIP_COLUMNS))
-
-        def update(operands):
-            gradients, trainable, optimizer_variables = operands
-            return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
-
-        def skipped(operands):
-            gradients, trainable, optimizer_variables = operands
-            table = jnp.zeros(width, jnp.float32)
-            if judged is not None:  # the skip's table in this branch: the update's then writes in place
-                table = spike_rule.table_if_new_spike(
-                    self._model, judged, record.spikes, gradients, trainable, optimizer_variables
-                )
-            return (trainable, optimizer_variables), table
-
+        apply, skip_table, judged = may_apply(counts, record, halt_updates), None, None
         if rule is not None:  # a spiking step is kept out as a non-finite one is
             gradient_squares = squares[len(squares) - (len(self.tensors) - 1):]
             judged = spike_rule.judge(record.spikes, rule, self.tensors[0], gradient_squares)
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
-        if compiled:
-            (trainable, optimizer_variables), table = jax.lax.cond(apply, update, skipped, operands)
-        else:  # eagerly: selected after the update ran
-            (trainable, optimizer_variables), table = skipped(operands)
-            kept = (trainable, optimizer_variables)
-            trainable, optimizer_variables = select_leaves(apply, update(operands)[0], kept)
+            # The skip's table in the skipped branch: the update's then writes in place.
+            skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
+        (trainable, optimizer_variables), table = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table
+        )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
         self._decided = (len(self._rows), (apply, chosen, None if judged is None else (judged, table)))
         return trainable, optimizer_variables

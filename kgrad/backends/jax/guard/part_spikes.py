@@ -16,11 +16,11 @@ Example:
 ('discriminator', False)
 """
 
-import jax
+import functools
+
 import jax.numpy as jnp
 
 from kgrad.backends.jax.guard import spikes as spike_rule
-from kgrad.backends.jax.guard.sentinel import select_leaves
 
 
 class OwnStepPart:
@@ -120,28 +120,14 @@ def judged_update(model, part, tensors, judging, stateless_apply, optimizer_vari
     veto = judged[1]
     if halt_updates:  # a streak of any part stopped training: no part's update is applied
         veto = veto | jnp.any(jnp.stack([record.tripped for record in records]))
+    skip_table = functools.partial(
+        spike_rule.table_if_new_spike, model, judged, spikes, optimizer=part.optimizer, weights=part.weights
+    )
     apply = jnp.logical_not(veto)
-    operands = (list(grads), list(trainable), list(optimizer_variables))
-    width = (part.checked, len(spike_rule.SKIP_COLUMNS))
-
-    def update(operands):
-        gradients, trainable, optimizer_variables = operands
-        return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
-
-    def skipped(operands):
-        gradients, trainable, optimizer_variables = operands
-        table = spike_rule.table_if_new_spike(
-            model, judged, spikes, gradients, trainable, optimizer_variables, part.optimizer, part.weights,
-        )
-        return (trainable, optimizer_variables), table
-
-    if compiled:
-        (trainable, optimizer_variables), table = jax.lax.cond(apply, update, skipped, operands)
-    else:
-        (trainable, optimizer_variables), table = skipped(operands)
-        kept = (trainable, optimizer_variables)
-        trainable, optimizer_variables = select_leaves(apply, update(operands)[0], kept)
-    return (trainable, optimizer_variables), (judged, table, apply)
+    values, table = spike_rule.update_unless_skipped(
+        apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, rows=part.checked
+    )
+    return values, (judged, table, apply)
 
 
 def require_every_part_applied(model, parts):

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.guard.sentinel import select_leaves
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS
 
@@ -174,6 +175,35 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
         lambda: skip_table(model, judged, gradients, trainable, optimizer_variables, optimizer, weights),
         lambda: jnp.zeros(width, jnp.float32),
     )
+
+
+def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table=None,
+                          rows=None):
+    """``((trainable, optimizer variables), skip table)``: the update where ``apply``, else the values given.
+
+    The one branch of a skipped update, for Keras' step's part and each part of
+    a model's own step: ``stateless_apply(optimizer_variables, grads,
+    trainable)`` in one branch of a ``lax.cond``, and in the other the values
+    given and ``skip_table(grads, trainable, optimizer_variables)``
+    (`table_if_new_spike`; zeros of ``rows`` weights when ``None``), so that the
+    update writes in place. Eagerly (``compiled`` false) a ``lax.cond`` would
+    compile the update, rounding unlike Keras' eager step: both run, a select chooses.
+    """
+    operands = (list(grads), list(trainable), list(optimizer_variables))
+    width = (len(operands[0]) if rows is None else rows, len(SKIP_COLUMNS))
+
+    def update(operands):
+        gradients, trainable, optimizer_variables = operands
+        return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
+
+    def skipped(operands):
+        table = jnp.zeros(width, jnp.float32) if skip_table is None else skip_table(*operands)
+        return operands[1:], table
+
+    if compiled:
+        return jax.lax.cond(apply, update, skipped, operands)
+    kept, table = skipped(operands)
+    return select_leaves(apply, update(operands)[0], kept), table
 
 
 def record_step(rule, spikes, judged, table, accepted):
