@@ -61,3 +61,8 @@ def compile_loss_metrics_paused(compile_loss):
     finally:
         if saved is not None:
             object.__setattr__(compile_loss, "_metrics", saved)
+
+
+def compile_loss(model):
+    """The loss ``compile`` built (a callable ``(y, y_pred, sample_weight)``), or ``None``."""
+    return getattr(model, "_compile_loss", None)

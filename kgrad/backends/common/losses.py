@@ -35,6 +35,33 @@ def as_loss(loss_fn):
     return loss_fn
 
 
+def compiled_loss_gradient(prediction_gradient, model, y_true, y_pred, sample_weight=None, argument=True):
+    """dJ/dŷ of ``model``'s compiled loss, by a backend's ``prediction_gradient``; ``None`` if it has none.
+
+    With ``argument`` (the model was passed as `kgrad.prediction_gradient`'s
+    ``loss_fn``), a model without a compiled loss raises instead.
+    """
+    compile_loss = keras_internals.compile_loss(model)
+    if compile_loss is None:
+        if not argument:
+            return None
+        raise ValueError(
+            f"`loss_fn` is model '{model.name}', which has no compiled loss. Call "
+            "model.compile(loss=...) first, or pass the loss itself as `loss_fn`."
+        )
+
+    def compiled_loss(y, y_copy, sample_weight=None):
+        return compile_loss(y, y_copy, sample_weight)
+
+    if not compile_loss.built:
+        # Built here, not in the paused call: building adds the per-output
+        # loss metrics to the list that the pause has swapped out, and the
+        # call would then zip the losses with no metric and drop all but one.
+        compile_loss.build(y_true, y_pred)
+    with loss_metrics_paused(compile_loss):
+        return prediction_gradient(compiled_loss, y_true, y_pred, sample_weight)
+
+
 def loss_metrics_paused(compile_loss):
     """Keras' CompileLoss updates per-output loss metrics when called; the
     shadow evaluation for dJ/dŷ must not count twice in the logged metrics."""

@@ -1,13 +1,7 @@
 """kgrad on Keras' JAX backend: the names `kgrad.backends.interface.Backend` lists.
 
-The stages of the traced step live beside this module: ``capture/`` (taps on
-layer and op outputs, carriers whose cotangent is dJ/d(output)'s statistics),
-``differentiate/`` (Keras' step with them, one backward pass; the train
-function of probed executions), ``summarize/`` (moments and histograms in
-``jax.numpy``) and ``handover/`` (device records read after probed steps).
-``own_step/`` probes a model's own ``train_step`` through `kgrad.value_and_grad`.
-``guard/`` runs `kgrad.NonFiniteGuard`: the sentinel, its train function, the replay.
-The TensorFlow-only names say so when used: `kgrad.ProbeTape` is a
+The stages of the traced step live beside this module (docs/architecture.md
+draws them). The TensorFlow-only names say so when used: `kgrad.ProbeTape` is a
 ``tf.GradientTape``; on JAX gradients come from ``jax.value_and_grad`` inside
 a pure ``train_step``, where a tape has no meaning. The JAX counterpart of
 `kgrad.ProbeTape` in a model's own ``train_step`` is `kgrad.value_and_grad`
@@ -19,7 +13,7 @@ import jax
 
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common.replay_step import replay_step  # noqa: F401
-from kgrad.backends.jax.capture.user_taps import tap  # noqa: F401
+from kgrad.backends.jax.capture.taps import tap  # noqa: F401
 from kgrad.backends.jax.differentiate.install import (  # noqa: F401
     attach,
     check_supported,

@@ -153,22 +153,6 @@ class InstrumentedPass:
         return [listener.selection for listener in self.listeners]
 
 
-def keras_step_loss(model, state, x, y, sample_weight):
-    """``fn(trainable) -> (loss, aux)``: what Keras' JAX ``train_step`` differentiates, in ``state``.
-
-    ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
-    """
-    _, non_trainable, optimizer_variables, metrics_variables = state
-
-    def loss(trainable):
-        return model.compute_loss_and_updates(
-            trainable, non_trainable, metrics_variables, x, y, sample_weight,
-            training=True, optimizer_variables=optimizer_variables,
-        )
-
-    return loss
-
-
 class _OperationNoting(KeyedTaps):
     """`KeyedTaps` knowing which operation made the output tapped (``None``: an input, a `kgrad.tap`)."""
 

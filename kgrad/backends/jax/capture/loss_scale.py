@@ -36,12 +36,11 @@ Example:
 (24.0, [8.0])
 """
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import keras
 
+from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.loss_scale import scales_loss
 
 
@@ -69,26 +68,22 @@ def skips_overflowed_steps(optimizer):
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
-@contextlib.contextmanager
 def noting_scaled_losses(optimizers, notes):
     """While the block runs, each ``scale_loss`` call appends ``(optimizer, scaled, factor)`` to ``notes``."""
-    scaling = [optimizer for optimizer in optimizers if scales_loss(optimizer)]
-    for optimizer in scaling:
-        object.__setattr__(optimizer, "scale_loss", _noting(optimizer, optimizer.scale_loss, notes))
-    try:
-        yield
-    finally:
-        for optimizer in scaling:
-            optimizer.__dict__.pop("scale_loss", None)
+    noting = [(optimizer, _noting(optimizer, notes)) for optimizer in optimizers if scales_loss(optimizer)]
+    return replaced_calls(noting, method="scale_loss")
 
 
-def _noting(optimizer, scale_loss, notes):
-    def noting_scale_loss(loss):
-        scaled = scale_loss(loss)
-        notes.append((optimizer, scaled, jnp.asarray(scale_loss(jnp.float32(1.0)), jnp.float32)))
-        return scaled
+def _noting(optimizer, notes):
+    def make(scale_loss):
+        def noting_scale_loss(loss):
+            scaled = scale_loss(loss)
+            notes.append((optimizer, scaled, jnp.asarray(scale_loss(jnp.float32(1.0)), jnp.float32)))
+            return scaled
 
-    return noting_scale_loss
+        return noting_scale_loss
+
+    return make
 
 
 def scaling_optimizer(notes, out, has_aux, name):
@@ -108,23 +103,33 @@ def scaling_optimizer(notes, out, has_aux, name):
     return None
 
 
+def noting_scaler(call, optimizers, has_aux, name, found):
+    """``call``, appending to ``found`` the ``(optimizer, factor)`` whose ``scale_loss`` made its value.
+
+    ``(None, None)`` when no ``scale_loss`` made it; raises when one scaled another value
+    (`scaling_optimizer`). Each pass that must know the scale runs its function through it.
+    """
+
+    def noting(*values):
+        notes = []
+        with noting_scaled_losses(optimizers, notes):
+            out = call(*values)
+        scaler = scaling_optimizer(notes, out, has_aux, name)
+        found.append((scaler, next((factor for optimizer, _, factor in notes if optimizer is scaler), None)))
+        return out
+
+    return noting
+
+
 def loss_scale_of(call, values, has_aux, optimizers, name):
     """``(optimizer, 1 / factor)`` of the loss ``call(*values)`` returns; ``(None, None)`` if unscaled."""
     if not any(scales_loss(optimizer) for optimizer in optimizers):
         return None, None
     found = []
-
-    def shapes_only(*values):
-        notes = []
-        with noting_scaled_losses(optimizers, notes):
-            out = call(*values)
-        found.append(scaling_optimizer(notes, out, has_aux, name))
-        return out
-
-    jax.eval_shape(shapes_only, *values)
-    if found[0] is None:
+    jax.eval_shape(noting_scaler(call, optimizers, has_aux, name, found), *values)
+    if found[0][0] is None:
         return None, None
-    return found[0], inverse_scale_of(call, values, has_aux, optimizers)
+    return found[0][0], inverse_scale_of(call, values, has_aux, optimizers)
 
 
 def value_and_grad_noting_scale(call, values, has_aux, optimizers, name):
@@ -136,20 +141,17 @@ def value_and_grad_noting_scale(call, values, has_aux, optimizers, name):
     the loss was not scaled.
     """
     found = []
+    noting = noting_scaler(call, optimizers, has_aux, name, found)
 
-    def noting(*values):
-        notes = []
-        with noting_scaled_losses(optimizers, notes):
-            out = call(*values)
-        scaler = scaling_optimizer(notes, out, has_aux, name)
-        factor = next((factor for optimizer, _, factor in notes if optimizer is scaler), None)
-        found.append(scaler)
+    def differentiated(*values):
+        out = noting(*values)
+        scaler, factor = found[-1]
         value, aux = out if has_aux else (out, None)
         return value, (aux, None if scaler is None else jax.lax.stop_gradient(1.0 / factor))
 
-    grad_fn = jax.value_and_grad(noting, argnums=tuple(range(len(values))), has_aux=True)
+    grad_fn = jax.value_and_grad(differentiated, argnums=tuple(range(len(values))), has_aux=True)
     (value, (aux, inverse)), gradients = grad_fn(*values)
-    return ((value, aux) if has_aux else value), list(gradients), found[-1], inverse
+    return ((value, aux) if has_aux else value), list(gradients), found[-1][0], inverse
 
 
 def inverse_scale_of(call, values, has_aux, optimizers):

@@ -7,17 +7,24 @@ the traced step. Each float output goes through ``tap(name, kind, tensor)``,
 which returns the tensor to use in its place (`kgrad.backends.jax.capture.carriers`).
 The model's own call taps its float inputs (kind ``"input"``) and its
 prediction (``"prediction"``); a layer called again is ``name#2``, a layer
-with several float outputs ``name/0``, ``name/1``.
+with several float outputs ``name/0``, ``name/1``. `tap` (`kgrad.tap`) hands
+any tensor inside a ``call()`` to the active taps, as an activation; outside a
+traced probed step it returns the tensor, nothing else done.
 """
 
 import contextlib
+import threading
 
 from keras import tree
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float
 from kgrad.backends.jax import keras_internals
-from kgrad.backends.jax.capture import user_taps
+from kgrad.plan.options import check_tap_name
+
+# The Taps of the probed step being traced, innermost last. Tracing happens on
+# the thread that calls the jitted function.
+_ACTIVE = threading.local()
 
 
 class Taps:
@@ -98,7 +105,7 @@ def intercept(model, operations_by_name, taps):
 
     replacements = [(model, model_wrapper)]
     replacements += [(op, layer_wrapper(name, op)) for name, op in operations_by_name.items()]
-    with replaced_calls(replacements), user_taps.active(taps):  # kgrad.tap calls reach taps too
+    with replaced_calls(replacements), _active(taps):  # kgrad.tap calls reach taps too
         yield taps
 
 
@@ -140,3 +147,51 @@ def union_selection(*selections):
         return any(id(operation) in ids and (k is None or k(operation)) for ids, k in kept_by)
 
     return operations, keep
+
+
+@contextlib.contextmanager
+def _active(taps):
+    """Makes ``taps`` receive `tap` calls while the block runs."""
+    stack = _ACTIVE.__dict__.setdefault("stack", [])
+    stack.append(taps)
+    try:
+        yield taps
+    finally:
+        stack.pop()
+
+
+def tap(name, x):
+    """Marks a tensor inside a model's ``call()`` for capture by a probe.
+
+    Returns ``x``: the tensor itself, or inside a probed step the tensor
+    through the identity whose backward pass takes dJ/dx's statistics. When no
+    probed step is being traced, ``tap`` does nothing else, so it can stay in a
+    model permanently at no cost. On JAX the probed steps are those of
+    `kgrad.GradientProbe` (Keras' own ``train_step``) and of a model's own
+    ``train_step`` that differentiates with `kgrad.value_and_grad`.
+
+    Args:
+        name: The name the tensor is reported under (``str``). A name tapped
+            several times in one forward pass is reported as ``name``,
+            ``name#2``, ``name#3``...
+        x: A float tensor (or a nested structure of tensors).
+
+    Returns:
+        ``x``, or in a probed step the same values, tapped.
+
+    Example:
+
+    >>> import keras, kgrad, numpy as np
+    >>> doubled = keras.layers.Lambda(lambda x: kgrad.tap("doubled", x * 2.0))
+    >>> model = keras.Sequential([keras.Input((3,)), doubled, keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> probe = kgrad.GradientProbe(every_n_steps=1)
+    >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0, callbacks=[probe])
+    >>> "grad_norm/doubled" in probe.latest.scalars
+    True
+    """
+    check_tap_name(name)
+    stack = getattr(_ACTIVE, "stack", None)
+    if not stack or keras_internals.in_symbolic_scope():
+        return x
+    return stack[-1].tapped(name, x)

@@ -1,20 +1,13 @@
 """Installing kgrad's JAX train function for one ``fit``, in place of Keras'.
 
-While a `kgrad.GradientProbe` is attached, executions that hold a probed
-step run a `kgrad.backends.jax.handover.train_function.TrainFunction`, whose
-probed step (`kgrad.backends.jax.own_step.parts.ProbedStep`) is the model's
-own ``train_step`` or Keras' own (a step with one part), its
-`kgrad.value_and_grad` calls capturing. Executions without a probed step run
-Keras' own function untouched.
-
-With a `kgrad.NonFiniteGuard` alone, every execution runs the guard's
-`TrainFunction` (each step Keras' own, guarded). With a `kgrad.GradientProbe` too, the probe's train
-function runs its steps through the same `GuardRun` (probed steps with the
-sentinel inside their one backward pass), and executions without a probed
-step run the guard's function: both share one record, so the trip flag and
-the last finite step are one. Whichever callback attaches first, the other
-joins it. The `GuardRun` is kept on the model after ``fit``: a later ``fit``
-with the same options does not compile its step again.
+A `kgrad.GradientProbe` installs a `kgrad.backends.jax.handover.train_function.TrainFunction`
+whose probed step is `kgrad.backends.jax.own_step.parts.ProbedStep`; a
+`kgrad.NonFiniteGuard` alone, its `GuardRun`'s. With both, the probe's function
+runs its steps through the same `GuardRun` and executions without a probed step
+run the guard's: one record, so the trip flag and the last finite step are one.
+Whichever callback attaches first, the other joins it. Both are kept on the
+model after ``fit`` (`_kept`): a later ``fit`` with the same options does not
+compile its step again.
 """
 
 from kgrad.backends import UnsupportedBackendError
@@ -23,11 +16,6 @@ from kgrad.backends.common.own_step import check_stateless_train_step, has_own_t
 from kgrad.backends.jax.guard.run import GuardRun
 from kgrad.backends.jax.handover.train_function import TrainFunction
 from kgrad.backends.jax.own_step.parts import ProbedStep
-
-# The model's entries (`kgrad.backends.common.attached`). Functions of earlier fits are kept on
-# the model: tracing and compiling the probed step takes seconds, and a later fit with the same
-# options runs them again.
-
 
 def keras_train_function(model):
     """Keras' own train function of ``model``, also while a kgrad function stands in for it."""
@@ -68,17 +56,13 @@ def check_guard(model, config):
     """Raises, before anything is installed, for what the guard does not do on JAX yet."""
     if model.optimizer is None:
         raise ValueError("NonFiniteGuard needs a compiled model: call model.compile(...) before fit.")
-    unsupported = None
     if callable(getattr(model, "configure_probe", None)):  # a kgrad.ProbingModel
-        unsupported = (
-            f"model '{model.name}' is a kgrad.ProbingModel, which keeps only its latest probed record; "
-            "after a trip the steps Keras' loop runs before it stops apply nothing and their records "
-            "would replace it. Guard a plain keras.Model and pass kgrad.GradientProbe(...) to fit instead"
-        )
-    if unsupported is not None:
         raise UnsupportedBackendError(
-            f"kgrad.NonFiniteGuard cannot guard this fit on Keras' JAX backend: {unsupported}. "
-            "Set KERAS_BACKEND=tensorflow, where it is supported."
+            f"kgrad.NonFiniteGuard cannot guard this fit on Keras' JAX backend: model '{model.name}' is "
+            "a kgrad.ProbingModel, which keeps only its latest probed record; after a trip the steps "
+            "Keras' loop runs before it stops apply nothing and their records would replace it. Guard a "
+            "plain keras.Model and pass kgrad.GradientProbe(...) to fit instead. Set "
+            "KERAS_BACKEND=tensorflow, where it is supported."
         )
 
 
@@ -91,7 +75,10 @@ def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``: ``role`` ``"probe"`` or ``"guard"``."""
     if role == "guard":
         return attach_guard(model, config, attached.get(model, "installation"))
-    _check(model, role)
+    if model.optimizer is None:
+        raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
+    if has_own_train_step(model):
+        check_stateless_train_step(model, "GradientProbe")
     function = _kept(model, "kept_train_functions", config, probing_train_function)
     function.guard = attached_guard(model)
     function.start_at(0)
@@ -135,11 +122,3 @@ def _kept(model, key, config, make):
     made = make(model, config, keras_function)
     kept[:] = [f for f in kept if f.keras_train_function is keras_function][-3:] + [made]
     return made
-
-
-def _check(model, role):
-    check_supported(role)
-    if model.optimizer is None:
-        raise ValueError("GradientProbe needs a compiled model: call model.compile(...) before fit.")
-    if has_own_train_step(model):
-        check_stateless_train_step(model, "GradientProbe")

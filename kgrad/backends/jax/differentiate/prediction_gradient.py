@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from kgrad.backends.common.losses import as_loss, loss_metrics_paused
+from kgrad.backends.common.losses import as_loss, compiled_loss_gradient
 
 
 def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
@@ -40,7 +40,7 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
     [0.2, -0.2]
     """
     if isinstance(loss_fn, keras.Model):
-        return _compiled_prediction_gradient(loss_fn, y_true, y_pred, sample_weight)
+        return compiled_loss_gradient(prediction_gradient, loss_fn, y_true, y_pred, sample_weight)
     loss_fn = as_loss(loss_fn)
 
     def loss(prediction):
@@ -51,21 +51,3 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
         return jnp.mean(value)
 
     return jax.grad(loss)(y_pred)
-
-
-def _compiled_prediction_gradient(model, y_true, y_pred, sample_weight):
-    compile_loss = getattr(model, "_compile_loss", None)
-    if compile_loss is None:
-        raise ValueError(
-            f"`loss_fn` is model '{model.name}', which has no compiled loss. Call "
-            "model.compile(loss=...) first, or pass the loss itself as `loss_fn`."
-        )
-    if not compile_loss.built:
-        # Built outside the paused call (see `loss_metrics_paused`).
-        compile_loss.build(y_true, y_pred)
-
-    def compiled_loss(y, prediction, sample_weight=None):
-        return compile_loss(y, prediction, sample_weight)
-
-    with loss_metrics_paused(compile_loss):
-        return prediction_gradient(compiled_loss, y_true, y_pred, sample_weight)

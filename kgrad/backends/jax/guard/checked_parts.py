@@ -1,33 +1,28 @@
 """The guard's collection: every differentiated part of a guarded JAX step checked.
 
-Every step (not only the probed ones) the model's step (its own
-``train_step``, or Keras' own with its one part,
-`kgrad.backends.jax.own_step.keras_step`) runs with a `CheckedParts` active
-(`kgrad.backends.jax.own_step.value_and_grad`): each `kgrad.value_and_grad`
-call in it (a "part": the generator, the discriminator) is
-``jax.value_and_grad`` (or, on a probed step, the probe's `PartCollection`
-call, which it wraps), and hands its loss and gradients to the guard:
-nothing is captured, a clean step costs one sum of squares per tensor. Off
-probed steps Keras' step's update runs behind the check
-(`CheckedParts.behind_check`); a part of a model's own step is selected after
-the step (a later part sees the update as the step computed it), except for
-the spike rule, which decides each part inside its optimizer's update
-(`CheckedParts.judge_parts`, `kgrad.backends.jax.guard.part_spikes`). After the step,
-`kgrad.backends.jax.guard.run.GuardRun` keeps the whole state passed in
-(every part's weights, every optimizer's variables) when a loss or a
-gradient of any part is not finite. The step recorded is the
-``iterations`` of the optimizer that applied the first part's gradients,
-before its update (what `kgrad.GradientProbe` logs the part at), read from
-the state by watching each candidate optimizer's ``stateless_apply`` while
-the step is traced, as the probe does. A part's rows are named as Keras'
-step names its rows, inside the part's run (``loss/<part>``,
-``weight_grad/<part>/<path>``, ``grad/<part>/<layer>``); Keras' step's
-part, of the run ``None``, adds no name (``loss/loss``).
+Every guarded step (not only the probed ones) runs the model's step, its own
+or Keras' own with its one part, with a `CheckedParts` active: each
+`kgrad.value_and_grad` call in it (a "part": the generator, the
+discriminator) is ``jax.value_and_grad`` (on a probed step, the probe's
+`PartCollection` call, which it wraps) and hands its loss and gradients to
+the guard: a clean step costs one sum of squares per tensor. Off probed steps
+Keras' step's update runs behind the check (`CheckedParts.behind_check`); a
+part of a model's own step is selected after the step (a later part sees the
+update as the step computed it), except for the spike rule, which decides
+each part inside its optimizer's update (`CheckedParts.judge_parts`). The
+step recorded is the ``iterations`` of the optimizer that applied the first
+part's gradients, before its update, as the probe logs it (each candidate
+optimizer's ``stateless_apply`` is watched). A part's rows are named inside
+its run (``loss/<part>``, ``weight_grad/<part>/<path>``); Keras' step's part,
+of the run ``None``, adds no name (``loss/loss``).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
+from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.own_step import candidate_optimizers
 from kgrad.backends.jax.capture.loss_scale import (
     loss_scale_of,
@@ -36,9 +31,11 @@ from kgrad.backends.jax.capture.loss_scale import (
 )
 from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.part_spikes import PartJudge
-from kgrad.backends.jax.guard.sentinel import may_apply, select_leaves, tensor_checks
+from kgrad.backends.jax.guard.sentinel import may_apply, tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
-from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, as_role, bind_differentiated
+from kgrad.backends.jax.own_step.resolve import (
+    PartResolver, as_returned, as_role, bind_differentiated, no_part_error, unapplied_error,
+)
 from kgrad.report.non_finite import name_in_part
 
 
@@ -81,14 +78,13 @@ class CheckedParts:
         self.names, self.tensors, self.step = [], [], None
 
     def __enter__(self):
-        for optimizer in self._optimizers:
-            watched = self._watched(optimizer, optimizer.stateless_apply)
-            object.__setattr__(optimizer, "stateless_apply", watched)
+        watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
+        self._watching = replaced_calls(watched, method="stateless_apply")
+        self._watching.__enter__()
         return self
 
     def __exit__(self, *exc_info):
-        for optimizer in self._optimizers:
-            optimizer.__dict__.pop("stateless_apply", None)
+        self._watching.__exit__(None, None, None)
 
     def behind_check(self, record, halt_updates, spikes=None, compiled=True):
         """Puts an optimizer update behind the check of the rows kept so far (a ``lax.cond``).
@@ -241,34 +237,17 @@ class CheckedParts:
         """``stateless_apply``'s result if the rows so far are clean (and no spike), else the values."""
         record, halt_updates, rule, compiled = self._behind_check
         squares, counts = self.checks()
-        apply, judged = may_apply(counts, record, halt_updates), None
-        operands = (list(grads), list(trainable_variables), list(optimizer_variables))
-        width = (len(operands[0]), len(spike_rule.SKIP_COLUMNS))
-
-        def update(operands):
-            gradients, trainable, optimizer_variables = operands
-            return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
-
-        def skipped(operands):
-            gradients, trainable, optimizer_variables = operands
-            table = jnp.zeros(width, jnp.float32)
-            if judged is not None:  # the skip's table in this branch: the update's then writes in place
-                table = spike_rule.table_if_new_spike(
-                    self._model, judged, record.spikes, gradients, trainable, optimizer_variables
-                )
-            return (trainable, optimizer_variables), table
-
+        apply, skip_table, judged = may_apply(counts, record, halt_updates), None, None
         if rule is not None:  # a spiking step is kept out as a non-finite one is
             gradient_squares = squares[len(squares) - (len(self.tensors) - 1):]
             judged = spike_rule.judge(record.spikes, rule, self.tensors[0], gradient_squares)
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
-        if compiled:
-            (trainable, optimizer_variables), table = jax.lax.cond(apply, update, skipped, operands)
-        else:  # eagerly: selected after the update ran
-            (trainable, optimizer_variables), table = skipped(operands)
-            kept = (trainable, optimizer_variables)
-            trainable, optimizer_variables = select_leaves(apply, update(operands)[0], kept)
+            # The skip's table in the skipped branch: the update's then writes in place.
+            skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
+        (trainable, optimizer_variables), table = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table
+        )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
         self._decided = (len(self._rows), (apply, chosen, None if judged is None else (judged, table)))
         return trainable, optimizer_variables
@@ -283,18 +262,8 @@ class CheckedParts:
     def checked_step(self):
         """The step to record; raises when no optimizer applied the first part's gradients."""
         if not self.names:
-            raise ValueError(
-                f"kgrad.NonFiniteGuard found no kgrad.value_and_grad in the train_step of model "
-                f"'{self._model.name}' (class {type(self._model).__name__}), so it has nothing to check. "
-                "In that train_step, replace `jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` "
-                "(same arguments), or remove the guard."
-            )
-        if self.step is None:
-            raise ValueError(
-                f"kgrad.NonFiniteGuard: no optimizer of model '{self._model.name}' applied the gradients "
-                f"of the first kgrad.value_and_grad ({self.names[0][len('loss/'):]!r}) in its train_step, "
-                "so the step of a trip (that optimizer's `iterations`) is unknown. Received optimizers: "
-                f"{[type(o).__name__ for o in self._optimizers] or 'none'}. Apply them with "
-                "`optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model."
-            )
+            raise no_part_error("NonFiniteGuard", self._model, "check", "same arguments, or remove the guard")
+        if self.step is None:  # the first part's
+            part, unknown = self.names[0][len("loss/"):], "the step of a trip"
+            raise unapplied_error("NonFiniteGuard", self._model, part, unknown, self._optimizers)
         return self.step

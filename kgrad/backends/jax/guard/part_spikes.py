@@ -16,11 +16,11 @@ Example:
 ('discriminator', False)
 """
 
-import jax
+import functools
+
 import jax.numpy as jnp
 
 from kgrad.backends.jax.guard import spikes as spike_rule
-from kgrad.backends.jax.guard.sentinel import select_leaves
 
 
 class OwnStepPart:
@@ -86,62 +86,33 @@ class PartJudge:
         return part is not None and self._judging is not None
 
     def update(self, part, tensors, stateless_apply, optimizer_variables, grads, trainable):
-        """``stateless_apply``'s ``(trainable, optimizer variables)``, or those given if ``part`` spikes."""
-        values, self._decisions[part.number] = judged_update(
-            self._model, part, tensors, self._judging, stateless_apply, optimizer_variables, grads, trainable,
+        """``stateless_apply``'s ``(trainable, optimizer variables)``, or those given if ``part`` spikes.
+
+        ``tensors``: `CheckedParts.tensors` (the part's loss and gradients among
+        them); ``stateless_apply``: the optimizer's own, and its arguments.
+        """
+        records, halt_updates, rule, compiled = self._judging
+        spikes = records[part.number]
+        checked = tensors[part.loss_index + 1 : part.loss_index + 1 + part.checked]
+        squares = jnp.stack([jnp.sum(jnp.square(g.astype(jnp.float32))) for g in checked])
+        judged = spike_rule.judge(spikes, rule, tensors[part.loss_index], squares)
+        veto = judged[1]
+        if halt_updates:  # a streak of any part stopped training: no part's update is applied
+            veto = veto | jnp.any(jnp.stack([record.tripped for record in records]))
+        skip_table = functools.partial(
+            spike_rule.table_if_new_spike, self._model, judged, spikes, optimizer=part.optimizer,
+            weights=part.weights,
         )
+        apply = jnp.logical_not(veto)
+        values, table = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked
+        )
+        self._decisions[part.number] = (judged, table, apply)
         return values
 
     def decisions(self):
         """Per part: ``(judged, table, apply)`` of its judged update."""
         return [self._decisions[part.number] for part in self.parts]
-
-
-def judged_update(model, part, tensors, judging, stateless_apply, optimizer_variables, grads, trainable):
-    """``((trainable, optimizer variables), (judged, table, apply))`` of one part's update.
-
-    Args:
-        model: The model.
-        part: The `OwnStepPart` whose gradients ``grads`` are.
-        tensors: `CheckedParts.tensors` (the part's loss and gradients among them).
-        judging: ``(records, halt_updates, rule, compiled)``: the `SpikeRecord` of each
-            part, whether a stop keeps every update out, the `SpikeRule`, and whether the
-            step is compiled (else the update runs and is selected: a ``lax.cond`` would
-            compile it, rounding unlike Keras' eager step).
-        stateless_apply: The optimizer's own ``stateless_apply``.
-        optimizer_variables, grads, trainable: Its arguments.
-    """
-    records, halt_updates, rule, compiled = judging
-    spikes = records[part.number]
-    loss = tensors[part.loss_index]
-    checked = tensors[part.loss_index + 1 : part.loss_index + 1 + part.checked]
-    squares = jnp.stack([jnp.sum(jnp.square(g.astype(jnp.float32))) for g in checked])
-    judged = spike_rule.judge(spikes, rule, loss, squares)
-    veto = judged[1]
-    if halt_updates:  # a streak of any part stopped training: no part's update is applied
-        veto = veto | jnp.any(jnp.stack([record.tripped for record in records]))
-    apply = jnp.logical_not(veto)
-    operands = (list(grads), list(trainable), list(optimizer_variables))
-    width = (part.checked, len(spike_rule.SKIP_COLUMNS))
-
-    def update(operands):
-        gradients, trainable, optimizer_variables = operands
-        return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
-
-    def skipped(operands):
-        gradients, trainable, optimizer_variables = operands
-        table = spike_rule.table_if_new_spike(
-            model, judged, spikes, gradients, trainable, optimizer_variables, part.optimizer, part.weights,
-        )
-        return (trainable, optimizer_variables), table
-
-    if compiled:
-        (trainable, optimizer_variables), table = jax.lax.cond(apply, update, skipped, operands)
-    else:
-        (trainable, optimizer_variables), table = skipped(operands)
-        kept = (trainable, optimizer_variables)
-        trainable, optimizer_variables = select_leaves(apply, update(operands)[0], kept)
-    return (trainable, optimizer_variables), (judged, table, apply)
 
 
 def require_every_part_applied(model, parts):

@@ -12,9 +12,16 @@ backward (`kgrad.backends.jax.guard.trace`), and the rules of
 ``jax.experimental.checkify`` with its float checks runs the same pass once
 more and names the JAX primitive and the line of
 the model's code that made the first NaN/Inf; its words go in the report's
-``replay_note``. A model with its own ``train_step`` is replayed part by part
-(`kgrad.backends.jax.guard.own_step_replay`). Nothing is applied: the model's
-variables are only read.
+``replay_note``. Nothing is applied: the model's variables are only read.
+
+A model with its own ``train_step`` is replayed part by part (`replay_own_step`):
+the step runs once more, eagerly, with a `_ReplayedParts` active, each
+`kgrad.value_and_grad` call (a part) differentiating its function in the
+same checked pass over its sub-model. The first part whose pass is not finite
+is the one named (later parts would only see what it made); the replay stops
+there. A loss an optimizer's ``scale_loss`` would scale (mixed precision) is
+replayed unscaled, as on TensorFlow: an overflow of the scaled float16
+gradients is the loss scaler's signal, not where a NaN was born.
 """
 
 import os
@@ -24,11 +31,15 @@ import keras
 import numpy as np
 from jax.experimental import checkify
 
-from kgrad.backends.common.batch_dump import unpack_batch
+from kgrad.backends.common.batch_dump import is_dump, unpack_batch
+from kgrad.backends.common.calls import replaced_calls
+from kgrad.backends.common.loss_scale import scales_loss
 from kgrad.backends.common.model_io import model_relative_path
-from kgrad.backends.common.own_step import has_own_train_step
-from kgrad.backends.jax.guard import locate, trace
-from kgrad.backends.jax.guard.own_step_replay import replay_own_step
+from kgrad.backends.common.own_step import candidate_optimizers, has_own_train_step
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.guard import trace
+from kgrad.backends.jax.own_step.resolve import PartResolver, bind_differentiated
+from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan import selection
 
 # Frames of these packages are not the model's own code (checkify's line).
@@ -58,14 +69,14 @@ def replay_fields(model, batch, seeds_after=None):
     if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
         return replay_own_step(model, batch)
     x, y, sample_weight = (_as_fed(part) for part in unpack_batch(batch))
-    born = locate.before_the_pass(model, x, y, sample_weight)
+    born = trace.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
     operations = selection.resolve_layers(model, "all")
     jit = model.jit_compile and not model.run_eagerly
     calls, arrays = trace.trace_step(model, operations, x, y, sample_weight, jit=jit)
     paths = [model_relative_path(model, weight) for weight in model.trainable_variables]
-    born = locate.located(model, calls, arrays, paths)
+    born = trace.located(model, calls, arrays, paths)
     if born is None:
         return None, None
     return born, _checkify_note(model, x, y, sample_weight, jit)
@@ -102,3 +113,74 @@ def _model_line(traceback):
         if not frame.file_name.startswith(_LIBRARIES):
             return f", at {frame.file_name}:{frame.line_num} ({frame.function_name})"
     return ""
+
+
+class _Found(Exception):
+    """Stops the replayed step at the part where the NaN was born."""
+
+
+def replay_own_step(model, batch):
+    """``(born fields or None, note)`` of one replayed own ``train_step`` (see the module's docstring)."""
+    x, y, sample_weight = unpack_batch(batch)
+    born = trace.before_the_pass(model, x, y, sample_weight)
+    if born is not None:
+        return born, None
+    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
+    state = keras_internals.jax_state(model)
+    parts = _ReplayedParts(model, state[0])
+    # Each optimizer that scales losses returns them unscaled while the step runs.
+    scaling = [optimizer for optimizer in candidate_optimizers(model) if scales_loss(optimizer)]
+    unscaled = [(optimizer, lambda scale_loss: lambda loss: loss) for optimizer in scaling]
+    with activated(parts), replaced_calls(unscaled, method="scale_loss"):
+        try:
+            model.train_step(state, data)
+        except _Found:
+            pass
+    if parts.born is None and scaling:
+        return None, _UNSCALED_NOTE
+    return parts.born, None
+
+
+class _ReplayedParts:
+    """The `kgrad.value_and_grad` calls of the replayed step, each checked layer by layer."""
+
+    def __init__(self, model, trainable):
+        self._resolver = PartResolver(model, trainable)
+        self.born = None
+
+    def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
+        resolved = self._resolver.resolve(argnums, args)
+        part = self._resolver.run_name(resolved, name)
+        born = _checked_pass(resolved.owner, fn, resolved.numbers, has_aux, args, kwargs, resolved.paths)
+        if born is not None:
+            self.born = {
+                **born, "born_at": f"{part}/{born['born_at']}", "born_path": f"{part}/{born['born_path']}",
+                "replay_note": " ".join(filter(None, [
+                    born.get("replay_note"),
+                    f"Replayed kgrad.value_and_grad {part!r} of the model's own train_step (eagerly, from "
+                    "the state the guard kept): the names are paths inside that part.",
+                ])),
+            }
+            raise _Found
+        return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+
+
+def _checked_pass(owner, fn, numbers, has_aux, args, kwargs, paths):
+    """The ``born_*`` fields of one part's pass with its layers checked, or ``None`` if it was finite."""
+    part_call, differentiated = bind_differentiated(fn, numbers, args, kwargs)
+
+    def read(out, calls):
+        value = out[0] if has_aux else out
+        return value, value, calls[-1].outputs if calls else []
+
+    operations = selection.resolve_layers(owner, "all")
+    calls, arrays = trace.replayed_pass(owner, operations, part_call, differentiated, read)
+    return trace.located(owner, calls, arrays, paths)
+
+
+_UNSCALED_NOTE = (
+    "The replay differentiated the true loss, unscaled (as on TensorFlow): the scaled float16 "
+    "gradients overflowing is the loss scaler's signal, which it answers by skipping the step and "
+    "lowering its scale. NonFiniteGuard(ignore_loss_scale_skips=True), the default, leaves those "
+    "steps to it."
+)

@@ -6,16 +6,9 @@ a clean step: only the trip flag is, after each execution, as TensorFlow's
 guard reads it with the logs) and a reference to the batches of the latest
 execution (no copy), so that a trip can be replayed on its own batch. It is
 what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
-`GuardCheck`).
-
-Every guarded step goes through the same path: the model's step (its own
-``train_step``, or Keras' own written as a step with one part,
-`kgrad.backends.jax.own_step.keras_step`) runs with a `CheckedParts` active
-(`kgrad.backends.jax.guard.checked_parts`), to which each differentiated part
-reports its loss and gradients, around the probe's `PartCollection` on a
-probed step, and the state of before is kept when one is not finite. Off
-probed steps Keras' own step's update runs behind the check (a ``lax.cond``:
-no select over what it writes), with the spike rule's decision.
+`GuardCheck`). Every guarded step, Keras' own or a model's own, probed or
+not, runs with a `kgrad.backends.jax.guard.checked_parts.CheckedParts`
+active, and the state of before is kept when a part was not finite.
 """
 
 import jax
@@ -30,7 +23,6 @@ from kgrad.backends.jax.guard.checked_parts import CheckedParts
 from kgrad.backends.jax.guard.sentinel import (
     dropped_after_trip, initial_record, may_apply, next_record, select_state,
 )
-from kgrad.backends.jax.guard.spike_reads import SpikeReads, skip_counts
 from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.value_and_grad import activated
@@ -199,7 +191,7 @@ class GuardRun:
         is still here whenever it is read.
         """
         self.guard_tripped = self.record.tripped
-        self.skip_count = skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
+        self.skip_count = spike_rule.skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
         self._batches[self._batch] = (data, self.record.tripped)
         self._batch += 1
         # Oldest first, at most two flags read per step (a scalar each, already computed).
@@ -216,13 +208,10 @@ class GuardRun:
     # -- what the guard callback asks ---------------------------------------------------
 
     def start_epoch(self):
-        if self.names is None:  # not traced yet: the record starts with the first step
-            self._batch, self._batches = 0, {}
-            return
-        # Written, not read: the device's batch count restarts without a sync.
-        self.record = self.record._replace(batch=jnp.asarray(0, jnp.int32))
-        self._batch = 0
-        self._batches = {}
+        if self.names is not None:  # (not traced yet: the record starts with the first step)
+            # Written, not read: the device's batch count restarts without a sync.
+            self.record = self.record._replace(batch=jnp.asarray(0, jnp.int32))
+        self._batch, self._batches = 0, {}
 
     def steps_run(self):
         return int(self.model.optimizer.iterations.numpy())
@@ -278,7 +267,7 @@ class GuardRun:
         """Re-arms the guard (``action="warn"``); with ``everything``, forgets earlier steps too."""
         if everything:
             self.record = None if self.names is None else self._initial_record()
-            self._reads = SpikeReads()
+            self._reads = spike_rule.SpikeReads()
             self._batch = 0
             self._batches = {}
         else:

@@ -113,13 +113,8 @@ def select_leaves(apply, new_state, old_state):
     return jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_state, old_state)
 
 
-def select_whole(apply, new_state, old_state):
-    """The same choice behind one ``lax.cond``: what computed ``new_state`` is not fused with it."""
-    return jax.lax.cond(apply, lambda: new_state, lambda: old_state)
-
-
 def guard_update(old_state, new_state, loss, gradients, record, step, halt_updates=True,
-                 select=select_leaves, watched=None):
+                 select=select_leaves):
     """The state to keep after one step, and the guard's record of it.
 
     For a step whose update is already computed (a probed step, a model's
@@ -140,21 +135,20 @@ def guard_update(old_state, new_state, loss, gradients, record, step, halt_updat
             step too, until the record is reset (``action`` "stop"/"raise").
         select: ``fn(apply, new_state, old_state) -> state``: `select_leaves`
             (a ``jnp.where`` per leaf, which XLA fuses into the update that
-            made the leaf), or `select_whole` (a ``lax.cond``; for state that
-            XLA would round differently once fused with the select).
-        watched: See `check`.
+            made the leaf), or a ``lax.cond`` of its own (for state that XLA
+            would round differently once fused with the select).
 
     Returns:
         ``(state, record)``: ``new_state`` if the update may be applied, else
         ``old_state``; and the updated `GuardRecord`.
     """
-    squares, counts = check(loss, gradients, watched)
+    squares, counts = tensor_checks([loss] + list(gradients))
     apply = may_apply(counts, record, halt_updates)
     state = select(apply, new_state, old_state)
     return state, next_record(record, squares, counts, apply, step)
 
 
-def guard_apply(loss, gradients, record, step, update, operands, old_state, halt_updates=True, watched=None):
+def guard_apply(loss, gradients, record, step, update, operands, old_state, halt_updates=True):
     """``(state, record, applied)``: ``update(operands)`` if the step is clean, else ``old_state``.
 
     The choice is one ``lax.cond``; ``applied`` is its predicate.
@@ -174,32 +168,19 @@ def guard_apply(loss, gradients, record, step, update, operands, old_state, halt
     >>> state["w"].tolist(), bool(record.tripped), int(record.trip_step), bool(applied)
     ([1.0, 1.0], True, 3, False)
     """
-    squares, counts = check(loss, gradients, watched)
+    squares, counts = tensor_checks([loss] + list(gradients))
     apply = may_apply(counts, record, halt_updates)
     state = jax.lax.cond(apply, update, lambda _: old_state, operands)
     return state, next_record(record, squares, counts, apply, step), apply
 
 
-def check(loss, gradients, watched=None):
+def tensor_checks(tensors):
     """``(squares [n], counts [n, 2])``: each tensor's sum of squares, and its NaN/Inf counts.
 
     The exact counts are computed only when a sum is not finite (a
     ``lax.cond``): a sum that overflowed while every element is finite is a
-    clean step, whose update is applied. ``watched``: the ``(squares,
-    counts)`` of tensors checked where they were made
-    (`kgrad.backends.jax.guard.watched`), those before the loss and those
-    after it, placed in that order before the weight gradients.
+    clean step, whose update is applied.
     """
-    squares, counts = tensor_checks([loss] + list(gradients))
-    if watched is not None:
-        (squares_before, counts_before), (squares_after, counts_after) = watched
-        squares = jnp.concatenate([squares_before, squares[:1], squares_after, squares[1:]])
-        counts = jnp.concatenate([counts_before, counts[:1], counts_after, counts[1:]])
-    return squares, counts
-
-
-def tensor_checks(tensors):
-    """``(squares [n], counts [n, 2])`` of ``tensors``: sums of squares, the counts behind one branch."""
     tensors = [jnp.asarray(t).astype(jnp.float32) for t in tensors]
     squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
     counts = jax.lax.cond(
@@ -250,7 +231,7 @@ def select_state(apply, new_state, old_state, chosen=()):
         return [n if id(n) in chosen else jnp.where(apply, n, o) for n, o in zip(new, old)]
 
     trainable, optimizer, metrics = (select(new_state[k], old_state[k]) for k in (0, 2, 3))
-    return (trainable, select_whole(apply, new_state[1], old_state[1]), optimizer, metrics)
+    return (trainable, jax.lax.cond(apply, lambda: new_state[1], lambda: old_state[1]), optimizer, metrics)
 
 
 def dropped_after_trip(probe_records, tripped_before):

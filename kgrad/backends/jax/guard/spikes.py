@@ -7,7 +7,9 @@ the guard then keeps the state of before exactly as for a non-finite step,
 and `after_step` writes the window, the streak and the step's row. In the
 branch of a spiking step only (a ``lax.cond``), `skip_table` computes the
 update the step would have made (``stateless_apply``, never kept) and the
-per-weight values of the skip.
+per-weight values of the skip. Host side, `SpikeReads` reads a record (Keras'
+step's, or one per part of a model's own step) only once the device has
+counted a skip not read yet, never waiting for it.
 
 Example:
 
@@ -29,8 +31,9 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.guard.sentinel import select_leaves
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
-from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS
+from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
 
 class SpikeRecord(typing.NamedTuple):
@@ -176,7 +179,75 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
     )
 
 
+def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, trainable, compiled,
+                          skip_table=None, rows=None):
+    """``((trainable, optimizer variables), skip table)``: the update where ``apply``, else the values given.
+
+    The one branch of a skipped update, for Keras' step's part and each part of
+    a model's own step: ``stateless_apply(optimizer_variables, grads,
+    trainable)`` in one branch of a ``lax.cond``, and in the other the values
+    given and ``skip_table(grads, trainable, optimizer_variables)``
+    (`table_if_new_spike`; zeros of ``rows`` weights when ``None``), so that the
+    update writes in place. Eagerly (``compiled`` false) a ``lax.cond`` would
+    compile the update, rounding unlike Keras' eager step: both run, a select chooses.
+    """
+    operands = (list(grads), list(trainable), list(optimizer_variables))
+    width = (len(operands[0]) if rows is None else rows, len(SKIP_COLUMNS))
+
+    def update(operands):
+        gradients, trainable, optimizer_variables = operands
+        return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
+
+    def skipped(operands):
+        table = jnp.zeros(width, jnp.float32) if skip_table is None else skip_table(*operands)
+        return operands[1:], table
+
+    if compiled:
+        return jax.lax.cond(apply, update, skipped, operands)
+    kept, table = skipped(operands)
+    return select_leaves(apply, update(operands)[0], kept), table
+
+
 def record_step(rule, spikes, judged, table, accepted):
     """The record after the decision: ``table`` kept as a skip where the step newly spiked, its row."""
     spike = judged[1] & jnp.logical_not(spikes.tripped)
     return after_step(with_skip(spikes, spike, table), rule, judged, accepted)
+
+
+def skip_counts(spikes, per_part):
+    """The device's count of skipped steps (a tuple, one per part, where ``per_part``), or ``None``."""
+    if spikes is None:
+        return None
+    return tuple(part.skip_count for part in spikes) if per_part else spikes.skip_count
+
+
+class SpikeReads:
+    """The skips read so far, per record (``None``: Keras' step's; a part's number).
+
+    Example:
+
+    >>> SpikeReads().news((jnp.asarray(0), jnp.asarray(1)))
+    True
+    """
+
+    def __init__(self):
+        self._seen = {}
+
+    def news(self, counts):
+        """Whether ``counts`` (`skip_counts`) say a skip not read yet (reads computed scalars only)."""
+        if counts is None:
+            return False
+        counts = counts if isinstance(counts, tuple) else (counts,)
+        if not all(count.is_ready() for count in counts):
+            return False
+        return sum(int(count) for count in counts) > sum(self._seen.values())
+
+    def snapshot(self, key, spikes, weights, adam_reason):
+        """Host side (waits for the step): the `SpikeSnapshot` of the record ``spikes``, noted as read."""
+        spikes = jax.device_get(spikes)
+        self._seen[key] = int(spikes.skip_count)
+        return SpikeSnapshot(
+            rows=spikes.rows, row_count=int(spikes.row_count), skip_values=spikes.skip_values,
+            skip_steps=spikes.skip_steps, skip_count=int(spikes.skip_count), tripped=bool(spikes.tripped),
+            weights=weights, adam_reason=adam_reason,
+        )

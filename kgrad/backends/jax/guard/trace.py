@@ -11,19 +11,24 @@ whose gradient is dJ/d(that output), and the NaN/Inf counts of each call's
 inputs and outputs and the finite range of its inputs are computed on the
 device. Which operation consumed which output is seen while tracing (the
 same traced value). Only small arrays come back to the host. It runs on a
-trip only.
+trip only. `located` describes those calls as `kgrad.backends.common.locate.Call`s
+and applies the NaN-birth rules, the same as TensorFlow's; `before_the_pass`
+checks what needs no pass: the weights and the data.
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from keras import tree
 
+from kgrad.backends.common import locate
 from kgrad.backends.common.calls import replaced_calls
-from kgrad.backends.common.model_io import is_float
+from kgrad.backends.common.model_io import is_float, model_relative_path
 from kgrad.backends.jax import keras_internals
-from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener, keras_step_loss
+from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener
+from kgrad.plan.operations import tappable_operations
 
 
 @dataclasses.dataclass
@@ -177,6 +182,69 @@ def checked_function(model, x, y, sample_weight):
 
 
 def _keras_step(model, x, y, sample_weight):
-    """``(fn(trainable) -> (loss, aux), trainable)``: Keras' step's loss, from the model's variables."""
-    state = keras_internals.jax_state(model)
-    return keras_step_loss(model, state, x, y, sample_weight), state[0]
+    """``(fn(trainable) -> (loss, aux), trainable)``: Keras' step's loss, from the model's variables.
+
+    ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
+    """
+    trainable, non_trainable, optimizer_variables, metrics_variables = keras_internals.jax_state(model)
+
+    def loss(trainable):
+        return model.compute_loss_and_updates(
+            trainable, non_trainable, metrics_variables, x, y, sample_weight,
+            training=True, optimizer_variables=optimizer_variables,
+        )
+
+    return loss, trainable
+
+
+#: How the replay names an operation it does not record (`locate.in_forward`).
+_UNSEEN = (
+    "that is not a layer or a keras.ops node of the model (a jax.numpy call inside a layer's call "
+    "is named by the checkify line below, when it ran)"
+)
+_LOSS_NOTE = (
+    "Every layer's output was finite: the loss made it (on JAX the replay does not split the loss into "
+    "its terms: compiled loss, add_loss, regularizers)."
+)
+
+
+def before_the_pass(model, inputs, targets, sample_weight):
+    """The birth in ``model``'s weights (an earlier update) or in the data, or ``None``."""
+    weights = [(model_relative_path(model, weight), weight.value) for weight in model.weights]
+    return locate.in_weights(weights) or locate.in_data(inputs, targets, sample_weight)
+
+
+def located(model, calls, arrays, weight_paths):
+    """The birth in the forward or backward pass of a replay (`trace.replayed_pass`), or ``None``."""
+    paths = {}
+    for path, operation in tappable_operations(model).items():
+        if len(path) >= len(paths.get(id(operation), "")):  # its longest path in nested models
+            paths[id(operation)] = path
+    gradients = arrays["gradients"]
+    described = [
+        locate.Call(
+            call.key, type(call.operation).__name__, paths.get(id(call.operation), call.name),
+            output=arrays["outputs"][index], inputs=arrays["inputs"][index],
+            input_range=_range(arrays["ranges"][index]), output_gradient=_output_gradient(call, gradients),
+            takes=tuple(call.producers),
+        )
+        for index, call in enumerate(calls)
+    ]
+    prediction_range = _range(arrays["prediction_range"])
+    inputs = [value for key, value in gradients.items() if key.startswith("input:")]
+    return locate.in_forward(
+        described, locate.Loss(arrays["loss"], note=_LOSS_NOTE), prediction_range, _UNSEEN
+    ) or locate.in_backward(
+        described, prediction_range, np.sum(inputs or [np.zeros(2, np.int64)], axis=0),
+        list(zip(weight_paths, arrays["weight_gradients"])),
+    )
+
+
+def _range(values):
+    """``(min, max)`` from the device's ``[min, max, any]``, or ``None``."""
+    return (float(values[0]), float(values[1])) if values[2] else None
+
+
+def _output_gradient(call, gradients):
+    keys = [call.key] if call.key in gradients else [k for k in gradients if k.startswith(f"{call.key}/")]
+    return np.sum([gradients[key] for key in keys], axis=0) if keys else np.zeros(2, np.int64)

@@ -8,20 +8,8 @@ probed or guarded step, the active collection
 (`kgrad.backends.jax.own_step.value_and_grad.active_parts`) differentiates it
 as it differentiates each part of a model's own ``train_step``; otherwise it
 is ``jax.value_and_grad``. Its `KerasStepRole` says what sets this part apart
-from a part of a model's own step, so that the tags stay those of Keras' step:
-
-- its run is the model's own (``None``: ``<log_dir>/kgrad``), and the part is
-  the whole model (paths relative to it), not the smallest sub-model holding
-  the weights;
-- the model's float inputs are tapped (dJ/dx, ``input_grad_*``, the guard's
-  ``input/…``), named as ``fit``'s inputs are;
-- the outputs are named from ``ŷ`` (its dict keys, the model's output names);
-- ``global/loss`` is written, and the guard checks the loss, as Keras reports
-  it (``compute_loss_and_updates``' unscaled loss);
-- the loss scale is known before the pass: ``model.optimizer``'s, read from
-  the step's optimizer variables (no shape-only pass to find who scaled);
-- the guard's rows carry no part name (``loss/loss``, ``weight_grad/<path>``);
-- off probed steps its update runs behind the guard's check (a ``lax.cond``).
+from a part of a model's own step (each `kgrad.backends.jax.own_step.resolve.PartRole`
+attribute), so that the tags stay those of Keras' step.
 """
 
 import jax
@@ -37,7 +25,13 @@ from kgrad.plan.tag_names import io_names
 
 
 class KerasStepRole(PartRole):
-    """The role of the one part of Keras' own step (see the module).
+    """The role of the one part of Keras' own step.
+
+    Its run is the model's own (``None``); the part is the whole model; its
+    float inputs are tapped, named as ``fit``'s inputs are; the outputs are
+    named from ŷ; ``global/loss`` is written and checked as Keras reports it
+    (unscaled); the loss scale is ``model.optimizer``'s, known before the
+    pass; off probed steps its update runs behind the guard's check.
 
     Args:
         model: The compiled model.

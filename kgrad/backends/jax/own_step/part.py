@@ -1,28 +1,20 @@
 """One `kgrad.value_and_grad` call of a probed step: its backward pass, with capture.
 
-`ProbedPart.differentiate` is ``jax.value_and_grad`` of the user's function
-with the layers of one sub-model (the one whose weights are differentiated)
-intercepted (`kgrad.backends.jax.capture.taps.intercept`): each captured
-output goes through a carrier (`kgrad.backends.jax.capture.carriers`), whose
-cotangent holds the statistics of dJ/d(output), so the one backward pass that
-gives the user's gradients gives them too. The carriers are arguments of the
-differentiated function, so a shape-only pass (``jax.eval_shape``) finds the
-taps first. The weights' rows (`add_weights`) follow once the optimizer has
-applied the gradients. The tags are those a TensorFlow `kgrad.ProbeTape` of
-the same sub-model writes: layer and weight paths relative to the sub-model,
-dJ/dŷ as ``pred_grad_*/output``, no dJ/dx (a ``ProbeTape`` watches no input
-unless asked), no ``global/loss``; Keras' own step's one part writes its
-own (its `kgrad.backends.jax.own_step.keras_step.KerasStepRole`). The instruments ``"per_example"`` (its
-carriers in the same backward pass), ``"logits"`` and ``"attention"`` are
-recorded in the same pass; ``"optimizer"`` once the optimizer that applies
-the part's gradients is known (`add_weights`): unlike a TensorFlow
-``ProbeTape``, which cannot tell, a part gets ``adam_rms/`` and
-``grad_outlier_fraction/`` from that optimizer's state.
+`ProbedPart.differentiate` runs the instrumented pass
+(`kgrad.backends.jax.capture.instrumented`) of the user's function over one
+sub-model (the one whose weights are differentiated), with the probe's
+listeners: the instruments, the guard's checks when it watches, the probe's
+statistics. The weights' rows, and ``"optimizer"``'s (from the state of the
+optimizer that applied them: unlike a TensorFlow ``ProbeTape``, which cannot
+tell, a part gets ``adam_rms/``), follow once it has applied them (`add_weights`).
+The tags are those a TensorFlow `kgrad.ProbeTape` of the same sub-model writes
+(no dJ/dx, no ``global/loss``); Keras' own step's one part writes its own
+(`kgrad.backends.jax.own_step.keras_step.KerasStepRole`).
 """
 
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.jax.capture.instrumented import InstrumentedPass
-from kgrad.backends.jax.capture.loss_scale import inverse_scale_of, noting_scaled_losses, scaling_optimizer
+from kgrad.backends.jax.capture.loss_scale import inverse_scale_of, noting_scaler
 from kgrad.backends.jax.capture.probe_taps import ProbeTaps, add_weight_rows
 from kgrad.backends.jax.own_step.resolve import PartRole, bind_differentiated
 from kgrad.backends.jax.summarize.instruments import Instruments, add_optimizer_rows, optimizer_paths
@@ -79,9 +71,12 @@ class ProbedPart:
             instrumented.discover(call, values)
             self._inverse_scale = role.inverse_scale
         else:
-            self._inverse_scale = _discover_noting_scale(
-                instrumented, call, values, has_aux, self._optimizers, self.name
-            )
+            # Whether ``scale_loss`` made the value returned is seen in the shape-only pass itself.
+            found = []
+            instrumented.discover(noting_scaler(call, self._optimizers, has_aux, self.name, found), values)
+            self._inverse_scale = None
+            if found[0][0] is not None:
+                self._inverse_scale = inverse_scale_of(call, values, has_aux, self._optimizers)
         # The function scaled its loss (mixed precision): every statistic is divided back.
         for listener in listeners:
             listener.inverse_scale = self._inverse_scale
@@ -120,24 +115,6 @@ class ProbedPart:
             )
 
 
-def _discover_noting_scale(instrumented, call, values, has_aux, optimizers, name):
-    """Discovers the taps; 1 / the factor the function scaled its value by (``None``: unscaled).
-
-    Whether ``scale_loss`` made the value returned is seen in the shape-only pass itself.
-    """
-    scaled = []
-
-    def noting(*values):
-        notes = []
-        with noting_scaled_losses(optimizers, notes):
-            out = call(*values)
-        scaled.append(scaling_optimizer(notes, out, has_aux, name) is not None)
-        return out
-
-    instrumented.discover(noting, values)
-    return inverse_scale_of(call, values, has_aux, optimizers) if scaled[0] else None
-
-
 def _selection(model, layers):
     """`selection.resolve_selection` on the sub-model; a list keeps the names the sub-model has."""
     if not isinstance(layers, (list, tuple)):
@@ -145,6 +122,3 @@ def _selection(model, layers):
     candidates, _ = selection.resolve_selection(model, "all")
     wanted = {layer if isinstance(layer, str) else id(layer) for layer in layers}
     return {name: op for name, op in candidates.items() if name in wanted or id(op) in wanted}, None
-
-
-

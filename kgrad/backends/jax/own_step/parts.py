@@ -1,25 +1,22 @@
 """The probed JAX step: its `kgrad.value_and_grad` calls capture (Keras' own step has one).
 
-`ProbedStep` traces the model's ``train_step`` (or Keras' own, written as
-a step with one part, `kgrad.backends.jax.own_step.keras_step`) with a `PartCollection`
-active (`kgrad.backends.jax.own_step.value_and_grad.activated`): each
-`kgrad.value_and_grad` call in the step asks it to differentiate. The
-differentiated arrays name the weights and the sub-model they belong to
-(`kgrad.backends.jax.own_step.resolve`), probed as a
+`ProbedStep` traces the model's step with a `PartCollection` active: each
+`kgrad.value_and_grad` call is resolved to its part
+(`kgrad.backends.jax.own_step.resolve`) and probed as a
 `kgrad.backends.jax.own_step.part.ProbedPart`. Each candidate optimizer's
-``stateless_apply`` is watched too: the call that updates a part's weights
-gives the step to log at (that optimizer's ``iterations`` before the update,
-as on TensorFlow) and the updated weights (update ratios). The records
-leave the jitted step beside ``(logs, state)``, one per named part; the
-other steps run the user's ``train_step`` untouched (there
-`kgrad.value_and_grad` is ``jax.value_and_grad``).
+``stateless_apply`` is watched: the call that updates a part's weights gives
+the step to log at (its ``iterations`` before the update, as on TensorFlow)
+and the updated weights. The records leave the jitted step beside ``(logs,
+state)``, one per named part.
 """
 
+import functools
 import warnings
 
 import jax
 import jax.numpy as jnp
 
+from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.common.model_io import model_relative_path
 from kgrad.backends.common.own_step import candidate_optimizers, has_own_train_step
@@ -27,7 +24,9 @@ from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.capture.loss_scale import inverse_loss_scale, skips_overflowed_steps
 from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.part import ProbedPart
-from kgrad.backends.jax.own_step.resolve import PartResolver, as_returned, as_role, bind_differentiated
+from kgrad.backends.jax.own_step.resolve import (
+    PartResolver, as_returned, as_role, bind_differentiated, no_part_error, unapplied_error,
+)
 from kgrad.backends.jax.own_step.value_and_grad import activated
 
 
@@ -50,24 +49,16 @@ class PartCollection:
         self._optimizers = candidate_optimizers(model)
 
     def __enter__(self):
-        for optimizer in self._optimizers:
-            watched = self._watched(optimizer, optimizer.stateless_apply)
-            object.__setattr__(optimizer, "stateless_apply", watched)
+        watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
+        self._watching = replaced_calls(watched, method="stateless_apply")
+        self._watching.__enter__()
         return self
 
     def __exit__(self, exc_type, *exc_info):
-        for optimizer in self._optimizers:
-            optimizer.__dict__.pop("stateless_apply", None)
+        self._watching.__exit__(None, None, None)
         if exc_type is None and self._pending:
-            part = self._pending[0][0]
-            raise ValueError(
-                f"kgrad.GradientProbe: no optimizer of model '{self._model.name}' applied the gradients "
-                f"of kgrad.value_and_grad {part.name!r} in its train_step, so the step to log them at "
-                "(that optimizer's `iterations`) is unknown. Received optimizers: "
-                f"{[type(o).__name__ for o in self._optimizers] or 'none'}. Apply them with "
-                "`optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model "
-                "(e.g. `self.d_optimizer` set in compile(), or the model's compiled optimizer)."
-            )
+            part, unknown = self._pending[0][0], "the step to log them at"
+            raise unapplied_error("GradientProbe", self._model, part.name, unknown, self._optimizers)
 
     def value_and_grad(self, fn, argnums, has_aux, name, args, kwargs):
         """`kgrad.value_and_grad(fn, argnums, has_aux, name)(*args, **kwargs)` in a probed step."""
@@ -196,12 +187,8 @@ class ProbedStep:
                 "as they come from `state` (or list slices of it), not copies or transforms of them."
             )
         if not parts.parts:
-            raise ValueError(
-                f"kgrad.GradientProbe found no kgrad.value_and_grad in the train_step of model "
-                f"'{self.model.name}' (class {type(self.model).__name__}), so it has nothing to log. "
-                "In that train_step, replace `jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` "
-                "(same arguments; name=\"generator\" names its run)."
-            )
+            fix = 'same arguments; name="generator" names its run'
+            raise no_part_error("GradientProbe", self.model, "log", fix)
         for part in parts.parts:
             self.names[part.name] = (part.rows.scalar_names, part.rows.histogram_names)
             self.weight_shapes[part.name] = part.weight_shapes

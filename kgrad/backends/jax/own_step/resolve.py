@@ -2,7 +2,7 @@
 
 The probe (`kgrad.backends.jax.own_step.parts`), the guard's checks
 (`kgrad.backends.jax.guard.checked_parts`) and the replay
-(`kgrad.backends.jax.guard.own_step_replay`) ask the same question of each
+(`kgrad.backends.jax.guard.replay`) ask the same question of each
 call: the differentiated arrays are matched by identity with the trainable
 values of the step's ``state`` (aligned with ``model.trainable_variables``),
 which names the weights and the smallest sub-model holding them all (the
@@ -159,6 +159,26 @@ def bind_differentiated(fn, numbers, args, kwargs):
 def as_returned(argnums, gradients):
     """The gradients as ``jax.value_and_grad`` returns them: one, or a tuple for a tuple ``argnums``."""
     return gradients[0] if isinstance(argnums, int) else tuple(gradients)
+
+
+def no_part_error(callback, model, purpose, fix):
+    """The error of a step in which ``callback`` found no `kgrad.value_and_grad` to ``purpose``."""
+    return ValueError(
+        f"kgrad.{callback} found no kgrad.value_and_grad in the train_step of model '{model.name}' "
+        f"(class {type(model).__name__}), so it has nothing to {purpose}. In that train_step, replace "
+        f"`jax.value_and_grad(...)` with `kgrad.value_and_grad(...)` ({fix})."
+    )
+
+
+def unapplied_error(callback, model, part, unknown, optimizers):
+    """The error of a part whose gradients no optimizer of ``model`` applied: ``unknown`` is unknown."""
+    return ValueError(
+        f"kgrad.{callback}: no optimizer of model '{model.name}' applied the gradients of "
+        f"kgrad.value_and_grad {part!r} in its train_step, so {unknown} (that optimizer's `iterations`) "
+        f"is unknown. Received optimizers: {[type(o).__name__ for o in optimizers] or 'none'}. Apply "
+        "them with `optimizer.stateless_apply(...)` of an optimizer that is an attribute of the model "
+        "(e.g. `self.d_optimizer` set in compile(), or the model's compiled optimizer)."
+    )
 
 
 def _positions(argnums, count):

@@ -1,21 +1,9 @@
 """`kgrad.value_and_grad`: ``jax.value_and_grad`` that a `kgrad.GradientProbe` sees inside a model's own step.
 
-A model with its own JAX ``train_step`` (Keras' guide "Customizing what
-happens in fit() with JAX", a GAN) differentiates with
-``jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)``; its
-gradients never leave the jitted step. Writing ``kgrad.value_and_grad``
-there instead changes nothing outside a probed step: the call is
-``jax.value_and_grad``'s. On a step a `kgrad.GradientProbe` logs, the same
-single backward pass also yields the statistics of dJ/d(activation) of the
-differentiated sub-model's layers, of dJ/dŷ and of the weight gradients
-(`kgrad.backends.jax.own_step.part`), logged as a run of its own named
-``name`` (else the sub-model's name), with the tags a TensorFlow
-`kgrad.ProbeTape` of that name writes.
-
-Which probed step is being traced is what `kgrad.value_and_grad` asks to
-know whether to probe: `activated` sets it while kgrad traces (or, without
-``jit``, runs) a model's own ``train_step`` for a probed or guarded step
-(`active_parts`, read when the step calls it); ``None`` otherwise, so that
+Each call asks the active collection to differentiate (`active_parts`):
+`activated` sets it while kgrad traces (or, without ``jit``, runs) a step for
+a probed or guarded step (the probe's `kgrad.backends.jax.own_step.parts.PartCollection`,
+the guard's `CheckedParts`, the replay's parts); ``None`` otherwise, so that
 outside those steps it is exactly ``jax.value_and_grad``. JAX traces in the
 thread that calls the function, so one variable per thread.
 """

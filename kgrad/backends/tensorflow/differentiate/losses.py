@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from kgrad.backends.tensorflow import keras_internals
-from kgrad.backends.common.losses import as_loss, loss_metrics_paused
+from kgrad.backends.common.losses import as_loss, compiled_loss_gradient
 
 
 def _plain_tensor(tensor):
@@ -90,27 +90,5 @@ def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
 
 
 def compiled_prediction_gradient(model, y_true, y_pred, sample_weight=None, argument=False):
-    """dJ/dŷ of ``model``'s compiled loss; ``None`` if it has none.
-
-    With ``argument`` (the model was passed as `prediction_gradient`'s
-    ``loss_fn``), a model without a compiled loss raises instead.
-    """
-    compile_loss = keras_internals.compile_loss(model)
-    if compile_loss is None:
-        if not argument:
-            return None
-        raise ValueError(
-            f"`loss_fn` is model '{model.name}', which has no compiled loss. Call "
-            "model.compile(loss=...) first, or pass the loss itself as `loss_fn`."
-        )
-
-    def compiled_loss(y, y_copy, sample_weight=None):
-        return compile_loss(y, y_copy, sample_weight)
-
-    if not compile_loss.built:
-        # Built here, not in the paused call: building adds the per-output
-        # loss metrics to the list that the pause has swapped out, and the
-        # call would then zip the losses with no metric and drop all but one.
-        compile_loss.build(y_true, y_pred)
-    with loss_metrics_paused(compile_loss):
-        return prediction_gradient(compiled_loss, y_true, y_pred, sample_weight)
+    """dJ/dŷ of ``model``'s compiled loss; ``None`` if it has none (`compiled_loss_gradient`)."""
+    return compiled_loss_gradient(prediction_gradient, model, y_true, y_pred, sample_weight, argument)

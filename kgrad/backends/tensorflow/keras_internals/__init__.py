@@ -21,6 +21,7 @@ from keras.src.losses.loss import unscale_loss_for_distribution  # noqa: F401
 
 from kgrad.backends.common.keras_internals import (  # noqa: F401
     Functional,
+    compile_loss,
     flatten_layers,
     in_symbolic_scope,
     seed_generators,
@@ -61,11 +62,6 @@ def compute_loss(model, **arguments):
 def loss_tracker(model):
     """The metric ``fit`` reports as ``loss``."""
     return model._loss_tracker
-
-
-def compile_loss(model):
-    """The loss ``compile`` built (a callable ``(y, y_pred, sample_weight)``), or ``None``."""
-    return getattr(model, "_compile_loss", None)
 
 
 def own_losses(layer):
