@@ -25,6 +25,7 @@ from test_stability_instruments import (  # noqa: F401 (collected here, in the J
     test_other_optimizers_give_update_rms_only_and_say_why,
     test_outlier_sigmas_must_be_a_positive_number,
     test_training_is_unchanged_by_the_stability_instruments,
+    test_with_gradient_accumulation_records_carry_keras_iterations_and_training_is_unchanged,
 )
 
 BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 3, 4, 3, 3

@@ -62,6 +62,22 @@ def clip_gradients(optimizer, gradients):
     return optimizer._clip_gradients(gradients)
 
 
+def iterations_position(optimizer):
+    """``(index, accumulation)``: where the step counter is among ``optimizer.variables``, and by what Keras divides it.
+
+    The counter's own variable: with ``gradient_accumulation_steps`` Keras'
+    ``iterations`` property is a new tensor (the counter divided by those
+    steps), not the variable; a ``LossScaleOptimizer`` counts in its inner
+    optimizer's. ``accumulation`` is 1 without accumulation.
+    """
+    inner = optimizer
+    while getattr(inner, "inner_optimizer", None) is not None:
+        inner = inner.inner_optimizer
+    counter = inner._iterations
+    index = next(k for k, variable in enumerate(optimizer.variables) if variable is counter)
+    return index, inner.gradient_accumulation_steps or 1
+
+
 def variable_index(optimizer, weight):
     """The index of ``weight`` among the variables ``optimizer`` was built for (its slots' order)."""
     return optimizer._get_variable_index(weight)

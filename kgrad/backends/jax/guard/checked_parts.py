@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.own_step import candidate_optimizers
+from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.capture.loss_scale import (
     loss_scale_of,
     skips_overflowed_steps,
@@ -208,12 +209,12 @@ class CheckedParts:
         return checks
 
     def _watched(self, optimizer, stateless_apply):
-        iterations = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
+        iterations, accumulation = keras_internals.iterations_position(optimizer)
 
         def watched_stateless_apply(optimizer_variables, grads, trainable_variables):
             applied = {id(value) for value in trainable_variables}
             if self.step is None and self._first is not None and self._first <= applied:
-                self.step = optimizer_variables[iterations]
+                self.step = optimizer_variables[iterations] // accumulation  # Keras' `iterations`
             part = None if self._deciding else self.part_judge.applied_part(optimizer, trainable_variables)
             if self.part_judge.judges(part):  # a part of a model's own step, judged by the spike rule
                 self._deciding = True

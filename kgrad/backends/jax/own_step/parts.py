@@ -108,7 +108,7 @@ class PartCollection:
         return result, as_returned(argnums, gradients), watched
 
     def _watched(self, optimizer, stateless_apply):
-        iterations = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
+        iterations, accumulation = keras_internals.iterations_position(optimizer)
 
         def watched_stateless_apply(optimizer_variables, grads, trainable_variables):
             new_trainable, new_optimizer_variables = stateless_apply(
@@ -137,7 +137,7 @@ class PartCollection:
                         skipped = new_optimizer_variables[iterations] == optimizer_variables[iterations]
                         rows.add_scalar("global/loss_scale_skipped", skipped)
                     self._records[part.name] = (
-                        optimizer_variables[iterations],
+                        optimizer_variables[iterations] // accumulation,  # Keras' `iterations`
                         rows.scalars(),
                         rows.histograms(self._config.bucket_count),
                     )
