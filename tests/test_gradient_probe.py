@@ -205,7 +205,6 @@ def test_bad_layer_item_type_is_refused():
     _assert_untouched_and_trainable(model, x, y)
 
 
-@pytest.mark.xfail(ON_JAX, strict=True, reason="on JAX, a second GradientProbe in one fit is not refused")
 def test_two_probes_in_one_fit_are_refused_and_the_model_restored():
     x, y = classification_data(samples=16)
     model = compile_classifier(sequential_classifier())

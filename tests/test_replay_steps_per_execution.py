@@ -65,7 +65,7 @@ class _Traced:
     def __init__(self, steps_per_execution=1):
         self.plan = types.SimpleNamespace(
             guard=kgrad.NonFiniteGuard().config, steps_per_execution=steps_per_execution,
-            compiles_step_inside=False,
+            compiles_step_inside=False, replicas=1,
         )
         self.tripped_batch = self.batch_not_kept = None
 
