@@ -61,14 +61,17 @@ def keras_gradients(distribution):
     return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, gradients)}
 
 
-def float_model(distribution):
+def float_model(distribution, probing=False):
+    """The float model, compiled; ``probing``: a `kgrad.ProbingModel` whose hidden layer passes through `kgrad.tap`."""
     keras.backend.clear_session()
     keras.distribution.set_distribution(distribution)
     keras.utils.set_random_seed(0)
     inputs = keras.Input((32,), name="features")
     hidden = keras.layers.Dense(64, activation="relu", name="up")(inputs)
+    if probing:
+        hidden = keras.layers.Lambda(lambda x: kgrad.tap("hidden", x), name="tap")(hidden)
     outputs = keras.layers.Dense(8, name="down")(hidden)
-    model = keras.Model(inputs, outputs, name="f")
+    model = (kgrad.ProbingModel if probing else keras.Model)(inputs, outputs, name="p" if probing else "f")
     model.compile(keras.optimizers.Adam(0.01), "mse")
     return model
 
@@ -90,15 +93,8 @@ def guard_report(distribution):
 
 def probing_model_records(distribution):
     """`kgrad.ProbingModel.probe_results` of each step of the float model, its hidden layer tapped."""
-    keras.backend.clear_session()
-    keras.distribution.set_distribution(distribution)
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((32,), name="features")
-    hidden = keras.layers.Dense(64, activation="relu", name="up")(inputs)
-    tapped = keras.layers.Lambda(lambda x: kgrad.tap("hidden", x), name="tap")(hidden)
-    model = kgrad.ProbingModel(inputs, keras.layers.Dense(8, name="down")(tapped), name="p")
+    model = float_model(distribution, probing=True)
     model.configure_probe(every_n_steps=1, statistics="all", histograms=True, layers="all")
-    model.compile(keras.optimizers.Adam(0.01), "mse")
     records = []
     for step in range(2):  # a fit per batch: `probe_results` holds the latest probed step only
         rows = slice(8 * step, 8 * step + 8)
