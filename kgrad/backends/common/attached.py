@@ -35,8 +35,6 @@ KEYS = {
     "latest_record": "a `kgrad.ProbingModel`'s latest record, read once (JAX)",
     "installed_guard": "the `kgrad.NonFiniteGuard`'s run of the current fit (JAX), removed at its end",
     "kept_guard_runs": "the guard's runs of earlier fits, reused by a later fit of the same options (JAX)",
-    "fit_of_GradientProbe": "the fit (Keras' `params` dict) and the `kgrad.GradientProbe` attached in it "
-                            "(`kgrad.callbacks.one_per_fit`)",
 }
 
 #: The one attribute of an owner that holds its entries (absent when it has none).
