@@ -164,7 +164,7 @@ class GradientProbe(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         backend = backends.current()  # checked before anything is installed (no on_train_end then)
-        one_per_fit.refuse_a_second(self, "GradientProbe")
+        one_per_fit.claim(self, "GradientProbe")
         backend.check_layers(self.model, self.config.layers)
         # Every worker runs the probe (its collectives need all of them); only the chief writes.
         writes = self.log_dir is not None and backend.is_chief(self.model)
@@ -177,7 +177,6 @@ class GradientProbe(keras.callbacks.Callback):
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
             raise
-        one_per_fit.hold(self, "GradientProbe")
         self._probing_function = self.model.train_function
         # The host knows which steps an execution runs, unless an epoch of unknown length ends short.
         self._exact_count = self.model.steps_per_execution == 1 or bool(
@@ -195,7 +194,6 @@ class GradientProbe(keras.callbacks.Callback):
         self._fitting = False
         self._collect()
         backends.current().detach(self.model, "probe")
-        one_per_fit.release(self, "GradientProbe")
         for writer in self._writers.values():
             writer.close()
         self._sinks.close(attach_report=True, log_dir=self._log_dir, step=getattr(self.latest, "step", 0))

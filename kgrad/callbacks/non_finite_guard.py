@@ -10,7 +10,7 @@ import keras
 
 from kgrad import backends
 from kgrad.backends.common import batch_dump
-from kgrad.callbacks import guard_replay
+from kgrad.callbacks import guard_replay, one_per_fit
 from kgrad.callbacks.spike_skipping import SpikeSkipping
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
@@ -163,6 +163,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         return self.action != "warn"
 
     def on_train_begin(self, logs=None):
+        one_per_fit.claim(self, "NonFiniteGuard")
         self._writes = backends.current().is_chief(self.model)  # every worker guards, the chief writes
         self._sinks.open(enabled=self._writes)
         try:
@@ -174,9 +175,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises
             raise
-        self.report = None
-        self.reports = []
-        self._trip_pending = False
+        self.report, self.reports, self._trip_pending = None, [], False
 
     def on_epoch_begin(self, epoch, logs=None):
         self._step.start_epoch()

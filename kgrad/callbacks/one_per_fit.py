@@ -1,4 +1,4 @@
-"""One `kgrad.GradientProbe` per model and ``fit``: a second one is refused on every backend.
+"""One `kgrad.GradientProbe` and one `kgrad.NonFiniteGuard` per model and ``fit``, on every backend.
 
 Keras hands every callback of one ``fit`` the same ``params`` dict, and each
 ``fit`` a new one: the dict names the fit. A probe from an earlier fit, also
@@ -14,9 +14,9 @@ Example:
 >>> first, second, fit = Probe(), Probe(), {"epochs": 1}
 >>> for probe in (first, second):
 ...     probe.set_model(model); probe.set_params(fit)
->>> refuse_a_second(first, "GradientProbe"); hold(first, "GradientProbe")
+>>> claim(first, "GradientProbe")
 >>> try:
-...     refuse_a_second(second, "GradientProbe")
+...     claim(second, "GradientProbe")
 ... except ValueError as error:
 ...     print(str(error).split(".")[0])
 Model 'm' already has a GradientProbe attached in this fit
@@ -27,23 +27,26 @@ import weakref
 from kgrad import backends
 from kgrad.backends.common import attached
 
-# model -> {kind: (the fit's params dict, the callback holding the model in it)}
+# model -> {kind: (the fit's params dict, id of the callback that claimed the model in it)}
 _HOLDERS = weakref.WeakKeyDictionary()
 
 
-def refuse_a_second(callback, kind):
-    """Raises if another ``kind`` of this fit holds ``callback``'s model (see `hold`).
+def claim(callback, kind):
+    """Notes ``callback`` as its model's ``kind`` in this fit, or raises if another one is.
+
+    Call it first in ``on_train_begin`` (``model`` and ``params`` set). Nothing
+    is written on the model: a fit that raises later leaves it as it was.
 
     Args:
-        callback: The callback, in its ``on_train_begin`` (``model`` and ``params`` set).
+        callback: The `kgrad.GradientProbe` or `kgrad.NonFiniteGuard`.
         kind: Its class's public name, for the message.
 
     Raises:
-        ValueError: If another ``kind`` of this fit already holds the model.
+        ValueError: If another ``kind`` of this fit already claimed the model.
     """
-    model = callback.model
+    model, fit = callback.model, callback.params
     held = _HOLDERS.get(model, {}).get(kind)
-    if held is not None and held[0] is callback.params and held[1] is not callback:
+    if held is not None and held[0] is fit and held[1] != id(callback):
         # Keras calls no on_train_end after an error in on_train_begin: kgrad's callbacks are
         # taken out now, and the model left as before the fit (nothing kept for a later one).
         for role in ("probe", "guard"):
@@ -55,13 +58,6 @@ def refuse_a_second(callback, kind):
             f"Model '{model.name}' already has a {kind} attached in this fit. Received a second one; "
             f"pass a single {kind} per model (it can cover any set of layers)."
         )
-
-
-def hold(callback, kind):
-    """Notes ``callback`` as its model's ``kind`` in this fit, once it is attached."""
-    _HOLDERS.setdefault(callback.model, {})[kind] = (callback.params, callback)
-
-
-def release(callback, kind):
-    """At the fit's end: the model is no longer held (a fit that raised is told apart by its ``params``)."""
-    _HOLDERS.get(callback.model, {}).pop(kind, None)
+    # The fit's params dict itself (a later fit's new dict can never be this one); the callback
+    # by its id, so that the registry keeps no callback alive.
+    _HOLDERS.setdefault(model, {})[kind] = (fit, id(callback))

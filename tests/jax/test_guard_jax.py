@@ -18,6 +18,7 @@ import kgrad
 from kgrad.backends.common import attached
 from kgrad.backends.jax.guard.sentinel import guard_apply, guard_update, initial_record
 from kgrad.dashboard import events
+from test_one_per_fit import test_two_guards_on_one_model_is_an_error  # noqa: F401 (run on JAX too)
 from kgrad.dashboard.events import guard_reports
 
 BATCH = 4
