@@ -259,7 +259,8 @@ def test_records_taken_from_the_outputs_are_the_records_in_the_buffer(with_guard
     # A function that probes every step returns its record with its outputs:
     # the probe takes it from there and never calls the buffer's reader.
     buffer_reads = []
-    probe_state = kgrad.backends.tensorflow.handover.state.ProbeState
+    from kgrad.backends.tensorflow.handover.state import ProbeState as probe_state
+
     read_all = probe_state._read_all
     monkeypatch.setattr(probe_state, "_read_all", lambda self: buffer_reads.append(1) or read_all(self))
     x, y = classification_data()
