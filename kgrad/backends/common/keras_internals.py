@@ -22,6 +22,16 @@ from keras.src.models.model import functional_init_arguments  # noqa: F401
 from kgrad.plan.keras_internals import flatten_layers  # noqa: F401 (the plan's walk, written once)
 
 
+#: The ``MultiHeadAttention`` method (Keras', and KerasHub's Gemma layer's) that scores q·k: kgrad
+#: replaces it on an instance while it records, and scores only layers that keep their class's.
+ATTENTION_METHOD = "_compute_attention"
+
+
+def computes_attention_as(layer, base):
+    """Whether ``layer``'s class computes its attention with ``base``'s `ATTENTION_METHOD`."""
+    return getattr(type(layer), ATTENTION_METHOD) is getattr(base, ATTENTION_METHOD)
+
+
 def attention_scale(layer):
     """The factor an attention layer multiplies q·k by: 1/√(key size) (Keras' or KerasHub's attribute)."""
     return getattr(layer, "_inverse_sqrt_key_dim", None) or layer._inverse_sqrt_head_dim
@@ -66,3 +76,31 @@ def compile_loss_metrics_paused(compile_loss):
 def compile_loss(model):
     """The loss ``compile`` built (a callable ``(y, y_pred, sample_weight)``), or ``None``."""
     return getattr(model, "_compile_loss", None)
+
+
+# -- optimizers ----------------------------------------------------------------------------------
+
+# The lists of state Keras' optimizers keep per weight, by the name `slots` takes.
+_SLOTS = {
+    "momentums": "_momentums",  # Adam, AdamW, Nadam: m
+    "velocities": "_velocities",  # v
+    "velocity_hats": "_velocity_hats",  # AMSGrad's running max of v
+    "m": "_m",  # Adamax
+    "u": "_u",  # Adamax's infinity norm
+}
+
+
+def slots(optimizer, name):
+    """One list of ``optimizer``'s state, per weight (in its variables' order): ``"momentums"``,
+    ``"velocities"``, ``"velocity_hats"``, ``"m"`` or ``"u"`` (Adam, AdamW, Adamax, Nadam)."""
+    return getattr(optimizer, _SLOTS[name])
+
+
+def variable_index(optimizer, weight):
+    """The index of ``weight`` among the variables ``optimizer`` was built for (its slots' order)."""
+    return optimizer._get_variable_index(weight)
+
+
+def clip_gradients(optimizer, gradients):
+    """``gradients`` clipped as ``optimizer.apply`` clips them (``clipnorm``, ``clipvalue``, ``global_clipnorm``)."""
+    return optimizer._clip_gradients(gradients)
