@@ -192,10 +192,10 @@ def check_prefix(prefix):
 def check_optional(argument, value, kind, expected, example):
     """``value``, checked to be ``None`` or a ``kind``: a TypeError worded with ``expected`` and ``example``.
 
-    >>> check_optional("run_id", 7, str, "an MLflow run id (str)", "kgrad.MlflowSink(run_id=run.info.run_id)")
+    >>> check_optional("run_id", 7, str, "an MLflow run id (str)", "MlflowSink(run_id=run.info.run_id)")
     Traceback (most recent call last):
     ...
-    TypeError: `run_id` must be None or an MLflow run id (str). Received: run_id=7. Example: kgrad.MlflowSink(run_id=run.info.run_id).
+    TypeError: `run_id` must be None or an MLflow run id (str). Received: run_id=7. Example: ...
     """
     if value is not None and not isinstance(value, kind):
         raise TypeError(

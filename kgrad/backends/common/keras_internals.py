@@ -1,11 +1,11 @@
 """Every private Keras name the backend-free code uses, in one place.
 
 A Keras release is one file to check: what kgrad reads of Keras beyond its
-public API (``keras.src`` modules, underscored attributes of layers and
-models) is reached only through these names; each backend's own
+public API (``keras.src`` modules, underscored attributes of layers, models
+and optimizers) is reached only through these names; each backend's own
 ``keras_internals`` adds what only it uses. tests/test_import_rules.py checks
-that no other module of ``kgrad/backends/common`` or ``kgrad/backends/tensorflow``
-imports ``keras.src``.
+that no other module of kgrad imports ``keras.src`` or reads a private name
+these modules read.
 
 >>> import keras
 >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
@@ -102,5 +102,5 @@ def variable_index(optimizer, weight):
 
 
 def clip_gradients(optimizer, gradients):
-    """``gradients`` clipped as ``optimizer.apply`` clips them (``clipnorm``, ``clipvalue``, ``global_clipnorm``)."""
+    """``gradients`` clipped as ``optimizer.apply`` clips them (``clipnorm``, ``clipvalue``...)."""
     return optimizer._clip_gradients(gradients)

@@ -1,4 +1,4 @@
-"""`kgrad.tap` and `kgrad.prediction_gradient`: public functions whose work is each backend's, documented once.
+"""`kgrad.tap` and `kgrad.prediction_gradient`: documented once, the work each backend's own.
 
 ``help(kgrad.tap)`` reads the same on every backend. Each function here
 checks what is backend-free and calls the function of the backend Keras runs

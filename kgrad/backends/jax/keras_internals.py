@@ -6,8 +6,8 @@ its shardings, a layer tree walk, the optimizer's clipping and the variable
 index of its slots, the symbolic scope in which Keras builds a model (where
 kgrad taps nothing), and the classes ``Functional``, ``Softmax`` and
 ``Sigmoid``; those the backends share come from
-`kgrad.backends.common.keras_internals`. ``tests/test_import_rules_jax.py`` checks that no other module
-of ``kgrad/backends/jax`` imports ``keras.src`` or calls these names.
+`kgrad.backends.common.keras_internals`. ``tests/test_import_rules.py`` checks that no other module
+imports ``keras.src`` or reads a private name these modules read.
 
 Example:
 

@@ -26,12 +26,12 @@ def _plain_copy(y_pred):
 
 
 def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
-    """`kgrad.prediction_gradient` on TensorFlow: ``loss_fn`` again on a plain copy of ``y_pred``, in a tape of its own.
+    """`kgrad.prediction_gradient` on TensorFlow: ``loss_fn`` again on a plain copy of ``y_pred``.
 
-    The copy (``tf.identity``, with the Keras mask kept) carries no
-    ``_keras_logits``, so Keras' cross-entropies compute the loss from the
-    prediction itself, not from the logits behind a softmax or sigmoid, and
-    dJ/dŷ is connected.
+    The loss is evaluated in a tape of its own. The copy (``tf.identity``, with
+    the Keras mask kept) carries no ``_keras_logits``, so Keras' cross-entropies
+    compute the loss from the prediction itself, not from the logits behind a
+    softmax or sigmoid, and dJ/dŷ is connected.
 
     Example:
 

@@ -5,8 +5,8 @@ A Keras release is one file to check: the TensorFlow backend reaches Keras
 beyond its public API (``keras.src`` modules, underscored attributes of
 models, layers, optimizers and tensors) only through these names, the
 backend-free ones re-exported from `kgrad.backends.common.keras_internals`.
-tests/test_import_rules.py checks that no other TensorFlow module imports
-``keras.src``.
+tests/test_import_rules.py checks that no other module imports ``keras.src``
+or reads a private name these modules read.
 
 >>> import keras
 >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
