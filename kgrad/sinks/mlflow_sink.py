@@ -35,9 +35,10 @@ class MlflowSink(TrackerSink):
             (``mlflow.active_run()``) when ``fit`` starts, e.g. inside
             ``with mlflow.start_run():``.
         prefix: Where kgrad's metrics and artifacts go in the run.
-        histograms: Whether histograms are logged.
-        report: Whether the HTML report is attached (it needs the callback's
-            ``log_dir``: the report is read from its event files).
+        histograms: Whether each probed step's histograms are logged (a JSON
+            artifact per step).
+        report: Whether the HTML report is logged as an artifact (it needs the
+            callback's ``log_dir``: the report is read from its event files).
         queue_size: See `kgrad.Sink`.
         close_timeout: See `kgrad.Sink`.
 

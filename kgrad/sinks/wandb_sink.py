@@ -30,9 +30,10 @@ class WandbSink(TrackerSink):
             run is finished at the end of ``fit``. ``None`` (default): no
             run is started, and ``fit`` stops at once if none is active.
         prefix: The section of the run's charts kgrad's tags go to.
-        histograms: Whether histograms are logged.
-        report: Whether the HTML report is attached (it needs the callback's
-            ``log_dir``: the report is read from its event files).
+        histograms: Whether histograms are logged (``wandb.Histogram``, in the
+            row of their step).
+        report: Whether the HTML report is logged (``wandb.Html``; it needs the
+            callback's ``log_dir``: the report is read from its event files).
         queue_size: See `kgrad.Sink`.
         close_timeout: See `kgrad.Sink`.
 
