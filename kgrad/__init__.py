@@ -65,10 +65,10 @@ _MODULES = {
     "WandbSink": "kgrad.sinks.wandb_sink",
     "first_non_finite": _BACKEND,
     "health_report": "kgrad.report.health",
-    "prediction_gradient": _BACKEND,
+    "prediction_gradient": "kgrad.backends.common.public_functions",
     "read_logs": "kgrad.logs.reading",
     "replay_step": _BACKEND,
-    "tap": _BACKEND,
+    "tap": "kgrad.backends.common.public_functions",
     "value_and_grad": _BACKEND,
     "write_html_report": "kgrad.dashboard.html_report",
 }
@@ -82,7 +82,7 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.report.non_finite import NonFiniteError, NonFiniteReport  # noqa: F401
     from kgrad.dashboard.html_report import write_html_report  # noqa: F401
     from kgrad.report.noise_scale import NoiseScaleSmoother  # noqa: F401
-    from kgrad.backends.tensorflow.differentiate.losses import prediction_gradient  # noqa: F401
+    from kgrad.backends.common.public_functions import prediction_gradient, tap  # noqa: F401
     from kgrad.backends.tensorflow.differentiate.model import ProbingModel  # noqa: F401
     from kgrad.backends.tensorflow.capture.probe_result import ProbeResult  # noqa: F401
     from kgrad.logs.reading import read_logs  # noqa: F401
@@ -94,7 +94,6 @@ if typing.TYPE_CHECKING:  # what static tools and IDEs see
     from kgrad.sinks.mlflow_sink import MlflowSink  # noqa: F401
     from kgrad.sinks.wandb_sink import WandbSink  # noqa: F401
     from kgrad.backends.tensorflow.capture.tape import ProbeTape  # noqa: F401
-    from kgrad.backends.tensorflow.capture.taps import tap  # noqa: F401
     from kgrad.backends.jax.own_step.value_and_grad import value_and_grad  # noqa: F401
 
 

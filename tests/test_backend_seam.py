@@ -1,5 +1,6 @@
 """The backend seam: `kgrad.backends.current()` and what every backend module provides."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 import kgrad
 from kgrad import backends
 from kgrad.backends import interface
+from kgrad.backends.common import public_functions
 
 
 def test_the_tensorflow_backend_provides_every_name_of_the_interface():
@@ -25,9 +27,25 @@ def test_the_tensorflow_backend_provides_every_name_of_the_interface():
 
 def test_public_names_of_the_backend_are_the_backends_own():
     backend = backends.current()
-    for name in ("ProbeTape", "ProbingModel", "ProbeResult", "tap", "prediction_gradient",
-                 "first_non_finite", "replay_step"):
+    for name in ("ProbeTape", "ProbingModel", "ProbeResult", "first_non_finite", "replay_step"):
         assert getattr(kgrad, name) is getattr(backend, name)
+
+
+def test_tap_and_prediction_gradient_are_documented_once_and_call_the_backends_own(monkeypatch):
+    # One function and one docstring on every backend (help(kgrad.tap)); the work is the backend's,
+    # whose own docstring says what it does there.
+    backend = backends.current()
+    for name in ("tap", "prediction_gradient"):
+        assert getattr(kgrad, name) is getattr(public_functions, name)
+        assert inspect.getdoc(getattr(backend, name)).lower().startswith(f"`kgrad.{name}` on {backend.NAME}")
+    calls = []
+    monkeypatch.setattr(backend, "tap", lambda name, x: calls.append(("tap", name, x)) or x)
+    monkeypatch.setattr(backend, "prediction_gradient", lambda *arguments: calls.append(arguments) or "dJ/dŷ")
+    assert kgrad.tap("hidden", 3.0) == 3.0
+    assert kgrad.prediction_gradient("mse", 1.0, 2.0) == "dJ/dŷ"
+    assert calls == [("tap", "hidden", 3.0), ("mse", 1.0, 2.0, None)]
+    with pytest.raises(TypeError, match="`name` must be a non-empty string"):
+        kgrad.tap("", 3.0)  # checked once, for every backend
 
 
 @pytest.mark.parametrize("use", [

@@ -5,6 +5,10 @@
   depended on by it, never both.
 - No private name (``_x``) of one module is used by another: imported
   (``from m import _x``) or read from an imported module (``m._x``).
+- In the whole package, kgrad/backends/jax included, Keras' private API
+  (``keras.src`` imports, underscored attributes of Keras' objects) is reached
+  only through the ``keras_internals`` modules: a Keras release is one file to
+  check per backend.
 """
 
 import ast
@@ -120,34 +124,126 @@ def test_the_folder_check_finds_a_loop(monkeypatch):
     assert {loop[:2] for loop in loops} == {("kgrad/dashboard", "kgrad/report")}
 
 
+#: The modules through which kgrad reaches Keras beyond its public API, one per backend and one
+#: each for the backend-free plan and the code the backends share.
 KERAS_INTERNALS = (
     "kgrad.backends.common.keras_internals",
+    "kgrad.backends.jax.keras_internals",
     "kgrad.backends.tensorflow.keras_internals",
     "kgrad.plan.keras_internals",
 )
-#: Keras' private methods called outside JAX (a keras_internals module wraps each).
-KERAS_PRIVATE = ("_flatten_layers",)
+#: Underscored names that are the public API of Python itself (a named tuple's).
+PYTHON_API = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def _docstrings(tree):
+    return {
+        id(node.body[0].value) for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def _private_names_read(source):
+    """``[(name, line, spelled_as_a_string)]``, by line: the private attributes ``source`` reads or
+    writes, and the private names it spells as strings (``getattr(x, "_name")``)."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            found.append((node.attr, node.lineno, False))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+              and node.value.isidentifier() and _is_private(node.value)):
+            found.append((node.value, node.lineno, True))
+    return sorted(found, key=lambda use: use[1])
+
+
+def _own_names(source):
+    """The private names ``source`` defines: functions, classes, variables, attributes of ``self``."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias) and node.asname:
+            names.add(node.asname)
+    return {name for name in names if _is_private(name)}
 
 
 def _keras_src_imports(source):
-    """The ``keras.src`` modules ``source`` imports, and the private Keras methods it calls."""
+    """The ``keras.src`` modules ``source`` imports."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras.src"):
             found.append(node.module)
         elif isinstance(node, ast.Import):
             found += [alias.name for alias in node.names if alias.name.startswith("keras.src")]
-        elif isinstance(node, ast.Attribute) and node.attr in KERAS_PRIVATE:
-            found.append(node.attr)
     return found
 
 
-@pytest.mark.parametrize("module", [module for module in CHECKED if module not in KERAS_INTERNALS])
+OUTSIDE_KERAS_INTERNALS = sorted(
+    module for module in MODULES if not any(module.startswith(internal) for internal in KERAS_INTERNALS)
+)
+#: The private names kgrad defines itself (outside the keras_internals modules).
+KGRAD_PRIVATE = set().union(*(_own_names(MODULES[module].read_text()) for module in OUTSIDE_KERAS_INTERNALS))
+#: Keras' private names kgrad uses, collected from the keras_internals modules: a name one of
+#: them starts to read is checked everywhere else at once.
+KERAS_PRIVATE = {
+    name for module in MODULES if module.startswith(KERAS_INTERNALS)
+    for name, _, _ in _private_names_read(MODULES[module].read_text())
+}
+
+
+def _keras_private_uses(source, kgrad_private=None):
+    """What of Keras' private API ``source`` reaches: ``keras.src`` imports, and ``(name, line)`` of
+    each private name it reads that a keras_internals module reads (as an attribute or a string),
+    or an attribute of a name kgrad does not define."""
+    kgrad_private = KGRAD_PRIVATE if kgrad_private is None else kgrad_private
+    own = _own_names(source)
+    return _keras_src_imports(source) + [
+        (name, line) for name, line, string in _private_names_read(source)
+        if name in KERAS_PRIVATE and name not in own
+        or not string and name not in kgrad_private | PYTHON_API
+    ]
+
+
+@pytest.mark.parametrize("module", OUTSIDE_KERAS_INTERNALS)
 def test_keras_internals_are_reached_through_one_module(module):
-    # A Keras release is one file to check per backend (kgrad/backends/jax has its own).
-    assert _keras_src_imports(MODULES[module].read_text()) == []
+    # A Keras release is one file to check per backend.
+    assert _keras_private_uses(MODULES[module].read_text()) == [], (
+        f"reach Keras' private API from {module} through a keras_internals module "
+        f"({', '.join(KERAS_INTERNALS)})"
+    )
 
 
-def test_the_keras_internals_check_finds_an_import():
-    source = "from keras.src.models.functional import Functional\nlayer._flatten_layers()\n"
-    assert sorted(_keras_src_imports(source)) == ["_flatten_layers", "keras.src.models.functional"]
+def test_the_keras_names_are_collected_from_the_keras_internals_modules():
+    # It cannot pass by collecting nothing: the names each backend is known to use are there.
+    known = {"_flatten_layers", "_compute_loss", "_get_jax_state", "_clip_gradients", "_momentums",
+             "_velocity_hats", "_keras_mask", "_get_logits", "_compute_attention", "_compile_loss",
+             "_update_metrics_variables", "_get_state_sharding_spec", "_call_has_training_arg",
+             "_get_variable_index"}
+    assert known <= KERAS_PRIVATE
+    assert not KERAS_PRIVATE & PYTHON_API
+
+
+def test_the_keras_internals_check_finds_each_kind_of_use():
+    source = (
+        "from keras.src.models.functional import Functional\n"
+        "layer._flatten_layers()\n"  # a name keras_internals reads
+        "hat = optimizer._velocity_hats[0]\n"
+        "first = getattr(optimizer, '_momentums')\n"  # spelled as a string
+        "model._not_a_kgrad_name\n"  # a private name kgrad does not define
+        "self._iterations = 0\n"  # kgrad's own attribute, though Keras has one of that name too
+        "self._iterations\n"
+        "state._replace(step=1)\n"  # a named tuple's API
+        "self._compute_loss(x=x)\n"  # a subclass of a Keras class calling Keras' private method
+    )
+    assert _keras_private_uses(source) == [
+        "keras.src.models.functional", ("_flatten_layers", 2), ("_velocity_hats", 3), ("_momentums", 4),
+        ("_not_a_kgrad_name", 5), ("_compute_loss", 9),
+    ]

@@ -3,8 +3,9 @@
 - No two folders import each other (``guard`` -> ``own_step`` and back).
 - No private (underscore) name is imported from another module, nor read as
   ``module._name`` of an imported kgrad module.
-- Keras' private API is reached through ``keras_internals.py`` only: a Keras
-  release is one file to check.
+
+That Keras' private API is reached through ``keras_internals.py`` only is
+checked for the whole package, this folder included, in tests/test_import_rules.py.
 """
 
 import ast
@@ -15,19 +16,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 JAX = ROOT / "kgrad" / "backends" / "jax"
 PACKAGE = "kgrad.backends.jax"
-#: Keras' private methods kgrad calls (keras_internals.py wraps each).
-KERAS_PRIVATE = {
-    "_update_metrics_variables",
-    "_get_state_sharding_spec",
-    "_get_jax_state",
-    "_flatten_layers",
-    "_call_has_training_arg",
-    "_clip_gradients",
-    "_get_variable_index",
-    "_compute_loss",
-}
-
-
 def _modules():
     return sorted(JAX.rglob("*.py"))
 
@@ -121,25 +109,3 @@ def test_the_private_rule_sees_a_private_import(tmp_path):
     assert _private_reads(sample) == [
         "from kgrad.backends.jax.guard.trace import _counts", "trace._Recorder"
     ]
-
-
-@pytest.mark.parametrize(
-    "path",
-    [path for path in _modules() if path.name != "keras_internals.py"],
-    ids=lambda path: str(path.relative_to(JAX)),
-)
-def test_keras_private_api_only_through_keras_internals(path):
-    source = path.read_text()
-    tree = ast.parse(source)
-    found = [
-        node.module for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("keras.src")
-    ]
-    found += [
-        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-        for alias in node.names if alias.name.startswith("keras.src")
-    ]
-    found += [
-        node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in KERAS_PRIVATE
-    ]
-    assert found == [], f"use kgrad.backends.jax.keras_internals for {found}"

@@ -10,6 +10,7 @@ import pytest
 
 import kgrad
 from kgrad import backends
+from kgrad.sinks import worker
 
 
 class _Recording(kgrad.Sink):
@@ -59,7 +60,7 @@ def test_a_fit_that_raised_has_its_sinks_closed_when_the_callback_fits_again():
     assert sink.calls[0] == "open" and sink.calls[first_close + 1] == "open"
     assert ("record", 0) in sink.calls[:first_close]
     assert sink.calls[-1] == "close" and sink.calls.count("close") == 2
-    assert sink._kgrad_users == 0 and sink._kgrad_worker is None
+    assert worker.users(sink) == 0 and not [name for name in vars(sink) if "kgrad" in name]
 
 
 def test_a_callback_whose_installation_fails_closes_the_sinks_it_opened(monkeypatch):
@@ -74,7 +75,7 @@ def test_a_callback_whose_installation_fails_closes_the_sinks_it_opened(monkeypa
         with pytest.raises(RuntimeError, match="installation failed"):
             _fit(_model(), [callback_type(sinks=[sink])])
         assert sink.calls == ["open", "close"], callback_type.__name__
-        assert sink._kgrad_users == 0
+        assert worker.users(sink) == 0
 
 
 def test_a_script_that_dies_of_an_error_still_delivers_what_it_queued(tmp_path):

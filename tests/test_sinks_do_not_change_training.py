@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 import kgrad
+from kgrad.backends.common import attached
+from kgrad.sinks import worker
 
 STEPS, EVERY = 12, 2
 RECORDS = STEPS // EVERY
@@ -50,33 +52,41 @@ class Hanging(kgrad.Sink):
         self.release.wait(60)
 
 
-def _fit(callbacks):
+def _fit(callbacks, users_objects=None):
+    """The weights after a fit; ``users_objects``, a dict, gets its model, optimizer and loss."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
         keras.Input((5,)),
         keras.layers.Dense(6, activation="tanh", name="hidden"),
         keras.layers.Dense(1, name="out"),
     ])
-    model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.MeanSquaredError())
     rng = np.random.default_rng(1)
     x = rng.normal(size=(STEPS * 4, 5)).astype("float32")
     y = rng.normal(size=(STEPS * 4, 1)).astype("float32")
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    if users_objects is not None:
+        users_objects.update(model=model, optimizer=model.optimizer, loss=model.loss)
     return [np.asarray(weight) for weight in model.get_weights()]
 
 
 @pytest.fixture(scope="module")
 def fits(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bad_sinks")
-    plain = _fit([])
+    plain_objects = {}
+    plain = _fit([], plain_objects)
     _fit([kgrad.GradientProbe(str(folder / "alone"), every_n_steps=EVERY)])
     sinks = [Raising(), Sleeping(), Hanging()]
+    users_objects = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        weights = _fit([kgrad.GradientProbe(str(folder / "with_sinks"), every_n_steps=EVERY, sinks=sinks)])
+        weights = _fit(
+            [kgrad.GradientProbe(str(folder / "with_sinks"), every_n_steps=EVERY, sinks=sinks)], users_objects
+        )
     sinks[2].release.set()
     return {
         "plain": plain, "weights": weights, "sinks": sinks,
+        "users_objects": users_objects, "plain_objects": plain_objects,
         "warnings": [str(warning.message) for warning in caught if warning.category is RuntimeWarning],
         "alone": kgrad.read_logs(str(folder / "alone"))["kgrad"],
         "with_sinks": kgrad.read_logs(str(folder / "with_sinks"))["kgrad"],
@@ -120,4 +130,17 @@ def test_each_bad_sink_warns_once_then_counts_what_it_lost(fits):
 
 def test_the_end_of_fit_lets_every_sink_go(fits):
     # The hanging sink's close_timeout=0: the end of fit gave up on it at once.
-    assert [(sink._kgrad_users, sink._kgrad_worker) for sink in fits["sinks"]] == [(0, None)] * 3
+    assert [worker.users(sink) for sink in fits["sinks"]] == [0] * 3
+    # Nothing of kgrad's is left on the user's sinks (it lives in kgrad.sinks.worker): they have
+    # the attributes of a new sink of their class.
+    assert [sorted(set(vars(sink)) - set(vars(type(sink)()))) for sink in fits["sinks"]] == [[]] * 3
+
+
+def test_the_fit_adds_to_the_users_objects_only_the_models_one_registry(fits):
+    # What kgrad keeps for a later fit is an entry of kgrad.backends.common.attached, in one
+    # attribute of the model; the optimizer and the loss have the attributes a plain fit leaves.
+    added = {name: sorted(set(vars(owner)) - set(vars(fits["plain_objects"][name])))
+             for name, owner in fits["users_objects"].items()}
+    assert added == {"model": [attached.ATTRIBUTE], "optimizer": [], "loss": []}
+    model = fits["users_objects"]["model"]
+    assert attached.names(model) and set(attached.names(model)) <= {"kept_step", "kept_train_functions"}

@@ -99,6 +99,8 @@ class Backend(typing.Protocol):
     ProbeTape: type
     ProbingModel: type
     ProbeResult: type
+    # What `kgrad.tap` and `kgrad.prediction_gradient` call, with their arguments checked
+    # (`kgrad.backends.common.public_functions` documents them once, for every backend).
     tap: typing.Callable
     prediction_gradient: typing.Callable
     first_non_finite: typing.Callable

@@ -14,40 +14,24 @@ Example:
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from kgrad.logs.event_file import EventFile
 from kgrad.logs.summary_bytes import scalar_proto
-from kgrad.logs.writer import described_entry
+from kgrad.logs.writer import EventFileOnWrite, described_entry
 
 
-class SpikeEvents:
+class SpikeEvents(EventFileOnWrite):
     """An event file in ``run_dir``, created on the first write.
 
     Args:
         run_dir: The run folder (``<log_dir>/kgrad``, or a part's folder in it).
     """
 
-    def __init__(self, run_dir):
-        self.run_dir = run_dir
-        self._events = None
-        self._described = set()
-
     def write(self, step, scalars):
         """Writes ``{tag: value}`` at ``step``; each tag's description with its first value."""
         if not scalars:
             return
-        if self._events is None:
-            self._events = EventFile(self.run_dir)
+        events = self.events()
         summary = summary_pb2.Summary()
         for tag, value in scalars.items():
-            entry = described_entry(summary, tag, scalar_metadata, self._described)
+            entry = described_entry(summary, tag, scalar_metadata, self.described)
             entry.tensor.CopyFrom(scalar_proto(value))
-        self._events.write_summary(summary.SerializeToString(), step)
-
-    def flush(self):
-        if self._events is not None:
-            self._events.flush()
-
-    def close(self):
-        if self._events is not None:
-            self._events.close()
-            self._events = None
+        events.write_summary(summary.SerializeToString(), step)

@@ -104,7 +104,47 @@ def _text_summary(tag, text, plugin_name="text"):
     return summary.SerializeToString()
 
 
-class ProbeWriter:
+class EventFileOnWrite:
+    """An event file (`kgrad.logs.event_file.EventFile`) in ``run_dir``, created on the first write.
+
+    A run that never logs gets no file. `close` ends the file; a later write
+    starts a new one, with `described` emptied and `_new_file` called.
+
+    Attributes:
+        run_dir: The run folder.
+        described: The tags whose plugin and description the file holds
+            (`described_entry`).
+    """
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        self._events = None
+        self.described = set()
+
+    def events(self):
+        """The open event file, created now if there is none."""
+        if self._events is None:
+            self._events = EventFile(self.run_dir)
+            self.described = set()
+            self._new_file()
+        return self._events
+
+    def _new_file(self):
+        """Called when a file is created: what a subclass keeps per file starts anew."""
+
+    def flush(self):
+        """Writes buffered events to disk (called at the end of each epoch)."""
+        if self._events is not None:
+            self._events.flush()
+
+    def close(self):
+        """Flushes and closes the event file; a later write opens a new one."""
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+
+class ProbeWriter(EventFileOnWrite):
     """Writes `kgrad.ProbeRecord`s to ``<log_dir>/kgrad``, created lazily.
 
     Each record is one Summary in one event (`kgrad.logs.event_file.EventFile`).
@@ -121,26 +161,19 @@ class ProbeWriter:
 
     def __init__(self, log_dir, weight_shapes=None):
         self.log_dir = os.fspath(log_dir)
+        super().__init__(os.path.join(self.log_dir, RUN_NAME))
         self._weight_shapes = weight_shapes
-        self.run_dir = os.path.join(self.log_dir, RUN_NAME)
-        self._events = None
-        self._described = set()  # tags whose metadata this event file holds
         self._layouts = {}  # (scalar tags, histogram tags, shapes) -> SummaryLayout
         self._wrote_layout = False  # the custom-scalars layout, once per event file
 
-    def _event_file(self):
-        if self._events is None:
-            # Created on first write: no event file for runs that never log.
-            self._events = EventFile(self.run_dir)
-            # Per file: a layout is made once its tags are described in it.
-            self._described = set()
-            self._layouts = {}
-            self._wrote_layout = False
-        return self._events
+    def _new_file(self):
+        # Per file: a layout is made once its tags are described in it.
+        self._layouts = {}
+        self._wrote_layout = False
 
     def write(self, record):
         """Writes one record's scalars and histograms at ``record.step``."""
-        events = self._event_file()
+        events = self.events()
         if not self._wrote_layout and any(not tag.startswith(GLOBAL_PREFIX) for tag in record.scalars):
             # From the first record with layers: a step the loss scaler
             # skipped holds only global/ tags. TensorBoard reads one layout.
@@ -161,7 +194,7 @@ class ProbeWriter:
         key = (tuple(record.scalars), tuple(record.histograms), tuple(h.shape for h in histograms))
         layout = self._layouts.get(key)
         if layout is None and (
-            not self._described.issuperset(key[0]) or not self._described.issuperset(key[1])
+            not self.described.issuperset(key[0]) or not self.described.issuperset(key[1])
         ):
             # TensorBoard reads a tag's plugin and description from its first
             # event in a file, as tf.summary writes them; later events omit them.
@@ -177,19 +210,7 @@ class ProbeWriter:
         return layout.fill(scalars, histograms)
 
     def _add(self, summary, tag, plugin_metadata):
-        return described_entry(summary, tag, plugin_metadata, self._described)
-
-    def flush(self):
-        """Writes buffered events to disk (called at the end of each epoch)."""
-        if self._events is not None:
-            self._events.flush()
-
-    def close(self):
-        """Flushes and closes the event file; a later `write` opens a new one."""
-        if self._events is not None:
-            self._events.close()
-            self._events = None
-
+        return described_entry(summary, tag, plugin_metadata, self.described)
 
 def described_entry(summary, tag, plugin_metadata, described):
     """A new value of ``summary`` for ``tag``, with its plugin and description the first time.

@@ -187,3 +187,18 @@ def check_prefix(prefix):
             "Example: prefix='kgrad'."
         )
     return prefix
+
+
+def check_optional(argument, value, kind, expected, example):
+    """``value``, checked to be ``None`` or a ``kind``: a TypeError worded with ``expected`` and ``example``.
+
+    >>> check_optional("run_id", 7, str, "an MLflow run id (str)", "MlflowSink(run_id=run.info.run_id)")
+    Traceback (most recent call last):
+    ...
+    TypeError: `run_id` must be None or an MLflow run id (str). Received: run_id=7. Example: ...
+    """
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(
+            f"`{argument}` must be None or {expected}. Received: {argument}={value!r}. Example: {example}."
+        )
+    return value

@@ -2,7 +2,7 @@
 
 import time
 
-from kgrad.sinks.base import TrackerSink, counts_and_edges, tag_prefix
+from kgrad.sinks.base import TrackerSink, check_optional, counts_and_edges, tag_prefix
 
 # MLflow's limit on the metrics of one log_batch call (mlflow.utils.validation.MAX_METRICS_PER_BATCH).
 _METRICS_PER_BATCH = 1000
@@ -35,9 +35,10 @@ class MlflowSink(TrackerSink):
             (``mlflow.active_run()``) when ``fit`` starts, e.g. inside
             ``with mlflow.start_run():``.
         prefix: Where kgrad's metrics and artifacts go in the run.
-        histograms: Whether histograms are logged.
-        report: Whether the HTML report is attached (it needs the callback's
-            ``log_dir``: the report is read from its event files).
+        histograms: Whether each probed step's histograms are logged (a JSON
+            artifact per step).
+        report: Whether the HTML report is logged as an artifact (it needs the
+            callback's ``log_dir``: the report is read from its event files).
         queue_size: See `kgrad.Sink`.
         close_timeout: See `kgrad.Sink`.
 
@@ -65,12 +66,9 @@ class MlflowSink(TrackerSink):
                  close_timeout=30.0):
         super().__init__("mlflow", "mlflow", prefix, histograms, report, queue_size, close_timeout)
         self._mlflow = self.tracker
-        if run_id is not None and not isinstance(run_id, str):
-            raise TypeError(
-                f"`run_id` must be None or an MLflow run id (str). Received: run_id={run_id!r}. "
-                "Example: kgrad.MlflowSink(run_id=run.info.run_id)."
-            )
-        self.run_id = run_id
+        self.run_id = check_optional(
+            "run_id", run_id, str, "an MLflow run id (str)", "kgrad.MlflowSink(run_id=run.info.run_id)"
+        )
         self._client = None
         self._run_id = None
 

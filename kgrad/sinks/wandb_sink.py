@@ -2,7 +2,7 @@
 
 import html
 
-from kgrad.sinks.base import TrackerSink, counts_and_edges, tag_prefix
+from kgrad.sinks.base import TrackerSink, check_optional, counts_and_edges, tag_prefix
 
 
 class WandbSink(TrackerSink):
@@ -30,9 +30,10 @@ class WandbSink(TrackerSink):
             run is finished at the end of ``fit``. ``None`` (default): no
             run is started, and ``fit`` stops at once if none is active.
         prefix: The section of the run's charts kgrad's tags go to.
-        histograms: Whether histograms are logged.
-        report: Whether the HTML report is attached (it needs the callback's
-            ``log_dir``: the report is read from its event files).
+        histograms: Whether histograms are logged (``wandb.Histogram``, in the
+            row of their step).
+        report: Whether the HTML report is logged (``wandb.Html``; it needs the
+            callback's ``log_dir``: the report is read from its event files).
         queue_size: See `kgrad.Sink`.
         close_timeout: See `kgrad.Sink`.
 
@@ -57,13 +58,11 @@ class WandbSink(TrackerSink):
                  queue_size=100, close_timeout=30.0):
         super().__init__("wandb", "wandb", prefix, histograms, report, queue_size, close_timeout)
         self._wandb = self.tracker
-        if init is not None and not isinstance(init, dict):
-            raise TypeError(
-                f"`init` must be None or a dict of wandb.init keyword arguments. Received: init={init!r}. "
-                "Example: kgrad.WandbSink(init={'project': 'my-project'})."
-            )
         self.run = run
-        self.init = init
+        self.init = check_optional(
+            "init", init, dict, "a dict of wandb.init keyword arguments",
+            "kgrad.WandbSink(init={'project': 'my-project'})",
+        )
         self._run = None
         self._started = False
 

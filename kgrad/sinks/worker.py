@@ -25,6 +25,11 @@ import warnings
 _STOP = object()
 #: Workers not closed yet. A daemon thread dies with the interpreter, its queue unsent: closed at exit.
 _open_workers = set()
+# id(sink) -> [callbacks that have it open, its worker], while one has: kgrad's state is kept
+# here, not on the user's sink. By id, as a sink need not be hashable (a dataclass); the worker
+# holds the sink, so its id is not reused while the entry lives, and the entry goes with the
+# last `release` (or at exit).
+_IN_USE = {}
 
 
 class SinkWorker:
@@ -147,21 +152,41 @@ class SinkWorker:
 
 def acquire(sink):
     """Opens ``sink`` (on the calling, training thread) and starts its worker, unless another callback did."""
-    users = getattr(sink, "_kgrad_users", 0)
-    if users == 0:
+    entry = _IN_USE.get(id(sink))
+    if entry is None:
         sink.delivered = sink.dropped = 0
         sink.open()
-        sink._kgrad_worker = SinkWorker(sink)
-    sink._kgrad_users = users + 1
-    return sink._kgrad_worker
+        entry = _IN_USE[id(sink)] = [0, SinkWorker(sink)]
+    entry[0] += 1
+    return entry[1]
 
 
 def release(sink):
     """Closes ``sink``'s worker when its last callback lets it go."""
-    sink._kgrad_users -= 1
-    if sink._kgrad_users == 0:
-        worker, sink._kgrad_worker = sink._kgrad_worker, None
-        worker.close(sink.close_timeout)
+    entry = _IN_USE.get(id(sink))
+    if entry is None:
+        return  # closed at the interpreter's exit already
+    entry[0] -= 1
+    if entry[0] == 0:
+        del _IN_USE[id(sink)]
+        entry[1].close(sink.close_timeout)
+
+
+def users(sink):
+    """How many callbacks have ``sink`` open now (0: it is closed).
+
+    >>> import kgrad
+    >>> sink = kgrad.Sink()
+    >>> opened = acquire(sink), acquire(sink)  # a probe's and a guard's
+    >>> release(sink)
+    >>> users(sink)
+    1
+    >>> release(sink)
+    >>> users(sink), [name for name in vars(sink) if "kgrad" in name]  # nothing left on the sink
+    (0, [])
+    """
+    entry = _IN_USE.get(id(sink))
+    return 0 if entry is None else entry[0]
 
 
 @atexit.register
@@ -172,6 +197,5 @@ def close_open_workers():
     error still delivers what it had queued and closes its trackers' runs.
     """
     for open_worker in list(_open_workers):
-        open_worker.sink._kgrad_users = 0
-        open_worker.sink._kgrad_worker = None
+        _IN_USE.pop(id(open_worker.sink), None)
         open_worker.close(open_worker.sink.close_timeout)

@@ -6,6 +6,7 @@ record buffers, the guard's check) has every method and attribute the
 callbacks call, with the parameters the protocol names.
 """
 
+import doctest
 import inspect
 
 import keras
@@ -15,7 +16,11 @@ import pytest
 import kgrad
 from kgrad import backends
 from kgrad.backends import interface
+from kgrad.backends.common import public_functions
 from kgrad.plan.options import GuardConfig, ProbeConfig
+from test_backend_seam import (  # noqa: F401 (collected here, in the JAX run)
+    test_tap_and_prediction_gradient_are_documented_once_and_call_the_backends_own,
+)
 
 
 def _protocol_members(protocol):
@@ -50,9 +55,19 @@ def test_the_jax_backend_provides_every_name_of_the_interface():
 
 def test_public_names_of_the_backend_are_the_backends_own():
     backend = backends.current()
-    for name in ("ProbeTape", "ProbingModel", "ProbeResult", "tap", "prediction_gradient",
-                 "first_non_finite", "replay_step", "value_and_grad"):
+    for name in ("ProbeTape", "ProbingModel", "ProbeResult", "first_non_finite", "replay_step",
+                 "value_and_grad"):
         assert getattr(kgrad, name) is getattr(backend, name), name
+
+
+def test_the_examples_of_tap_and_prediction_gradient_run_on_jax():
+    # Their one docstring lives outside kgrad/backends/jax, which is all of kgrad the JAX run collects.
+    tests = [test for test in doctest.DocTestFinder().find(public_functions) if test.examples]
+    assert sorted(test.name.rsplit(".", 1)[-1] for test in tests) == ["prediction_gradient", "tap"]
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in tests:
+        runner.run(test)
+    assert runner.failures == 0
 
 
 def _model():

@@ -7,4 +7,5 @@ from test_sinks_do_not_change_training import (  # noqa: F401  (tests/ is on the
     test_bad_sinks_leave_the_weights_as_plain_fit_leaves_them,
     test_each_bad_sink_warns_once_then_counts_what_it_lost,
     test_the_end_of_fit_lets_every_sink_go,
+    test_the_fit_adds_to_the_users_objects_only_the_models_one_registry,
 )

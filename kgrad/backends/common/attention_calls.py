@@ -162,12 +162,12 @@ def adapter_of(layer):
     keras_classes = (keras.layers.MultiHeadAttention, keras.layers.GroupQueryAttention)
     for base in keras_classes:
         if isinstance(layer, base):
-            if type(layer)._compute_attention is not base._compute_attention:
+            if not keras_internals.computes_attention_as(layer, base):
                 return None, f"{type(layer).__name__} computes its attention its own way ({_SUPPORTED})"
             return _keras_arguments, None
     gemma = _gemma_class()
     if gemma is not None and isinstance(layer, gemma):
-        if type(layer)._compute_attention is not gemma._compute_attention:
+        if not keras_internals.computes_attention_as(layer, gemma):
             return None, f"{type(layer).__name__} computes its attention its own way ({_SUPPORTED})"
         return _gemma_arguments, None
     if "Attention" in type(layer).__name__:
@@ -257,5 +257,5 @@ def intercept(model, recording=None):
         (layer, _recording(capture, name, adapter, layer, recording))
         for name, (layer, adapter) in supported.items()
     ]
-    with replaced_calls(replacements, method="_compute_attention"):
+    with replaced_calls(replacements, method=keras_internals.ATTENTION_METHOD):
         yield capture

@@ -1,11 +1,11 @@
 """Every private Keras name the backend-free code uses, in one place.
 
 A Keras release is one file to check: what kgrad reads of Keras beyond its
-public API (``keras.src`` modules, underscored attributes of layers and
-models) is reached only through these names; each backend's own
+public API (``keras.src`` modules, underscored attributes of layers, models
+and optimizers) is reached only through these names; each backend's own
 ``keras_internals`` adds what only it uses. tests/test_import_rules.py checks
-that no other module of ``kgrad/backends/common`` or ``kgrad/backends/tensorflow``
-imports ``keras.src``.
+that no other module of kgrad imports ``keras.src`` or reads a private name
+these modules read.
 
 >>> import keras
 >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
@@ -20,6 +20,16 @@ from keras.src.models.functional import Functional  # noqa: F401
 from keras.src.models.model import functional_init_arguments  # noqa: F401
 
 from kgrad.plan.keras_internals import flatten_layers  # noqa: F401 (the plan's walk, written once)
+
+
+#: The ``MultiHeadAttention`` method (Keras', and KerasHub's Gemma layer's) that scores q·k: kgrad
+#: replaces it on an instance while it records, and scores only layers that keep their class's.
+ATTENTION_METHOD = "_compute_attention"
+
+
+def computes_attention_as(layer, base):
+    """Whether ``layer``'s class computes its attention with ``base``'s `ATTENTION_METHOD`."""
+    return getattr(type(layer), ATTENTION_METHOD) is getattr(base, ATTENTION_METHOD)
 
 
 def attention_scale(layer):
@@ -66,3 +76,31 @@ def compile_loss_metrics_paused(compile_loss):
 def compile_loss(model):
     """The loss ``compile`` built (a callable ``(y, y_pred, sample_weight)``), or ``None``."""
     return getattr(model, "_compile_loss", None)
+
+
+# -- optimizers ----------------------------------------------------------------------------------
+
+# The lists of state Keras' optimizers keep per weight, by the name `slots` takes.
+_SLOTS = {
+    "momentums": "_momentums",  # Adam, AdamW, Nadam: m
+    "velocities": "_velocities",  # v
+    "velocity_hats": "_velocity_hats",  # AMSGrad's running max of v
+    "m": "_m",  # Adamax
+    "u": "_u",  # Adamax's infinity norm
+}
+
+
+def slots(optimizer, name):
+    """One list of ``optimizer``'s state, per weight (in its variables' order): ``"momentums"``,
+    ``"velocities"``, ``"velocity_hats"``, ``"m"`` or ``"u"`` (Adam, AdamW, Adamax, Nadam)."""
+    return getattr(optimizer, _SLOTS[name])
+
+
+def variable_index(optimizer, weight):
+    """The index of ``weight`` among the variables ``optimizer`` was built for (its slots' order)."""
+    return optimizer._get_variable_index(weight)
+
+
+def clip_gradients(optimizer, gradients):
+    """``gradients`` clipped as ``optimizer.apply`` clips them (``clipnorm``, ``clipvalue``...)."""
+    return optimizer._clip_gradients(gradients)

@@ -6,8 +6,8 @@ its shardings, a layer tree walk, the optimizer's clipping and the variable
 index of its slots, the symbolic scope in which Keras builds a model (where
 kgrad taps nothing), and the classes ``Functional``, ``Softmax`` and
 ``Sigmoid``; those the backends share come from
-`kgrad.backends.common.keras_internals`. ``tests/test_import_rules_jax.py`` checks that no other module
-of ``kgrad/backends/jax`` imports ``keras.src`` or calls these names.
+`kgrad.backends.common.keras_internals`. ``tests/test_import_rules.py`` checks that no other module
+imports ``keras.src`` or reads a private name these modules read.
 
 Example:
 
@@ -21,7 +21,13 @@ import keras
 from keras.src.ops.nn import Sigmoid, Softmax  # noqa: F401
 
 from kgrad.backends.common import keras_internals as common
-from kgrad.backends.common.keras_internals import Functional, in_symbolic_scope  # noqa: F401
+from kgrad.backends.common.keras_internals import (  # noqa: F401
+    Functional,
+    clip_gradients,
+    in_symbolic_scope,
+    slots,
+    variable_index,
+)
 
 
 def update_metrics_variables(model, metrics_variables, loss, x, y, y_pred, sample_weight):
@@ -57,11 +63,6 @@ def flatten_layers(model, recursive=True):
     return list(common.flatten_layers(model, include_self=False, recursive=recursive))
 
 
-def clip_gradients(optimizer, gradients):
-    """``gradients`` as ``optimizer`` clips them (``clipnorm``, ``global_clipnorm``, ``clipvalue``)."""
-    return optimizer._clip_gradients(gradients)
-
-
 def iterations_position(optimizer):
     """``(index, accumulation)``: where the step counter is among ``optimizer.variables``, and by what Keras divides it.
 
@@ -76,8 +77,3 @@ def iterations_position(optimizer):
     counter = inner._iterations
     index = next(k for k, variable in enumerate(optimizer.variables) if variable is counter)
     return index, inner.gradient_accumulation_steps or 1
-
-
-def variable_index(optimizer, weight):
-    """The index of ``weight`` among the variables ``optimizer`` was built for (its slots' order)."""
-    return optimizer._get_variable_index(weight)

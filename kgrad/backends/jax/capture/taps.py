@@ -20,7 +20,6 @@ from keras import tree
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float
 from kgrad.backends.jax import keras_internals
-from kgrad.plan.options import check_tap_name
 
 # The Taps of the probed step being traced, innermost last. Tracing happens on
 # the thread that calls the jitted function.
@@ -161,36 +160,19 @@ def _active(taps):
 
 
 def tap(name, x):
-    """Marks a tensor inside a model's ``call()`` for capture by a probe.
+    """`kgrad.tap` on JAX: ``x`` through the active taps of the probed step being traced, if any.
 
-    Returns ``x``: the tensor itself, or inside a probed step the tensor
-    through the identity whose backward pass takes dJ/dx's statistics. When no
-    probed step is being traced, ``tap`` does nothing else, so it can stay in a
-    model permanently at no cost. On JAX the probed steps are those of
-    `kgrad.GradientProbe` (Keras' own ``train_step``) and of a model's own
-    ``train_step`` that differentiates with `kgrad.value_and_grad`.
-
-    Args:
-        name: The name the tensor is reported under (``str``). A name tapped
-            several times in one forward pass is reported as ``name``,
-            ``name#2``, ``name#3``...
-        x: A float tensor (or a nested structure of tensors).
-
-    Returns:
-        ``x``, or in a probed step the same values, tapped.
+    Inside such a step, each float leaf comes back through the identity whose
+    backward pass takes dJ/dx's statistics (`Taps.tapped`); outside one, or
+    while Keras builds the model symbolically, ``x`` itself.
 
     Example:
 
-    >>> import keras, kgrad, numpy as np
-    >>> doubled = keras.layers.Lambda(lambda x: kgrad.tap("doubled", x * 2.0))
-    >>> model = keras.Sequential([keras.Input((3,)), doubled, keras.layers.Dense(1)])
-    >>> model.compile("sgd", "mse")
-    >>> probe = kgrad.GradientProbe(every_n_steps=1)
-    >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0, callbacks=[probe])
-    >>> "grad_norm/doubled" in probe.latest.scalars
+    >>> import jax.numpy as jnp
+    >>> x = jnp.ones(3)
+    >>> tap("hidden", x) is x  # no probed step is being traced
     True
     """
-    check_tap_name(name)
     stack = getattr(_ACTIVE, "stack", None)
     if not stack or keras_internals.in_symbolic_scope():
         return x

@@ -16,28 +16,17 @@ from kgrad.backends.common.losses import as_loss, compiled_loss_gradient
 
 
 def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
-    """Returns dJ/dŷ, the gradient of a loss with respect to the prediction.
+    """`kgrad.prediction_gradient` on JAX: ``jax.grad`` of ``loss_fn`` as a function of ``y_pred``.
 
-    Args:
-        loss_fn: Any loss ``model.compile`` accepts: a name
-            (``"sparse_categorical_crossentropy"``), a ``keras.losses.Loss``,
-            a function ``loss_fn(y_true, y_pred)`` (or with ``sample_weight``)
-            returning a scalar or per-example losses, or a compiled model
-            (its compiled loss, with every output's loss and weight).
-        y_true: Targets.
-        y_pred: The prediction (an array or nested structure).
-        sample_weight: Optional per-example weights, passed to ``loss_fn``.
+    Example (no logits shortcut on JAX: the loss's own gradient is the same):
 
-    Returns:
-        dJ/dŷ with the structure and shapes of ``y_pred``.
-
-    Example:
-
-    >>> import jax.numpy as jnp, kgrad
-    >>> y_pred = jnp.array([[0.2, 0.8]])
-    >>> gradient = kgrad.prediction_gradient("mse", jnp.array([[0.0, 1.0]]), y_pred)
-    >>> [round(float(value), 4) for value in gradient[0]]  # 2 (ŷ - y) / 2 outputs
-    [0.2, -0.2]
+    >>> import jax, jax.numpy as jnp, keras
+    >>> y_pred = keras.layers.Softmax()(jnp.array([[1.0, 2.0, 3.0]]))
+    >>> y_true = jnp.array([[0.0, 0.0, 1.0]])
+    >>> loss = keras.losses.CategoricalCrossentropy()
+    >>> direct = jax.grad(lambda prediction: loss(y_true, prediction))(y_pred)
+    >>> bool(jnp.allclose(prediction_gradient(loss, y_true, y_pred), direct))
+    True
     """
     if isinstance(loss_fn, keras.Model):
         return compiled_loss_gradient(prediction_gradient, loss_fn, y_true, y_pred, sample_weight)

@@ -8,7 +8,7 @@ state before it; Keras' JAX step is pure, so here they are read from the
 optimizer's state *after* ``stateless_apply``: m_t, v_t (and AMSGrad's v̂ max,
 Adamax's u_t) at step t = ``iterations`` + 1, the state that TensorFlow's
 recomputation equals. Each weight's moments are found in the state tuple by
-the position of Keras' ``_momentums[i]`` / ``_velocities[i]`` in
+the position of Keras' per-weight state (`keras_internals.slots`) in
 ``optimizer.variables``. Lion, Adafactor and SGD get ``update_rms/`` only, and
 the reason (`kgrad.backends.common.moment_rules.moment_rule`).
 """
@@ -21,11 +21,11 @@ from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.summarize.on_device import reduce_in_one_pass
 
-# The state each rule reads, per weight: Keras' attribute lists.
+# The state each rule reads, per weight: Keras' lists, by `keras_internals.slots`' names.
 _STATE = {
-    "adam": ("_momentums", "_velocities"),
-    "nadam": ("_momentums", "_velocities"),
-    "adamax": ("_m", "_u"),
+    "adam": ("momentums", "velocities"),
+    "nadam": ("momentums", "velocities"),
+    "adamax": ("m", "u"),
 }
 
 
@@ -58,9 +58,11 @@ class OptimizerMoments:
                 continue  # not among the optimizer's variables: it does not update it
             hat = None
             if self.rule == "adam" and inner.amsgrad:
-                hat = position[id(inner._velocity_hats[index])]
+                hat = position[id(keras_internals.slots(inner, "velocity_hats")[index])]
             self._indices[number] = (
-                position[id(getattr(inner, first)[index])], position[id(getattr(inner, second)[index])], hat
+                position[id(keras_internals.slots(inner, first)[index])],
+                position[id(keras_internals.slots(inner, second)[index])],
+                hat,
             )
 
     def moments_after(self, number, state_after):

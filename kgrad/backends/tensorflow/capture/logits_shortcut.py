@@ -100,7 +100,7 @@ def _shortcut_logits(name, output, from_logits):
     """The logits Keras computes the loss from instead of ``output``, or ``None``."""
     if from_logits or not tf.is_tensor(output):
         return None
-    logits, _ = _ORIGINALS["_get_logits"](output, False, _OP_TYPES[name], name)
+    logits = keras_internals.logits_behind(output, _OP_TYPES[name], name)
     return None if logits is output else logits
 
 
@@ -123,15 +123,13 @@ def _wrap(name, original):
                 ))
         return value
 
-    cross_entropy._kgrad_original = original
-    return cross_entropy
+    return cross_entropy  # functools.wraps keeps Keras' function as its __wrapped__
 
 
 def _install_wrappers():
     with _LOCK:
         if _ORIGINALS:
             return
-        _ORIGINALS["_get_logits"] = keras_internals.tensorflow_nn._get_logits
         for name in _OP_TYPES:
             original = getattr(keras_internals.tensorflow_nn, name)
             _ORIGINALS[name] = original

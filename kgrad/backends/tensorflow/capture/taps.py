@@ -18,7 +18,6 @@ import threading
 import tensorflow as tf
 
 from kgrad.backends.common.calls import replaced_calls
-from kgrad.plan.options import check_tap_name
 
 # Recorders currently open, innermost last. Process-wide on purpose: under
 # `tf.distribute.MirroredStrategy` replica functions are traced on threads of
@@ -28,24 +27,11 @@ _LOCK = threading.Lock()
 
 
 def tap(name, x):
-    """Marks a tensor inside a model's ``call()`` for capture by a probe.
+    """`kgrad.tap` on TensorFlow: hands ``x`` to the innermost open recorder, if any, and returns it.
 
-    Returns ``x`` itself. When no :class:`kgrad.ProbeTape` (or probing
-    ``train_step``) is recording, ``tap`` does nothing else, so it can stay in
-    a model permanently at no cost.
-
-    Inside ``tf.function``, a tap in the body of a loop (``tf.while_loop``,
-    ``tf.map_fn``) is not captured: the tape cannot differentiate with
-    respect to tensors of a loop body.
-
-    Args:
-        name: The name the tensor is reported under (``str``). A name tapped
-            several times in one forward pass is reported as ``name``,
-            ``name#2``, ``name#3``...
-        x: A float tensor (or a nested structure of tensors).
-
-    Returns:
-        ``x``, unchanged.
+    The open recorder is a `kgrad.ProbeTape`'s (also the one of a probing
+    ``train_step``); ``x`` comes back unchanged, the same tensor object, so
+    that what Keras attached to it (``_keras_logits``, ``_keras_mask``) stays.
 
     Example:
 
@@ -64,7 +50,6 @@ def tap(name, x):
     >>> tape.probe.gradients["hidden"].shape
     TensorShape([1, 3])
     """
-    check_tap_name(name)
     recorder = active_recorder()
     if recorder is not None:
         recorder.record(name, x, source="tap")

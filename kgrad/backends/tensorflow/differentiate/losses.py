@@ -26,36 +26,12 @@ def _plain_copy(y_pred):
 
 
 def prediction_gradient(loss_fn, y_true, y_pred, sample_weight=None):
-    """Returns dJ/dŷ, the gradient of a loss with respect to the prediction.
+    """`kgrad.prediction_gradient` on TensorFlow: ``loss_fn`` again on a plain copy of ``y_pred``.
 
-    When a model ends in softmax (or sigmoid) and the loss is (sparse)
-    categorical / binary cross-entropy, Keras computes the loss from the logits
-    stored on ``y_pred``, so ``tape.gradient(loss, y_pred)`` is ``None``. This
-    function evaluates ``loss_fn`` again on a plain copy of ``y_pred`` in a tape
-    of its own: the result is the gradient of the same loss as a function of the
-    prediction, and the training loss and weight gradients are left untouched.
-
-    The reduction is the loss function's own. With Keras' default
-    ``"sum_over_batch_size"``, J is the mean over the batch (also with
-    ``sample_weight``: the weighted sum divided by the batch size), so each
-    row of dJ/dŷ carries a factor 1/batch_size: multiply by the batch size
-    for per-example gradients. A ``loss_fn`` that returns a per-example
-    (non-scalar) loss is averaged over all its elements, which is the same
-    convention. The Keras mask of ``y_pred`` is kept, so masked time steps
-    get zero gradient, as in the training loss.
-
-    Args:
-        loss_fn: Any loss ``model.compile`` accepts: a name
-            (``"sparse_categorical_crossentropy"``), a ``keras.losses.Loss``,
-            a function ``loss_fn(y_true, y_pred)`` (or with ``sample_weight``)
-            returning a scalar or per-example losses, or a compiled model
-            (its compiled loss, with every output's loss and weight).
-        y_true: Targets.
-        y_pred: The model's prediction (a tensor or nested structure).
-        sample_weight: Optional per-example weights, passed to ``loss_fn``.
-
-    Returns:
-        dJ/dŷ with the structure and shapes of ``y_pred``.
+    The loss is evaluated in a tape of its own. The copy (``tf.identity``, with
+    the Keras mask kept) carries no ``_keras_logits``, so Keras' cross-entropies
+    compute the loss from the prediction itself, not from the logits behind a
+    softmax or sigmoid, and dJ/dŷ is connected.
 
     Example:
 

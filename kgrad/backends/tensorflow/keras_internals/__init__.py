@@ -5,8 +5,8 @@ A Keras release is one file to check: the TensorFlow backend reaches Keras
 beyond its public API (``keras.src`` modules, underscored attributes of
 models, layers, optimizers and tensors) only through these names, the
 backend-free ones re-exported from `kgrad.backends.common.keras_internals`.
-tests/test_import_rules.py checks that no other TensorFlow module imports
-``keras.src``.
+tests/test_import_rules.py checks that no other module imports ``keras.src``
+or reads a private name these modules read.
 
 >>> import keras
 >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")])
@@ -16,15 +16,18 @@ tests/test_import_rules.py checks that no other TensorFlow module imports
 """
 
 from keras.src import backend as _keras_backend
-from keras.src.backend.tensorflow import nn as tensorflow_nn  # noqa: F401 (its _get_logits and losses)
+from keras.src.backend.tensorflow import nn as tensorflow_nn  # noqa: F401 (its cross-entropies)
 from keras.src.losses.loss import unscale_loss_for_distribution  # noqa: F401
 
 from kgrad.backends.common.keras_internals import (  # noqa: F401
     Functional,
+    clip_gradients,
     compile_loss,
     flatten_layers,
     in_symbolic_scope,
     seed_generators,
+    slots,
+    variable_index,
 )
 
 #: ``name_scope(name, caller=...)``: Keras' name scope of the backend (the optimizer's variables).
@@ -97,6 +100,13 @@ def keras_logits(tensor):
     return getattr(tensor, "_keras_logits", None)
 
 
+def logits_behind(output, op_type, name):
+    """The logits Keras' cross-entropy ``name`` computes the loss from, given ``output``
+    (a ``op_type`` output: ``"Softmax"``, ``"Sigmoid"``), or ``output`` itself when it has none."""
+    logits, _ = tensorflow_nn._get_logits(output, False, op_type, name)
+    return logits
+
+
 # -- optimizers ----------------------------------------------------------------------------------
 
 
@@ -108,19 +118,3 @@ def optimizer_variables(optimizer):
 def tracks(optimizer, weight):
     """Whether ``optimizer`` was built for ``weight``."""
     return optimizer._var_key(weight) in getattr(optimizer, "_trainable_variables_indices", {})
-
-
-def variable_index(optimizer, weight):
-    """The index of ``weight`` in ``optimizer``'s slots."""
-    return optimizer._get_variable_index(weight)
-
-
-def slots(optimizer, name):
-    """One list of ``optimizer``'s state, per weight: ``"momentums"``, ``"velocities"``, ``"velocity_hats"``,
-    ``"m"`` or ``"u"`` (Adam, AdamW, Adamax, Nadam...)."""
-    return getattr(optimizer, f"_{name}")
-
-
-def clip_gradients(optimizer, gradients):
-    """``gradients`` clipped as ``optimizer.apply`` clips them (``clipnorm``, ``clipvalue``...)."""
-    return optimizer._clip_gradients(gradients)
