@@ -1,0 +1,133 @@
+"""Sampled running statistics of the applied update, for the z-scores of a skipped step (TensorFlow).
+
+A skipped step's gradient norm is scored against the spike window, which
+keeps every accepted step's gradient norms (the guard sums their squares
+every step anyway). Its update ratio, cos(g, w) and ``adam_rms`` need a pass
+over every parameter, so they are measured on one accepted step in
+``s`` only (`kgrad.plan.spike_rule.sample_every`) and kept in a window of
+``S`` samples per weight (`kgrad.plan.spike_rule.sample_slots`): the same
+values as a skip's table, of the update actually applied.
+
+A sample step does not apply and undo, as a skip does: the weights are
+snapshot (read) before the step's own update, which runs as on any step,
+and measured after it. Each side is a ``tf.cond`` whose taken branch is one
+function call (see `kgrad.backends.tensorflow.guard.spikes.SpikeState.record_skip`
+for why), so a step that is not a sample step pays two small branches.
+
+Example (graph code, in the branch that applies the update)::
+
+    samples.sampled_update(accepted, apply, optimizer, measured)
+"""
+
+import tensorflow as tf
+
+from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
+from kgrad.plan.spike_rule import SAMPLED_VALUES, sample_every, sample_slots
+
+
+def flat(tensor):
+    """``tensor`` as a float32 vector."""
+    return tf.reshape(tf.cast(tf.convert_to_tensor(tensor), tf.float32), [-1])
+
+
+def update_values(measured, old, new, rms):
+    """``[weights, len(SAMPLED_VALUES)]``: update ratio, cos(g, w) and ``rms`` of the update old → new.
+
+    Args:
+        measured: ``[(gradient, weight)]`` of the checked weight gradients.
+        old: Each weight before the update (flat float32), in ``measured``'s order.
+        new: Each weight after it.
+        rms: ``[weights]`` ``adam_rms`` of the update (NaN without a second moment).
+    """
+    weight_norms = tf.stack([tf.norm(w) for w in old])
+    update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
+    dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
+    grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
+    return tf.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
+
+
+def noinline(fn):
+    """``fn`` as one function-call op (TensorFlow visits every op of a branch not taken)."""
+    return tf.function(fn, autograph=False, experimental_attributes={"_noinline": True})
+
+
+class SampleWindow:
+    """Device variables of the samples of ``weights`` checked weights' `SAMPLED_VALUES`.
+
+    Args:
+        rule: The `kgrad.plan.spike_rule.SpikeRule`.
+        weights: How many weight gradients the guard checks.
+        adam_rms: ``fn(optimizer, measured) -> [weights]`` adam_rms of the update about to be made.
+    """
+
+    def __init__(self, rule, weights, adam_rms):
+        self.slots, self.every = sample_slots(rule), sample_every(rule)
+        self._adam_rms = adam_rms
+        self.values = state_variable(
+            tf.zeros([self.slots, max(weights, 1), len(SAMPLED_VALUES)]), "kgrad_spike_samples"
+        )
+        self.count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_sample_count")
+
+    def sampled_update(self, accepted, apply, optimizer, measured, inline=False):
+        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` accepted steps.
+
+        Args:
+            accepted: Accepted steps before this one (the step is the sample where a multiple of ``every``).
+            apply: Runs the step's own update, unchanged.
+            optimizer: The update's optimizer (for ``adam_rms``).
+            measured: ``[(gradient, weight)]`` of the checked weight gradients.
+            inline: Under several replicas (the cross-replica context): no nested function.
+        """
+        sample = tf.equal(accepted % self.every, 0)
+        weights = [weight for _, weight in measured]
+
+        def snapshot():
+            return [tf.identity(weight) for weight in weights], self._adam_rms(optimizer, measured)
+
+        def measure(before, rms):
+            table = update_values(measured, [flat(old) for old in before], [flat(w) for w in weights], rms)
+            scatter_nd_update(self.values, [[self.count % self.slots]], [table])
+            self.count.assign_add(1)
+            return tf.constant(0)
+
+        if in_xla():
+            # XLA's branches must give the same shapes, and a branch not taken costs nothing there:
+            # the update is traced in both (as the skip's branch traces it too).
+            def sampled():
+                before, rms = snapshot()
+                with tf.control_dependencies(before + [rms]):
+                    apply()
+                measure(before, rms)
+                return tf.constant(0)
+
+            tf.cond(sample, sampled, lambda: apply() or tf.constant(0))
+            return
+        wrap = (lambda fn: fn) if inline else noinline
+
+        def nothing():  # other shapes than the weights': without XLA a cond's outputs need only dtypes
+            empty = [tf.zeros([0] * len(weight.shape), weight.dtype) for weight in weights]
+            return empty, tf.zeros([len(weights)])
+
+        # Read before the update writes the weights (automatic control dependencies keep the
+        # program's order of a resource's reads and writes), so the write copies them first.
+        before, rms = tf.cond(sample, wrap(snapshot), nothing)
+        apply()
+        tf.cond(sample, wrap(lambda: measure(before, rms)), lambda: tf.constant(0))
+
+    def z_scores(self, values):
+        """Graph code: ``[weights, len(SAMPLED_VALUES)]`` z-scores of a skip's ``values`` against the samples.
+
+        (value − mean) / σ (n − 1) over the samples written (at most ``slots``);
+        NaN (absent) before 2 samples, where σ is 0, or a value is NaN
+        (`kgrad.plan.spike_rule.sampled_z_scores` is the NumPy reference).
+        """
+        filled = tf.minimum(self.count, self.slots)
+        count = tf.cast(filled, tf.float32)
+        mask = tf.cast(tf.range(self.slots, dtype=tf.int64) < filled, tf.float32)[:, None, None]
+        # Slots past `filled` were never written (zeros); a NaN sample (adam_rms) stays NaN.
+        mean = tf.reduce_sum(tf.where(mask > 0, self.values, 0.0), 0) / tf.maximum(count, 1.0)
+        squares = tf.reduce_sum(tf.where(mask > 0, tf.square(self.values - mean), 0.0), 0)
+        std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
+        known = tf.logical_and(filled >= 2, std > 0)
+        return tf.where(known, (values - mean) / tf.where(known, std, 1.0), float("nan")), count
