@@ -31,6 +31,7 @@ from kgrad.backends.jax.capture.loss_scale import (
     value_and_grad_noting_scale,
 )
 from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard.spike_samples import sample_now
 from kgrad.backends.jax.guard.part_spikes import PartJudge
 from kgrad.backends.jax.guard.sentinel import may_apply, tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
@@ -238,7 +239,7 @@ class CheckedParts:
         """``stateless_apply``'s result if the rows so far are clean (and no spike), else the values."""
         record, halt_updates, rule, compiled = self._behind_check
         squares, counts = self.checks()
-        apply, skip_table, judged = may_apply(counts, record, halt_updates), None, None
+        apply, skip_table, judged, sample = may_apply(counts, record, halt_updates), None, None, None
         if rule is not None:  # a spiking step is kept out as a non-finite one is
             gradient_squares = squares[len(squares) - (len(self.tensors) - 1):]
             judged = spike_rule.judge(record.spikes, rule, self.tensors[0], gradient_squares)
@@ -246,15 +247,17 @@ class CheckedParts:
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
             skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
-        (trainable, optimizer_variables), table = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table
+            sample = (sample_now(record.spikes, rule), spike_rule.sample_measure(self._model))
+        (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table,
+            sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        self._decided = (len(self._rows), (apply, chosen, None if judged is None else (judged, table)))
+        self._decided = (len(self._rows), (apply, chosen, None if judged is None else (judged, table, sampled)))
         return trainable, optimizer_variables
 
     def final_decision(self):
-        """``(apply, ids of the values chosen, (judged, table) or None)`` of the last update put behind
+        """``(apply, ids of the values chosen, (judged, table, sample) or None)`` of the last update put behind
         the check, if no row was kept after it (its choice is then the whole step's), else ``None``."""
         if self._decided is None or self._decided[0] != len(self._rows):
             return None

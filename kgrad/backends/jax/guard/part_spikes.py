@@ -21,6 +21,7 @@ import functools
 import jax.numpy as jnp
 
 from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard.spike_samples import sample_now
 
 
 class OwnStepPart:
@@ -59,7 +60,7 @@ class PartJudge:
     def __init__(self, model):
         self._model = model
         self._judging = None  # (records, halt_updates, rule, compiled), see `judge`
-        self._decisions = {}  # part number -> (judged, table, apply)
+        self._decisions = {}  # part number -> (judged, table, sample, apply)
         self.parts = []
 
     def judge(self, records, halt_updates, rule, compiled=True):
@@ -104,14 +105,16 @@ class PartJudge:
             weights=part.weights,
         )
         apply = jnp.logical_not(veto)
-        values, table = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked
+        measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights)
+        values, table, sampled = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked,
+            sample=(sample_now(spikes, rule), measure),
         )
-        self._decisions[part.number] = (judged, table, apply)
+        self._decisions[part.number] = (judged, table, sampled, apply)
         return values
 
     def decisions(self):
-        """Per part: ``(judged, table, apply)`` of its judged update."""
+        """Per part: ``(judged, table, sample, apply)`` of its judged update."""
         return [self._decisions[part.number] for part in self.parts]
 
 
@@ -133,8 +136,8 @@ def require_every_part_applied(model, parts):
 def recorded(rule, records, decisions, step_applied):
     """Each part's `SpikeRecord` after the step (``step_applied``: no NaN kept the whole step out)."""
     return tuple(
-        spike_rule.record_step(rule, record, judged, table, applied & step_applied)
-        for record, (judged, table, applied) in zip(records, decisions)
+        spike_rule.record_step(rule, record, judged, table, sampled, applied & step_applied)
+        for record, (judged, table, sampled, applied) in zip(records, decisions)
     )
 
 

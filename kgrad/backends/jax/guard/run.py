@@ -27,6 +27,7 @@ from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.plan.spike_rule import sample_every
 from kgrad.report.non_finite import report_of_counts
 
 
@@ -154,14 +155,18 @@ class GuardRun:
         if self._spikes is None or self.record is None:
             return None
         weights = tuple(name.partition("/")[2] for name in self._weight_names)
-        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1])
+        return self._reads.snapshot(
+            None, self.record.spikes, weights, moment_rule(optimizer)[1], sample_every(self._spikes)
+        )
 
     def read_part_spikes(self, number):
         """Host side: the `SpikeSnapshot` of part ``number`` of a model's own step."""
         if self.record is None:
             return None
         _, paths, optimizer = self._parts[number]
-        return self._reads.snapshot(number, self.record.spikes[number], paths, moment_rule(optimizer)[1])
+        return self._reads.snapshot(
+            number, self.record.spikes[number], paths, moment_rule(optimizer)[1], sample_every(self._part_spikes)
+        )
 
     def run_probed(self, probed_step, state, data):
         """One guarded probed step: ``(logs, state, {run: probe record})``."""
