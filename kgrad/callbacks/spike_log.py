@@ -19,7 +19,8 @@ from kgrad.plan.spike_rule import SKIP_COLUMNS, SKIP_SLOTS, SKIP_VALUES
 FEW_SAMPLES = ("fewer than 2 samples yet (one every {every} accepted steps; {count} at this step): "
                "{value} is kept for accepted steps by sampling, as σ (n − 1) needs two")
 #: Why a z-score is absent for some weights although the step had enough history.
-NO_SPREAD = "σ of its running statistics is 0 or not finite for {weights}"
+NO_SPREAD = ("its running statistics have fewer than 2 finite values, or σ 0, for {weights} "
+             "(an update ratio of a weight that was 0 is not finite)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -185,12 +185,108 @@ def sampled_z_scores(samples, count, values):
         values: ``[weights, len(SAMPLED_VALUES)]``: a skipped step's values.
 
     Returns:
-        (value − mean) / σ (n − 1) over the ``min(count, S)`` samples; NaN where
-        fewer than 2 samples exist, σ is 0, or a value or sample is NaN.
+        (value − mean) / σ (n − 1) over the finite ones of the ``min(count, S)``
+        samples; NaN where fewer than 2 are finite, σ is 0, or a value is NaN.
 
     >>> samples = np.array([[[1.0]], [[3.0]]])
     >>> float(sampled_z_scores(samples, 2, np.array([[4.0]]))[0, 0])
-    2.1213203435596424
+    1.414213562373095
+    """
+    filled = np.asarray(samples, np.float64)[: min(count, len(samples))]
+    finite = np.isfinite(filled)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = finite.sum(axis=0)
+        mean = np.where(finite, filled, 0.0).sum(axis=0) / n
+        std = np.sqrt(np.where(finite, (filled - mean) ** 2, 0.0).sum(axis=0) / (n - 1))
+        return np.where((n >= 2) & (std > 0), (np.asarray(values, np.float64) - mean) / std, np.nan)
+
+
+def judge(window, values, rule):
+    """``(spikes, score)`` of one step: NumPy's reading of the rule both backends compute.
+
+    Args:
+        window: ``[accepted steps, k]``: the accepted steps' values (the last
+            ``rule.window`` of them are used), the first two columns the
+            loss and the global gradient norm.
+        values: The step's loss and global gradient norm.
+        rule: The `SpikeRule`.
+
+    Returns:
+        Whether the step spikes, and its score: the largest
+        (ln x − mean)/max(σ, `MIN_LOG_SIGMA`) of the two, over the window's
+        logarithms (``None`` during the warm-up, or where neither can be
+        judged: a loss that is not positive has no logarithm).
+    """
+    window = np.asarray(window, np.float64)[-rule.window:, :2]
+    if len(window) < rule.warmup:
+        return False, None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs, step = log_values(window), log_values(np.asarray(values, np.float64)[:2])
+    mean, std = logs.mean(axis=0), logs.std(axis=0, ddof=1)
+    judged = np.isfinite(mean) & np.isfinite(step)
+    if not judged.any():
+        return False, None
+    score = float(np.max((step[judged] - mean[judged]) / np.maximum(std[judged], MIN_LOG_SIGMA)))
+    return score > rule.sigmas, score
+
+
+def log_values(values):
+    """ln of each value, NaN for one that is not positive (no logarithm); a 0 norm as float32's smallest."""
+    values = np.asarray(values, np.float64)
+    logs = np.log(np.maximum(values, np.finfo(np.float32).tiny))
+    logs[..., :1] = np.where(values[..., :1] > 0, logs[..., :1], np.nan)  # the loss
+    return logs
+
+
+#: The columns of a skipped step's per-weight table on the device: `SKIP_VALUES`, then each
+#: value's z-score (the gradient norm's against its column of the window, the others' against
+#: the weight's samples, `SAMPLED_VALUES`), then how many samples those were.
+SKIP_COLUMNS = SKIP_VALUES + tuple(f"z_{name}" for name in SKIP_VALUES) + ("samples",)
+
+#: The per-weight values of the update actually applied, sampled every `sample_every` accepted
+#: steps into a second device window of `sample_slots` samples (the skip's z-scores of these are
+#: taken against it): the gradient norm is kept every accepted step, from sums of squares the guard
+#: computes anyway, but these need a pass over every parameter.
+SAMPLED_VALUES = SKIP_VALUES[1:]
+
+#: Samples per weight kept in the window of `SAMPLED_VALUES` (at most; fewer for a window shorter).
+SAMPLE_SLOTS = 16
+
+
+def sample_slots(rule):
+    """S: samples kept per weight, ``min(SAMPLE_SLOTS, rule.window)``.
+
+    >>> sample_slots(SpikeRule(window=128)), sample_slots(SpikeRule(window=8))
+    (16, 8)
+    """
+    return min(SAMPLE_SLOTS, rule.window)
+
+
+def sample_every(rule):
+    """s: one sample every s accepted steps, ``max(1, window // S)``, so the S samples span at most
+    the N accepted steps of the gradient norm's window (all N when S divides N: 8 × 16 = 128).
+
+    >>> sample_every(SpikeRule(window=128)), sample_every(SpikeRule(window=32)), sample_every(SpikeRule(window=20))
+    (8, 2, 1)
+    """
+    return max(1, rule.window // sample_slots(rule))
+
+
+def sampled_z_scores(samples, count, values):
+    """NumPy reference: ``[weights, len(SAMPLED_VALUES)]`` z-scores of ``values`` against ``samples``.
+
+    Args:
+        samples: ``[S, weights, len(SAMPLED_VALUES)]``: the sample window (slot ``i % S`` of sample ``i``).
+        count: Samples written since the fit began.
+        values: ``[weights, len(SAMPLED_VALUES)]``: a skipped step's values.
+
+    Returns:
+        (value − mean) / σ (n − 1) over the finite ones of the ``min(count, S)``
+        samples; NaN where fewer than 2 are finite, σ is 0, or a value is NaN.
+
+    >>> samples = np.array([[[1.0]], [[3.0]]])
+    >>> float(sampled_z_scores(samples, 2, np.array([[4.0]]))[0, 0])
+    1.414213562373095
     """
     filled = np.asarray(samples, np.float64)[: min(count, len(samples))]
     if len(filled) < 2:

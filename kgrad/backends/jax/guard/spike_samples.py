@@ -16,7 +16,7 @@ Example:
 >>> samples = jnp.array([[[1.0]], [[3.0]]])
 >>> z, count = z_scores(samples, jnp.asarray(2), jnp.array([[4.0]]))
 >>> round(float(z[0, 0]), 4), float(count)
-(2.1213, 2.0)
+(1.4142, 2.0)
 """
 
 import jax.numpy as jnp
@@ -61,17 +61,18 @@ def with_sample(record, taken, sampled):
 def z_scores(samples, sample_count, values):
     """``([weights, 3] z-scores of a skip's ``values`` against ``samples``, samples used)``.
 
-    (value − mean) / σ (n − 1) over the samples written (at most ``S``); NaN
-    (absent) before 2 samples, where σ is 0, or a value is NaN
+    (value − mean) / σ (n − 1) over the finite samples written (at most ``S``);
+    NaN (absent) before 2 of them, where σ is 0, or a value is NaN
     (`kgrad.plan.spike_rule.sampled_z_scores` is the NumPy reference).
     """
     slots = samples.shape[0]
     filled = jnp.minimum(sample_count, slots)
-    count = filled.astype(jnp.float32)
-    mask = (jnp.arange(slots) < filled)[:, None, None]
-    # Slots past `filled` were never written (zeros); a NaN sample (adam_rms) stays NaN.
-    mean = jnp.sum(jnp.where(mask, samples, 0.0), 0) / jnp.maximum(count, 1.0)
-    variance = jnp.sum(jnp.where(mask, jnp.square(samples - mean), 0.0), 0) / jnp.maximum(count - 1.0, 1.0)
+    # Slots past `filled` were never written; a sample that is not finite (a zero-initialized bias's
+    # first update ratio, adam_rms without a second moment) is left out of its weight's statistics.
+    valid = (jnp.arange(slots) < filled)[:, None, None] & jnp.isfinite(samples)
+    count = jnp.sum(valid, 0).astype(jnp.float32)
+    mean = jnp.sum(jnp.where(valid, samples, 0.0), 0) / jnp.maximum(count, 1.0)
+    variance = jnp.sum(jnp.where(valid, jnp.square(samples - mean), 0.0), 0) / jnp.maximum(count - 1.0, 1.0)
     std = jnp.sqrt(variance)
-    known = (filled >= 2) & (std > 0)
-    return jnp.where(known, (values - mean) / jnp.where(known, std, 1.0), jnp.nan), count
+    known = (count >= 2) & (std > 0)
+    return jnp.where(known, (values - mean) / jnp.where(known, std, 1.0), jnp.nan), filled.astype(jnp.float32)

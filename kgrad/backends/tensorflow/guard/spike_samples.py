@@ -118,16 +118,19 @@ class SampleWindow:
     def z_scores(self, values):
         """Graph code: ``[weights, len(SAMPLED_VALUES)]`` z-scores of a skip's ``values`` against the samples.
 
-        (value − mean) / σ (n − 1) over the samples written (at most ``slots``);
-        NaN (absent) before 2 samples, where σ is 0, or a value is NaN
+        (value − mean) / σ (n − 1) over the finite samples written (at most
+        ``slots``); NaN (absent) before 2 of them, where σ is 0, or a value is NaN
         (`kgrad.plan.spike_rule.sampled_z_scores` is the NumPy reference).
         """
         filled = tf.minimum(self.count, self.slots)
-        count = tf.cast(filled, tf.float32)
-        mask = tf.cast(tf.range(self.slots, dtype=tf.int64) < filled, tf.float32)[:, None, None]
-        # Slots past `filled` were never written (zeros); a NaN sample (adam_rms) stays NaN.
-        mean = tf.reduce_sum(tf.where(mask > 0, self.values, 0.0), 0) / tf.maximum(count, 1.0)
-        squares = tf.reduce_sum(tf.where(mask > 0, tf.square(self.values - mean), 0.0), 0)
+        # Slots past `filled` were never written; a sample that is not finite (a zero-initialized
+        # bias's first update ratio, adam_rms without a second moment) is left out of its weight's.
+        written = (tf.range(self.slots, dtype=tf.int64) < filled)[:, None, None]
+        valid = tf.logical_and(written, tf.math.is_finite(self.values))
+        count = tf.reduce_sum(tf.cast(valid, tf.float32), 0)
+        mean = tf.reduce_sum(tf.where(valid, self.values, 0.0), 0) / tf.maximum(count, 1.0)
+        squares = tf.reduce_sum(tf.where(valid, tf.square(self.values - mean), 0.0), 0)
         std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
-        known = tf.logical_and(filled >= 2, std > 0)
-        return tf.where(known, (values - mean) / tf.where(known, std, 1.0), float("nan")), count
+        known = tf.logical_and(count >= 2, std > 0)
+        z = tf.where(known, (values - mean) / tf.where(known, std, 1.0), float("nan"))
+        return z, tf.cast(filled, tf.float32)
