@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kgrad
-from kgrad.plan.spike_rule import MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots
+from kgrad.plan.spike_rule import MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots, sampled_z_scores
 
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
@@ -303,3 +303,59 @@ def fit_with_a_fault(callbacks, steps_per_epoch, epochs, fault_step=None, batch=
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
     model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[*callbacks, guard])
     return guard
+
+
+def _device_z_scores(samples, count, values):
+    """The backend's z-scores of ``values`` against a window of ``samples`` (``count`` written)."""
+    if keras.backend.backend() == "jax":
+        import jax.numpy as jnp
+
+        from kgrad.backends.jax.guard.spike_samples import z_scores
+
+        return np.array(z_scores(jnp.asarray(samples), jnp.asarray(count), jnp.asarray(values))[0])
+    from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow
+
+    window = SampleWindow(SpikeRule(window=len(samples), warmup=2), samples.shape[1], adam_rms=None)
+    window.values.assign(samples)
+    window.count.assign(count)
+    return np.array(window.z_scores(values)[0])
+
+
+def test_the_sampled_z_scores_leave_out_what_is_not_finite_and_need_two_samples_and_a_spread():
+    rng = np.random.default_rng(1)
+    samples = rng.lognormal(size=(4, 3, 3)).astype("float32")
+    samples[0, 0, 0], samples[1, 0, 1] = np.inf, np.nan  # a zero bias's first ratio; a NaN
+    samples[:, 1, 2] = 0.5  # σ 0
+    samples[:, 2, 2] = np.nan  # adam_rms without a second moment
+    values = rng.lognormal(size=(3, 3)).astype("float32")
+    values[0, 2] = np.nan
+    for count in (1, 2, 3, 9):  # before 2 samples; partly filled; wrapped round (all 4 slots)
+        expected = sampled_z_scores(samples, count, values)
+        assert np.isnan(expected).any() and (count < 2 or np.isfinite(expected).any())
+        np.testing.assert_allclose(_device_z_scores(samples, count, values), expected, rtol=1e-5,
+                                   equal_nan=True, err_msg=f"count {count}")
+    # By hand: the first weight's update ratio over its finite samples of 3 written.
+    finite = samples[1:3, 0, 0].astype(np.float64)
+    assert sampled_z_scores(samples, 3, values)[0, 0] == pytest.approx(
+        (values[0, 0] - finite.mean()) / finite.std(ddof=1))
+
+
+def test_a_missing_z_score_says_why():
+    from kgrad.callbacks.spike_log import skipped_step
+    from kgrad.plan.spike_rule import SKIP_COLUMNS
+
+    table = np.ones((2, len(SKIP_COLUMNS)))
+    table[:, SKIP_COLUMNS.index("samples")] = 1
+    sampled_z = [SKIP_COLUMNS.index(f"z_{name}") for name in ("update_ratio", "cos_grad_weight", "adam_rms")]
+    table[:, sampled_z] = np.nan  # as the device leaves them before 2 samples
+    few = skipped_step(3, table, ("a/kernel", "a/bias"), None, sample_every=8)
+    assert set(few.z_scores) == {"grad_norm"}
+    assert "fewer than 2 samples yet (one every 8 accepted steps; 1 at this step)" in few.absent["z_update_ratio"]
+    table[:, SKIP_COLUMNS.index("samples")] = 16
+    table[:, sampled_z[:2]] = 1.0
+    table[1, SKIP_COLUMNS.index("z_cos_grad_weight")] = np.nan
+    table[:, SKIP_COLUMNS.index("adam_rms")] = np.nan
+    spread = skipped_step(3, table, ("a/kernel", "a/bias"), "keeps no second moment (SGD)", sample_every=8)
+    assert spread.z_scores["cos_grad_weight"] == {"a/kernel": 1.0} and "adam_rms" not in spread.z_scores
+    assert "σ 0, for a/bias" in spread.absent["z_cos_grad_weight"]
+    assert "SGD" in spread.absent["z_adam_rms"] and "z_update_ratio" not in spread.absent
