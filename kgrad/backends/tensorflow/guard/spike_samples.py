@@ -8,11 +8,16 @@ over every parameter, so they are measured on one accepted step in
 ``S`` samples per weight (`kgrad.plan.spike_rule.sample_slots`): the same
 values as a skip's table, of the update actually applied.
 
-A sample step does not apply and undo, as a skip does: the weights are
-snapshot (read) before the step's own update, which runs as on any step,
-and measured after it. Each side is a ``tf.cond`` whose taken branch is one
-function call (see `kgrad.backends.tensorflow.guard.spikes.SpikeState.record_skip`
-for why), so a step that is not a sample step pays two small branches.
+A sample step does not apply and undo, as a skip does: in one branch of a
+``tf.cond`` the weights are read (and ``adam_rms`` computed from the
+gradients and Adam's moments) before the step's own update, which then runs
+as on any step, and measured after it; the other branch is the update alone.
+Without XLA the sample branch is one function call (TensorFlow visits every
+op of a branch not taken: see
+`kgrad.backends.tensorflow.guard.spikes.SpikeState.record_skip`), so a step
+that is not a sample step pays a remainder, a branch and one call op not run.
+Two branches around the update (a read before it, a measure after it) cost
+more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken).
 
 Example (graph code, in the branch that applies the update)::
 
@@ -91,29 +96,18 @@ class SampleWindow:
             self.count.assign_add(1)
             return tf.constant(0)
 
-        if in_xla():
-            # XLA's branches must give the same shapes, and a branch not taken costs nothing there:
-            # the update is traced in both (as the skip's branch traces it too).
-            def sampled():
-                before, rms = snapshot()
-                with tf.control_dependencies(before + [rms]):
-                    apply()
-                measure(before, rms)
-                return tf.constant(0)
+        def sampled():
+            before, rms = snapshot()
+            with tf.control_dependencies(before + [rms]):
+                apply()
+            measure(before, rms)
+            return tf.constant(0)
 
-            tf.cond(sample, sampled, lambda: apply() or tf.constant(0))
-            return
-        wrap = (lambda fn: fn) if inline else noinline
-
-        def nothing():  # other shapes than the weights': without XLA a cond's outputs need only dtypes
-            empty = [tf.zeros([0] * len(weight.shape), weight.dtype) for weight in weights]
-            return empty, tf.zeros([len(weights)])
-
-        # Read before the update writes the weights (automatic control dependencies keep the
-        # program's order of a resource's reads and writes), so the write copies them first.
-        before, rms = tf.cond(sample, wrap(snapshot), nothing)
-        apply()
-        tf.cond(sample, wrap(lambda: measure(before, rms)), lambda: tf.constant(0))
+        # A branch not taken costs its every op without XLA (one call op here); within XLA it
+        # costs nothing, and a nested function would only be inlined. The update is traced in
+        # both branches, as the skip's branch traces it too.
+        wrap = (lambda fn: fn) if inline or in_xla() else noinline
+        tf.cond(sample, wrap(sampled), lambda: apply() or tf.constant(0))
 
     def z_scores(self, values):
         """Graph code: ``[weights, len(SAMPLED_VALUES)]`` z-scores of a skip's ``values`` against the samples.
