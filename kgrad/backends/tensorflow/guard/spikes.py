@@ -199,7 +199,9 @@ class SpikeState:
             inner, [tf.cast(tf.convert_to_tensor(g), tf.float32) for g, _ in measured]
         )
         indices = [keras_internals.variable_index(inner, weight) for _, weight in measured]
-        rms, _ = moment_statistics(rule, inner, indices, applied, sigmas=6.0)
+        # One weight a pass: no concatenation of every weight's entries (on a sample step of the
+        # benchmark MLP, 1.36 of the guard against 1.49 with the instrument's chunks).
+        rms, _ = moment_statistics(rule, inner, indices, applied, sigmas=6.0, chunk_entries=1)
         return rms
 
     def read(self, weights, optimizer):
