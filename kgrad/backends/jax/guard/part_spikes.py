@@ -21,7 +21,6 @@ import functools
 import jax.numpy as jnp
 
 from kgrad.backends.jax.guard import spikes as spike_rule
-from kgrad.backends.jax.guard.spike_samples import sample_now
 
 
 class OwnStepPart:
@@ -59,13 +58,14 @@ class PartJudge:
 
     def __init__(self, model):
         self._model = model
-        self._judging = None  # (records, halt_updates, rule, compiled), see `judge`
+        self._judging = None  # (records, halt_updates, rule, compiled, sampling), see `judge`
         self._decisions = {}  # part number -> (judged, table, sample, apply)
         self.parts = []
 
-    def judge(self, records, halt_updates, rule, compiled=True):
-        """Judges each part inside its update (``records``: one `SpikeRecord` per part)."""
-        self._judging = (records, halt_updates, rule, compiled)
+    def judge(self, records, halt_updates, rule, compiled=True, sampling=False):
+        """Judges each part inside its update (``records``: one `SpikeRecord` per part; ``sampling``:
+        a sample step, each part's update measured for its samples)."""
+        self._judging = (records, halt_updates, rule, compiled, sampling)
 
     def add(self, name, loss_index, checked, leaves, weights, paths):
         """Notes a part (its loss at ``loss_index`` of the step's tensors, ``checked`` gradients after it)."""
@@ -92,7 +92,7 @@ class PartJudge:
         ``tensors``: `CheckedParts.tensors` (the part's loss and gradients among
         them); ``stateless_apply``: the optimizer's own, and its arguments.
         """
-        records, halt_updates, rule, compiled = self._judging
+        records, halt_updates, rule, compiled, sampling = self._judging
         spikes = records[part.number]
         checked = tensors[part.loss_index + 1 : part.loss_index + 1 + part.checked]
         squares = jnp.stack([jnp.sum(jnp.square(g.astype(jnp.float32))) for g in checked])
@@ -105,10 +105,10 @@ class PartJudge:
             weights=part.weights,
         )
         apply = jnp.logical_not(veto)
-        measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights)
+        measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights) if sampling else None
         values, table, sampled = spike_rule.update_unless_skipped(
             apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked,
-            sample=(sample_now(spikes, rule), measure),
+            sample=measure,
         )
         self._decisions[part.number] = (judged, table, sampled, apply)
         return values

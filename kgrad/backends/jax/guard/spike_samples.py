@@ -5,10 +5,14 @@ skipped step's update ratio, cos(g, w) and ``adam_rms`` are scored against
 samples of the update actually applied, one every ``s`` accepted steps
 (`kgrad.plan.spike_rule.sample_every`), ``S`` per weight
 (`kgrad.plan.spike_rule.sample_slots`), kept in the `SpikeRecord`'s
-``samples``. A sample step is a third branch of the update's ``lax.switch``
-(`kgrad.backends.jax.guard.spikes.update_unless_skipped`): the same
-``stateless_apply`` once, its result kept as the update, measured from the
-weights before and after it.
+``samples``. The host runs every ``s``-th step as a sample step: a second
+compiled step whose update's branch
+(`kgrad.backends.jax.guard.spikes.update_unless_skipped`) runs the same
+``stateless_apply`` once, keeps its result as the update and measures it
+from the weights before and after it. A sample branch inside the one step
+would cost every step: XLA then copies every weight and Adam moment on every
+step, since a branch that reads them after writing them rules out the
+in-place update (benchmarks/RESULTS.md).
 
 Example:
 
@@ -21,7 +25,6 @@ Example:
 
 import jax.numpy as jnp
 
-from kgrad.plan.spike_rule import sample_every
 
 
 def flat(tensor):
@@ -42,11 +45,6 @@ def update_values(gradients, old, new, rms):
     dots = jnp.stack([jnp.sum(flat(g) * flat(w)) for g, w in zip(gradients, old)])
     grad_norms = jnp.stack([jnp.linalg.norm(flat(g)) for g in gradients])
     return jnp.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
-
-
-def sample_now(record, rule):
-    """Whether an update applied at this step is sampled: the accepted steps before it a multiple of s."""
-    return record.accepted % sample_every(rule) == 0
 
 
 def with_sample(record, taken, sampled):

@@ -209,15 +209,14 @@ def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, tr
 
     The one branch of a skipped update, for Keras' step's part and each part of
     a model's own step: ``stateless_apply(optimizer_variables, grads,
-    trainable)`` in one branch of a ``lax.switch``, and in another the values
+    trainable)`` in one branch of a ``lax.cond``, and in the other the values
     given and ``skip_table(grads, trainable, optimizer_variables)``
     (`table_if_new_spike`; zeros of ``rows`` weights when ``None``), so that the
-    update writes in place. ``sample``: ``(whether, measure)``: where the update
-    is applied and ``whether``, a third branch runs the same ``stateless_apply``
-    once, keeps it as the update and gives ``measure(grads, trainable, *its
-    result)`` (`sample_measure`; zeros elsewhere). Eagerly (``compiled`` false)
-    a ``lax.switch`` would compile the update, rounding unlike Keras' eager
-    step: every one runs, a select chooses.
+    update writes in place. ``sample`` (`sample_measure`, in the step the host
+    runs as a sample step only): the update's branch also gives
+    ``sample(grads, trainable, *its result)`` (zeros where skipped; ``None``
+    without it). Eagerly (``compiled`` false) a ``lax.cond`` would compile the
+    update, rounding unlike Keras' eager step: both run, a select chooses.
     """
     operands = (list(grads), list(trainable), list(optimizer_variables))
     rows = len(operands[0]) if rows is None else rows
@@ -226,34 +225,27 @@ def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, tr
     def update(operands):
         gradients, trainable, optimizer_variables = operands
         updated = stateless_apply(optimizer_variables, gradients, trainable)
-        return updated, jnp.zeros(width, jnp.float32), jnp.zeros(sample_width, jnp.float32)
-
-    def sampled_update(operands):
-        gradients, trainable, optimizer_variables = operands
-        updated = stateless_apply(optimizer_variables, gradients, trainable)
-        return updated, jnp.zeros(width, jnp.float32), sample[1](gradients, trainable, *updated)
+        measured = None if sample is None else sample(gradients, trainable, *updated)
+        return updated, jnp.zeros(width, jnp.float32), measured
 
     def skipped(operands):
         table = jnp.zeros(width, jnp.float32) if skip_table is None else skip_table(*operands)
-        return operands[1:], table, jnp.zeros(sample_width, jnp.float32)
+        return operands[1:], table, None if sample is None else jnp.zeros(sample_width, jnp.float32)
 
     if compiled:
-        if sample is None:
-            return jax.lax.cond(apply, update, skipped, operands)
-        branch = jnp.where(apply, jnp.where(sample[0], 2, 1), 0)
-        return jax.lax.switch(branch, [skipped, update, sampled_update], operands)
+        return jax.lax.cond(apply, update, skipped, operands)
     kept, table, _ = skipped(operands)
-    updated, _, measured = (update if sample is None else sampled_update)(operands)
-    taken = apply if sample is None else apply & sample[0]
-    return select_leaves(apply, updated, kept), table, jnp.where(taken, measured, 0.0)
+    updated, _, measured = update(operands)
+    return select_leaves(apply, updated, kept), table, measured
 
 
 def record_step(rule, spikes, judged, table, sampled, accepted):
     """The record after the decision: ``table`` kept as a skip where the step newly spiked,
-    ``sampled`` as a sample where the update was accepted on a sample step, its row."""
+    ``sampled`` (or ``None``: not a sample step) as a sample where the update was accepted, its row."""
     spike = judged[1] & jnp.logical_not(spikes.tripped)
     record = with_skip(spikes, spike, table)
-    record = spike_samples.with_sample(record, accepted & spike_samples.sample_now(spikes, rule), sampled)
+    if sampled is not None:
+        record = spike_samples.with_sample(record, accepted, sampled)
     return after_step(record, rule, judged, accepted)
 
 
