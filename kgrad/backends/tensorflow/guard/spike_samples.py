@@ -17,7 +17,7 @@ op of a branch not taken: see
 `kgrad.backends.tensorflow.guard.spikes.SpikeState.record_skip`), so a step
 that is not a sample step pays a remainder, a branch and one call op not run.
 Two branches around the update (a read before it, a measure after it) cost
-more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken).
+more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken after the first).
 
 Example (graph code, in the branch that applies the update)::
 
