@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import kgrad
-from kgrad.plan.spike_rule import MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots, sampled_z_scores
+from kgrad.plan.spike_rule import (
+    MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots, sampled_z_scores,
+)
 
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
@@ -148,14 +150,15 @@ def test_the_numpy_rule_judges_logarithms_after_its_warmup_with_a_floor_on_sigma
 
 
 def _adam_values(step, kernel, bias, moments, x, y):
-    """``{value: {weight: float}}`` of step ``step`` from NumPy: MSE gradients of a Dense layer, Adam's update.
+    """``{value: {weight: float}}`` of step ``step`` by NumPy: a Dense layer's MSE gradients, Adam.
 
     ``moments``: ``(m kernel, m bias, v kernel, v bias)`` before the step; it is Adam's
     ``step + 1``-th update (no step before it was skipped).
     """
     xb, yb = (a[step * BATCH : (step + 1) * BATCH].astype(np.float64) for a in (x, y))
     residual = xb @ kernel + bias - yb
-    grads = {"out/kernel": 2 * xb.T @ residual / residual.size, "out/bias": 2 * residual.sum(0) / residual.size}
+    grads = {"out/kernel": 2 * xb.T @ residual / residual.size,
+             "out/bias": 2 * residual.sum(0) / residual.size}
     t = step + 1
     values = {name: {} for name in ("grad_norm", "update_ratio", "cos_grad_weight", "adam_rms")}
     for number, (name, weight) in enumerate((("out/kernel", kernel), ("out/bias", bias))):
@@ -193,8 +196,8 @@ def _sampled_z_reference(states, skip_values, x, y):
     """
     rule = SpikeRule(window=WINDOW, warmup=WARMUP)
     steps = list(range(0, SPIKE, sample_every(rule)))[-sample_slots(rule):]
-    samples = {name: {w: [] for w in ("out/kernel", "out/bias")} for name in ("update_ratio", "cos_grad_weight",
-                                                                             "adam_rms")}
+    samples = {name: {w: [] for w in ("out/kernel", "out/bias")}
+               for name in ("update_ratio", "cos_grad_weight", "adam_rms")}
     for step in steps:
         (kernel, bias, *moments), (new_kernel, new_bias, *_) = states[step], states[step + 1]
         hand = _adam_values(step, kernel.astype(np.float64), bias.astype(np.float64), moments, x, y)
@@ -224,7 +227,9 @@ def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
     z_reference = _sampled_z_reference(model._kgrad_test_states, skipped.values, x, y)
     for name, per_weight in z_reference.items():
         for weight, z in per_weight.items():
-            np.testing.assert_allclose(skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=f"z {name} {weight}")
+            np.testing.assert_allclose(
+                skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=f"z {name} {weight}"
+            )
     assert skipped.absent == {}  # every z-score is there: none says why it is missing
 
 
@@ -350,7 +355,8 @@ def test_a_missing_z_score_says_why():
     table[:, sampled_z] = np.nan  # as the device leaves them before 2 samples
     few = skipped_step(3, table, ("a/kernel", "a/bias"), None, sample_every=8)
     assert set(few.z_scores) == {"grad_norm"}
-    assert "fewer than 2 samples yet (one every 8 accepted steps; 1 at this step)" in few.absent["z_update_ratio"]
+    reason = "fewer than 2 samples yet (one every 8 accepted steps; 1 at this step)"
+    assert reason in few.absent["z_update_ratio"]
     table[:, SKIP_COLUMNS.index("samples")] = 16
     table[:, sampled_z[:2]] = 1.0
     table[1, SKIP_COLUMNS.index("z_cos_grad_weight")] = np.nan

@@ -171,9 +171,11 @@ def test_the_skipped_parts_values_equal_a_hand_reference(gan_fit, gan_kit):
     history = gan_fit[1]._kgrad_test_weights
     for number, weight in enumerate(weights):
         path = weight.path.removeprefix("discriminator/")
-        old, new = ([np.array(history[step + after][number], np.float64) for step in steps] for after in (0, 1))
+        old, new = ([np.array(history[step + after][number], np.float64) for step in steps]
+                    for after in (0, 1))
         ratios = [np.linalg.norm(n - o) / np.linalg.norm(o) for o, n in zip(old, new)]
-        cosines = [np.sum((o - n) * o) / (np.linalg.norm(o - n) * np.linalg.norm(o)) for o, n in zip(old, new)]
+        cosines = [np.sum((o - n) * o) / (np.linalg.norm(o - n) * np.linalg.norm(o))
+                   for o, n in zip(old, new)]
         for name, samples in (("update_ratio", ratios), ("cos_grad_weight", cosines)):
             z = (skipped.values[name][path] - np.mean(samples)) / np.std(samples, ddof=1)
             np.testing.assert_allclose(skipped.z_scores[name][path], z, rtol=1e-4, err_msg=f"z {name} {path}")

@@ -170,8 +170,8 @@ def sample_every(rule):
     """s: one sample every s accepted steps, ``max(1, window // S)``, so the S samples span at most
     the N accepted steps of the gradient norm's window (all N when S divides N: 8 × 16 = 128).
 
-    >>> sample_every(SpikeRule(window=128)), sample_every(SpikeRule(window=32)), sample_every(SpikeRule(window=20))
-    (8, 2, 1)
+    >>> [sample_every(SpikeRule(window=n)) for n in (128, 32, 20)]
+    [8, 2, 1]
     """
     return max(1, rule.window // sample_slots(rule))
 

@@ -51,7 +51,8 @@ def fit():
 
 
 def fit_own_step():
-    """``(skipped (step, part)s, both optimizers' iterations, the first skip's values and z-scores)`` of the GAN.
+    """``(skipped (step, part)s, both optimizers' iterations, the first skip's values and z-scores)``
+    of the GAN.
 
     The GAN of tests/jax/test_spike_skipping_own_step_jax.py; the real examples of its step 20
     scaled x1000: the discriminator's part spikes, the generator's does not.
@@ -99,7 +100,8 @@ def test_a_spike_is_skipped_under_data_parallel_with_the_values_of_one_device(on
     steps, iterations, values = on_two_devices[0]
     one_steps, one_iterations, one_values = fit()
     assert steps == one_steps == [40] and iterations == one_iterations == 49
-    assert {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"} <= set(values)  # sampled: the global update's
+    # The sampled ones too, of the global update.
+    assert {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"} <= set(values)
     _assert_values_equal(values, one_values)
 
 

@@ -254,11 +254,12 @@ class CheckedParts:
             sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        self._decided = (len(self._rows), (apply, chosen, None if judged is None else (judged, table, sampled)))
+        spiked = None if judged is None else (judged, table, sampled)
+        self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
 
     def final_decision(self):
-        """``(apply, ids of the values chosen, (judged, table, sample) or None)`` of the last update put behind
+        """``(apply, ids of the values chosen, (judged, table, sample) or None)`` of the last update behind
         the check, if no row was kept after it (its choice is then the whole step's), else ``None``."""
         if self._decided is None or self._decided[0] != len(self._rows):
             return None

@@ -57,11 +57,8 @@ class GuardRun:
         self._plain = self._jit(self._guarded(self._step, behind_check=True), outputs=4)
         # Every s-th step run measures its update for the spike rule's samples: a step of its own,
         # as a branch in every step would cost every step (`spike_samples`).
-        rule = self._spikes or self._part_spikes
-        self._sample_every = None if rule is None else sample_every(rule)
-        self._sampled = None if rule is None else self._jit(
-            self._guarded(self._step, behind_check=True, sampling=True), outputs=4
-        )
+        self._sample_every = None if config.spikes is None else sample_every(config.spikes)
+        self._sampled = self._jit(self._guarded(self._step, behind_check=True, sampling=True), outputs=4)
         self._probed = {}  # id(probed step) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
@@ -165,9 +162,8 @@ class GuardRun:
         if self._spikes is None or self.record is None:
             return None
         weights = tuple(name.partition("/")[2] for name in self._weight_names)
-        return self._reads.snapshot(
-            None, self.record.spikes, weights, moment_rule(optimizer)[1], self._sample_every
-        )
+        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1],
+                                    self._sample_every)
 
     def read_part_spikes(self, number):
         """Host side: the `SpikeSnapshot` of part ``number`` of a model's own step."""

@@ -129,7 +129,8 @@ def with_skip(record, spike, table):
     )
 
 
-def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer=None, weights=None):
+def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer=None,
+               weights=None):
     """``[weights, len(SKIP_COLUMNS)]``: the would-be update's per-weight values (``stateless_apply``).
 
     Each value's z-score: the gradient norm's against the window of ``spikes``
@@ -198,14 +199,17 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
     width = (len(gradients), len(SKIP_COLUMNS))
     return jax.lax.cond(
         spike,
-        lambda: skip_table(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights),
+        lambda: skip_table(
+            model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights
+        ),
         lambda: jnp.zeros(width, jnp.float32),
     )
 
 
 def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, trainable, compiled,
                           skip_table=None, rows=None, sample=None):
-    """``((trainable, optimizer variables), skip table, sample)``: the update where ``apply``, else the values given.
+    """``((trainable, optimizer variables), skip table, sample)``: the update where ``apply``, else
+    the values given.
 
     The one branch of a skipped update, for Keras' step's part and each part of
     a model's own step: ``stateless_apply(optimizer_variables, grads,

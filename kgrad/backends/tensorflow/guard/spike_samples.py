@@ -75,7 +75,8 @@ class SampleWindow:
         self.count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_sample_count")
 
     def sampled_update(self, accepted, apply, optimizer, measured, inline=False):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` accepted steps.
+        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` accepted
+        steps.
 
         Args:
             accepted: Accepted steps before this one (the step is the sample where a multiple of ``every``).

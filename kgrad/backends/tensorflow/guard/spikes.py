@@ -55,7 +55,7 @@ class SpikeState:
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
     def applied_update(self, apply, optimizer, measured, inline=False):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow.sampled_update`)."""
+        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`)."""
         self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline)
 
     def judge(self, loss, weight_squares):
