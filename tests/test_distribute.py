@@ -234,6 +234,8 @@ def test_spike_skipping_under_mirrored_skips_as_on_one_device(mirrored, tmp_path
     one, _ = distributed_fit.guard_spike(tf.distribute.get_strategy(), str(tmp_path / "logs"))
     assert fields["steps"] == one["steps"] == [distributed_fit.SPIKE_BATCH] and not fields["stopped"]
     assert fields["iterations"] == one["iterations"] == 49  # 50 batches, one update skipped
+    # Every value's z-score, the sampled ones' against samples of the global update (not a replica's).
+    assert set(fields["z_scores"]) == {"grad_norm", "update_ratio", "cos_grad_weight", "adam_rms"}
     for kind in ("values", "z_scores"):
         assert fields[kind].keys() == one[kind].keys() and fields[kind]
         for name, per_weight in one[kind].items():

@@ -11,10 +11,15 @@ import numpy as np
 import pytest
 
 import kgrad
-from kgrad.plan.spike_rule import MIN_LOG_SIGMA, SpikeRule, judge
+from kgrad.plan.spike_rule import (
+    MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots, sampled_z_scores,
+)
 
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
+# A window of 32 accepted steps judged from the 16th: the update's values are sampled every
+# 2nd accepted step into 16 samples (`sample_every`, `sample_slots`).
+WINDOW, WARMUP = 32, 16
 
 
 def _data(steps=STEPS, fault=(SPIKE,), scale=1000.0):
@@ -26,7 +31,28 @@ def _data(steps=STEPS, fault=(SPIKE,), scale=1000.0):
     return x, y
 
 
-def _fit(x, y, guard=None, steps=None, **compile_options):
+class _States(keras.callbacks.Callback):
+    """Each step's float32 weights and Adam moments, read after it (and the weights before the fit)."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = []
+
+    def on_train_begin(self, logs=None):
+        kernel, bias = (np.array(w) for w in self.model.get_layer("out").weights)
+        self.states.append((kernel, bias, 0.0 * kernel, 0.0 * bias, 0.0 * kernel, 0.0 * bias))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if keras.backend.backend() == "jax":
+            self.model.jax_state_sync()  # the step's state onto the variables, as a checkpoint does
+        optimizer, layer = self.model.optimizer, self.model.get_layer("out")
+        indices = [optimizer._get_variable_index(w) for w in layer.weights]
+        self.states.append(tuple(np.array(w) for w in layer.weights) + tuple(
+            np.array(moments[i]) for moments in (optimizer._momentums, optimizer._velocities) for i in indices
+        ))
+
+
+def _fit(x, y, guard=None, steps=None, states=None, **compile_options):
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, name="out")])
     model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"], **compile_options)
@@ -41,7 +67,7 @@ def _fit(x, y, guard=None, steps=None, **compile_options):
         batch_size=BATCH,
         shuffle=False,
         verbose=0,
-        callbacks=[record] if guard is None else [guard, record],
+        callbacks=([record] if guard is None else [guard, record]) + ([] if states is None else [states]),
     )
     model._kgrad_test_losses = [float(loss) for loss in losses]
     return model
@@ -54,9 +80,13 @@ def _state(model):
 @pytest.fixture(scope="module")
 def spiked(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("spike")
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir)
+    guard = kgrad.NonFiniteGuard(
+        skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP, log_dir=log_dir
+    )
     x, y = _data()
-    model = _fit(x, y, guard)
+    states = _States()
+    model = _fit(x, y, guard, states=states)
+    model._kgrad_test_states = states.states
     return guard, model, x, y, log_dir
 
 
@@ -69,7 +99,7 @@ def test_a_planted_spike_is_skipped_and_only_it(spiked):
     skipped = logs["global/step_skipped"]
     assert list(skipped.steps) == list(range(STEPS)) and list(np.flatnonzero(skipped.values)) == [SPIKE]
     score = logs["global/spike_score"]
-    assert list(score.steps) == list(range(16, STEPS))  # judged once the window holds 16 steps
+    assert list(score.steps) == list(range(WARMUP, STEPS))  # judged once the window holds 16 steps
     assert score.values[-1] > 6 and max(score.values[:-1]) < 6
     assert {
         "spike_window_mean/log_loss",
@@ -95,10 +125,10 @@ def test_the_device_window_is_the_mean_and_sigma_of_the_last_accepted_log_losses
     losses = averages * np.arange(1, STEPS + 1) - np.concatenate([[0.0], averages[:-1] * np.arange(1, STEPS)])
     rows = dict(guard._spikes.logs[None].rows)
     for step in range(2, STEPS):
-        window = np.log(losses[max(0, step - 16) : step])
+        window = np.log(losses[max(0, step - WINDOW) : step])
         np.testing.assert_allclose(rows[step]["spike_window_mean/log_loss"], window.mean(), atol=1e-3)
         np.testing.assert_allclose(rows[step]["spike_window_std/log_loss"], window.std(ddof=1), rtol=1e-2)
-        if step >= 16:  # the score: the NumPy rule on the losses (the gradient norms are not known here)
+        if step >= WARMUP:  # the score: the NumPy rule on the losses (the gradient norms are not known here)
             z = (np.log(losses[step]) - window.mean()) / max(window.std(ddof=1), MIN_LOG_SIGMA)
             assert rows[step]["global/spike_score"] >= z - 1e-2
     assert "spike_window_mean/log_loss" not in rows[1]  # σ needs two accepted steps: absent, not 0
@@ -119,24 +149,22 @@ def test_the_numpy_rule_judges_logarithms_after_its_warmup_with_a_floor_on_sigma
     assert judge([[1.0, 1.0], [2.0, 1.0]] * 2, [-9.0, 1.0], rule) == (False, pytest.approx(0.0))
 
 
-def _hand_reference(model, x, y):
-    """The skipped step's values from NumPy: MSE gradients of a Dense layer and Adam's update."""
-    kernel, bias = (np.array(w, np.float64) for w in model.get_layer("out").weights)
-    xb, yb = (a[SPIKE * BATCH : (SPIKE + 1) * BATCH].astype(np.float64) for a in (x, y))
+def _adam_values(step, kernel, bias, moments, x, y):
+    """``{value: {weight: float}}`` of step ``step`` by NumPy: a Dense layer's MSE gradients, Adam.
+
+    ``moments``: ``(m kernel, m bias, v kernel, v bias)`` before the step; it is Adam's
+    ``step + 1``-th update (no step before it was skipped).
+    """
+    xb, yb = (a[step * BATCH : (step + 1) * BATCH].astype(np.float64) for a in (x, y))
     residual = xb @ kernel + bias - yb
-    grads = {
-        "out/kernel": 2 * xb.T @ residual / residual.size,
-        "out/bias": 2 * residual.sum(0) / residual.size,
-    }
-    optimizer = model.optimizer
-    t = int(optimizer.iterations) + 1
+    grads = {"out/kernel": 2 * xb.T @ residual / residual.size,
+             "out/bias": 2 * residual.sum(0) / residual.size}
+    t = step + 1
     values = {name: {} for name in ("grad_norm", "update_ratio", "cos_grad_weight", "adam_rms")}
-    for name, weight in (("out/kernel", kernel), ("out/bias", bias)):
-        variable = model.get_layer("out").weights[0 if name.endswith("kernel") else 1]
-        index = optimizer._get_variable_index(variable)
+    for number, (name, weight) in enumerate((("out/kernel", kernel), ("out/bias", bias))):
         g = grads[name]
-        m = 0.9 * np.array(optimizer._momentums[index], np.float64) + 0.1 * g
-        v = 0.999 * np.array(optimizer._velocities[index], np.float64) + 0.001 * g * g
+        m = 0.9 * np.asarray(moments[number], np.float64) + 0.1 * g
+        v = 0.999 * np.asarray(moments[2 + number], np.float64) + 0.001 * g * g
         alpha = 0.01 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
         update = alpha * m / (np.sqrt(v) + 1e-7)
         values["grad_norm"][name] = np.linalg.norm(g)
@@ -148,6 +176,42 @@ def _hand_reference(model, x, y):
     return values
 
 
+def _hand_reference(model, x, y):
+    """The skipped step's values from NumPy, from the state the fit kept (the state before it)."""
+    kernel, bias = (np.array(w, np.float64) for w in model.get_layer("out").weights)
+    optimizer = model.optimizer
+    assert int(optimizer.iterations) == SPIKE
+    indices = [optimizer._get_variable_index(w) for w in model.get_layer("out").weights]
+    moments = [np.array(m[i]) for m in (optimizer._momentums, optimizer._velocities) for i in indices]
+    return _adam_values(SPIKE, kernel, bias, moments, x, y)
+
+
+def _sampled_z_reference(states, skip_values, x, y):
+    """The z-scores of the skip's update ratio, cos(g, w) and adam_rms, from NumPy.
+
+    Against the samples of the accepted steps before the spike, one every `sample_every`
+    (accepted steps 0, s, 2s, ...; the last `sample_slots` kept): each sample's update ratio
+    is that of the weights the step actually wrote (``states``, read after each step), its
+    cos(g, w) and adam_rms those of its gradients and moments, by hand.
+    """
+    rule = SpikeRule(window=WINDOW, warmup=WARMUP)
+    steps = list(range(0, SPIKE, sample_every(rule)))[-sample_slots(rule):]
+    samples = {name: {w: [] for w in ("out/kernel", "out/bias")}
+               for name in ("update_ratio", "cos_grad_weight", "adam_rms")}
+    for step in steps:
+        (kernel, bias, *moments), (new_kernel, new_bias, *_) = states[step], states[step + 1]
+        hand = _adam_values(step, kernel.astype(np.float64), bias.astype(np.float64), moments, x, y)
+        for name, old, new in (("out/kernel", kernel, new_kernel), ("out/bias", bias, new_bias)):
+            old, new = old.astype(np.float64), new.astype(np.float64)
+            samples["update_ratio"][name].append(np.linalg.norm(new - old) / np.linalg.norm(old))
+            samples["cos_grad_weight"][name].append(hand["cos_grad_weight"][name])
+            samples["adam_rms"][name].append(hand["adam_rms"][name])
+    return {
+        value: {w: (skip_values[value][w] - np.mean(s)) / np.std(s, ddof=1) for w, s in per_weight.items()}
+        for value, per_weight in samples.items()
+    }
+
+
 def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
     guard, model, x, y, _ = spiked
     (skipped,) = guard.skipped_steps
@@ -157,21 +221,31 @@ def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
             np.testing.assert_allclose(
                 skipped.values[name][weight], value, rtol=1e-4, err_msg=f"{name} {weight}"
             )
-    # Only the gradient norm has running statistics: its z-score is there, the others say why not.
-    assert set(skipped.z_scores) == {"grad_norm"} and skipped.z_scores["grad_norm"]["out/kernel"] > 6
-    assert set(skipped.absent) == {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"}
+    assert skipped.z_scores["grad_norm"]["out/kernel"] > 6
+    # The others against the weight's samples of the applied update, every 2nd accepted step: of
+    # the values checked above (a z near 0 would magnify their float32 rounding 1e3×).
+    z_reference = _sampled_z_reference(model._kgrad_test_states, skipped.values, x, y)
+    for name, per_weight in z_reference.items():
+        for weight, z in per_weight.items():
+            np.testing.assert_allclose(
+                skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=f"z {name} {weight}"
+            )
+    assert skipped.absent == {}  # every z-score is there: none says why it is missing
 
 
 @pytest.mark.parametrize("options", [dict(run_eagerly=True), dict(jit_compile=True)], ids=["eager", "xla"])
 def test_the_skip_and_its_values_are_the_same_eagerly_and_under_xla(spiked, options):
     # TensorFlow (the skip's measure is a function call of its own there); JAX jits by default.
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP)
     model = _fit(*spiked[2:4], guard, **options)
     (skipped,), (expected,) = guard.skipped_steps, spiked[0].skipped_steps
     assert skipped.step == expected.step == SPIKE and int(model.optimizer.iterations) == SPIKE
-    for name, per_weight in expected.values.items():
-        for weight, value in per_weight.items():
-            np.testing.assert_allclose(skipped.values[name][weight], value, rtol=1e-4, err_msg=name)
+    for kind in ("values", "z_scores"):  # the z-scores: the samples are taken the same way
+        for name, per_weight in getattr(expected, kind).items():
+            for weight, value in per_weight.items():
+                np.testing.assert_allclose(
+                    getattr(skipped, kind)[name][weight], value, rtol=1e-4, err_msg=f"{kind} {name}"
+                )
 
 
 def test_max_skips_in_a_row_stop_training_with_a_report(capsys):
@@ -234,3 +308,60 @@ def fit_with_a_fault(callbacks, steps_per_epoch, epochs, fault_step=None, batch=
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8)
     model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[*callbacks, guard])
     return guard
+
+
+def _device_z_scores(samples, count, values):
+    """The backend's z-scores of ``values`` against a window of ``samples`` (``count`` written)."""
+    if keras.backend.backend() == "jax":
+        import jax.numpy as jnp
+
+        from kgrad.backends.jax.guard.spike_samples import z_scores
+
+        return np.array(z_scores(jnp.asarray(samples), jnp.asarray(count), jnp.asarray(values))[0])
+    from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow
+
+    window = SampleWindow(SpikeRule(window=len(samples), warmup=2), samples.shape[1], adam_rms=None)
+    window.values.assign(samples)
+    window.count.assign(count)
+    return np.array(window.z_scores(values)[0])
+
+
+def test_the_sampled_z_scores_leave_out_what_is_not_finite_and_need_two_samples_and_a_spread():
+    rng = np.random.default_rng(1)
+    samples = rng.lognormal(size=(4, 3, 3)).astype("float32")
+    samples[0, 0, 0], samples[1, 0, 1] = np.inf, np.nan  # a zero bias's first ratio; a NaN
+    samples[:, 1, 2] = 0.5  # σ 0
+    samples[:, 2, 2] = np.nan  # adam_rms without a second moment
+    values = rng.lognormal(size=(3, 3)).astype("float32")
+    values[0, 2] = np.nan
+    for count in (1, 2, 3, 9):  # before 2 samples; partly filled; wrapped round (all 4 slots)
+        expected = sampled_z_scores(samples, count, values)
+        assert np.isnan(expected).any() and (count < 2 or np.isfinite(expected).any())
+        np.testing.assert_allclose(_device_z_scores(samples, count, values), expected, rtol=1e-5,
+                                   equal_nan=True, err_msg=f"count {count}")
+    # By hand: the first weight's update ratio over its finite samples of 3 written.
+    finite = samples[1:3, 0, 0].astype(np.float64)
+    assert sampled_z_scores(samples, 3, values)[0, 0] == pytest.approx(
+        (values[0, 0] - finite.mean()) / finite.std(ddof=1))
+
+
+def test_a_missing_z_score_says_why():
+    from kgrad.callbacks.spike_log import skipped_step
+    from kgrad.plan.spike_rule import SKIP_COLUMNS
+
+    table = np.ones((2, len(SKIP_COLUMNS)))
+    table[:, SKIP_COLUMNS.index("samples")] = 1
+    sampled_z = [SKIP_COLUMNS.index(f"z_{name}") for name in ("update_ratio", "cos_grad_weight", "adam_rms")]
+    table[:, sampled_z] = np.nan  # as the device leaves them before 2 samples
+    few = skipped_step(3, table, ("a/kernel", "a/bias"), None, sample_every=8)
+    assert set(few.z_scores) == {"grad_norm"}
+    reason = "fewer than 2 samples yet (one every 8 accepted steps; 1 at this step)"
+    assert reason in few.absent["z_update_ratio"]
+    table[:, SKIP_COLUMNS.index("samples")] = 16
+    table[:, sampled_z[:2]] = 1.0
+    table[1, SKIP_COLUMNS.index("z_cos_grad_weight")] = np.nan
+    table[:, SKIP_COLUMNS.index("adam_rms")] = np.nan
+    spread = skipped_step(3, table, ("a/kernel", "a/bias"), "keeps no second moment (SGD)", sample_every=8)
+    assert spread.z_scores["cos_grad_weight"] == {"a/kernel": 1.0} and "adam_rms" not in spread.z_scores
+    assert "σ 0, for a/bias" in spread.absent["z_cos_grad_weight"]
+    assert "SGD" in spread.absent["z_adam_rms"] and "z_update_ratio" not in spread.absent

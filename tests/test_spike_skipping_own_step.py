@@ -9,10 +9,12 @@ only, through the discriminator of before) does not. The discriminator's update 
 for bit, and the generator's is applied.
 """
 
+import keras
 import numpy as np
 import pytest
 
 import kgrad
+from kgrad.plan.spike_rule import SpikeRule, sample_every, sample_slots
 
 STEPS = 24
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
@@ -98,10 +100,28 @@ def gan_fit(tmp_path_factory, gan_kit):
     real[SPIKE * batch :] *= 1000.0  # reals only: the discriminator's part
     gan = gan_kit.make(gan_kit.fit_compiled)
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir)
-    gan.fit((real, noise), batch_size=batch, shuffle=False, verbose=0, callbacks=[guard])
+    weights = _DiscriminatorWeights()
+    gan.fit((real, noise), batch_size=batch, shuffle=False, verbose=0, callbacks=[guard, weights])
+    gan._kgrad_test_weights = weights.steps
     before = gan_kit.make(gan_kit.fit_compiled)  # the same run, stopped before the spiking batch
     before.fit((real[: SPIKE * batch], noise[: SPIKE * batch]), batch_size=batch, shuffle=False, verbose=0)
     return guard, gan, before, real, noise, log_dir
+
+
+class _DiscriminatorWeights(keras.callbacks.Callback):
+    """The discriminator's weights before the fit and after each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_train_begin(self, logs=None):
+        self.steps.append([np.array(w) for w in self.model.discriminator.trainable_weights])
+
+    def on_train_batch_end(self, batch, logs=None):
+        if keras.backend.backend() == "jax":
+            self.model.jax_state_sync()  # the step's state onto the variables, as a checkpoint does
+        self.on_train_begin()
 
 
 def _state(model, optimizer):
@@ -143,6 +163,22 @@ def test_the_skipped_parts_values_equal_a_hand_reference(gan_fit, gan_kit):
     assert skipped.z_scores["grad_norm"]["d_hidden/kernel"] > 6
     # The discriminator's optimizer (SGD) keeps no second moment: said, with its reason.
     assert "adam_rms" not in skipped.values and "SGD" in skipped.absent["adam_rms"]
+    assert "z_adam_rms" in skipped.absent and "adam_rms" not in skipped.z_scores
+    # The update ratio's and cos(g, w)'s z-scores against the part's samples: from the weights
+    # each sampled step wrote (SGD(0.1): its gradient is (old - new) / 0.1).
+    rule = SpikeRule(window=16)
+    steps = list(range(0, SPIKE, sample_every(rule)))[-sample_slots(rule):]
+    history = gan_fit[1]._kgrad_test_weights
+    for number, weight in enumerate(weights):
+        path = weight.path.removeprefix("discriminator/")
+        old, new = ([np.array(history[step + after][number], np.float64) for step in steps]
+                    for after in (0, 1))
+        ratios = [np.linalg.norm(n - o) / np.linalg.norm(o) for o, n in zip(old, new)]
+        cosines = [np.sum((o - n) * o) / (np.linalg.norm(o - n) * np.linalg.norm(o))
+                   for o, n in zip(old, new)]
+        for name, samples in (("update_ratio", ratios), ("cos_grad_weight", cosines)):
+            z = (skipped.values[name][path] - np.mean(samples)) / np.std(samples, ddof=1)
+            np.testing.assert_allclose(skipped.z_scores[name][path], z, rtol=1e-4, err_msg=f"z {name} {path}")
 
 
 def test_each_part_logs_its_own_rows(gan_fit):

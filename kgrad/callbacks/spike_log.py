@@ -15,11 +15,12 @@ import os
 from kgrad.logs.spike_events import SpikeEvents
 from kgrad.plan.spike_rule import SKIP_COLUMNS, SKIP_SLOTS, SKIP_VALUES
 
-#: Why a value's z-score is absent: only the gradient norm has running statistics.
-NO_RUNNING_STATISTICS = (
-    "no running statistics: only each weight's gradient norm is kept for accepted steps (from "
-    "the sums of squares the guard computes every step); {value} is computed on skipped steps only"
-)
+#: Why a sampled value's z-score is absent before its weight has two samples.
+FEW_SAMPLES = ("fewer than 2 samples yet (one every {every} accepted steps; {count} at this step): "
+               "{value} is kept for accepted steps by sampling, as σ (n − 1) needs two")
+#: Why a z-score is absent for some weights although the step had enough history.
+NO_SPREAD = ("its running statistics have fewer than 2 finite values, or σ 0, for {weights} "
+             "(an update ratio of a weight that was 0 is not finite)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +33,9 @@ class SkippedStep:
             `kgrad.plan.spike_rule.SKIP_VALUES` (``adam_rms`` absent without a
             second moment).
         z_scores: ``{value name: {weight path: z}}``: each value against the
-            weight's running statistics; only values that have them (never 0
-            for a missing one).
+            weight's running statistics (the gradient norm's window of
+            accepted steps; the others' samples, one every few accepted steps);
+            only where they exist (never 0 for a missing one).
         absent: ``{value name: reason}`` for what is not in ``values`` or ``z_scores``.
         part: The differentiated part (a model's own ``train_step``), or ``None``.
     """
@@ -86,7 +88,8 @@ class SpikeLog:
             slot = index % SKIP_SLOTS
             skipped = skipped_step(
                 self.first_step + int(snapshot.skip_steps[slot]), snapshot.skip_values[slot],
-                snapshot.weights, snapshot.adam_reason, self.part,
+                snapshot.weights, snapshot.adam_reason, self.part, snapshot.sample_every,
+                snapshot.sample_reason,
             )
             new.append(skipped)
             if self._events is not None:
@@ -115,9 +118,14 @@ def row_scalars(row):
     return int(step), scalars
 
 
-def skipped_step(step, table, weights, adam_reason, part=None):
-    """The `SkippedStep` of one ``[weights, len(SKIP_COLUMNS)]`` table."""
-    values, absent = {}, {}
+def skipped_step(step, table, weights, adam_reason, part=None, sample_every=1, sample_reason=None):
+    """The `SkippedStep` of one ``[weights, len(SKIP_COLUMNS)]`` table.
+
+    ``sample_every`` and ``sample_reason``: the `kgrad.plan.spike_rule.SpikeSnapshot`'s, for why a
+    z-score of a sampled value is absent.
+    """
+    values, z_scores, absent = {}, {}, {}
+    samples = int(table[0, SKIP_COLUMNS.index("samples")]) if len(weights) else 0
     for column, name in enumerate(SKIP_VALUES):
         present = {w: float(table[i, column]) for i, w in enumerate(weights)
                    if math.isfinite(table[i, column])}
@@ -125,11 +133,19 @@ def skipped_step(step, table, weights, adam_reason, part=None):
             values[name] = present
         elif name == "adam_rms" and adam_reason:
             absent[name] = f"the optimizer {adam_reason}"
-    z_column = SKIP_COLUMNS.index("z_grad_norm")
-    z = {w: float(table[i, z_column]) for i, w in enumerate(weights) if math.isfinite(table[i, z_column])}
-    z_scores = {"grad_norm": z} if z else {}
-    for name in SKIP_VALUES[1:]:
-        absent.setdefault(f"z_{name}", NO_RUNNING_STATISTICS.format(value=name))
+        z_column = SKIP_COLUMNS.index(f"z_{name}")
+        z = {w: float(table[i, z_column]) for i, w in enumerate(weights) if math.isfinite(table[i, z_column])}
+        if z:
+            z_scores[name] = z
+        missing = [w for w in weights if w in present and w not in z]
+        if name in absent:
+            absent[f"z_{name}"] = f"{name} is absent: {absent[name]}"
+        elif name != "grad_norm" and sample_reason:
+            absent[f"z_{name}"] = sample_reason
+        elif name != "grad_norm" and samples < 2:
+            absent[f"z_{name}"] = FEW_SAMPLES.format(every=sample_every, count=samples, value=name)
+        elif missing:
+            absent[f"z_{name}"] = NO_SPREAD.format(weights=", ".join(missing))
     return SkippedStep(step, values, z_scores, absent, part)
 
 

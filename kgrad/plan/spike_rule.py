@@ -142,9 +142,63 @@ def log_values(values):
     return logs
 
 
-#: The columns of a skipped step's per-weight table on the device: `SKIP_VALUES`, then
-#: the z-score of the weight's gradient norm against its column of the window.
-SKIP_COLUMNS = SKIP_VALUES + ("z_grad_norm",)
+#: The columns of a skipped step's per-weight table on the device: `SKIP_VALUES`, then each
+#: value's z-score (the gradient norm's against its column of the window, the others' against
+#: the weight's samples, `SAMPLED_VALUES`), then how many samples those were.
+SKIP_COLUMNS = SKIP_VALUES + tuple(f"z_{name}" for name in SKIP_VALUES) + ("samples",)
+
+#: The per-weight values of the update actually applied, sampled every `sample_every` accepted
+#: steps into a second device window of `sample_slots` samples (the skip's z-scores of these are
+#: taken against it): the gradient norm is kept every accepted step, from sums of squares the guard
+#: computes anyway, but these need a pass over every parameter.
+SAMPLED_VALUES = SKIP_VALUES[1:]
+
+#: Samples per weight kept in the window of `SAMPLED_VALUES` (at most; fewer for a window shorter).
+SAMPLE_SLOTS = 16
+
+
+def sample_slots(rule):
+    """S: samples kept per weight, ``min(SAMPLE_SLOTS, rule.window)``.
+
+    >>> sample_slots(SpikeRule(window=128)), sample_slots(SpikeRule(window=8))
+    (16, 8)
+    """
+    return min(SAMPLE_SLOTS, rule.window)
+
+
+def sample_every(rule):
+    """s: one sample every s accepted steps, ``max(1, window // S)``, so the S samples span at most
+    the N accepted steps of the gradient norm's window (all N when S divides N: 8 × 16 = 128).
+
+    >>> [sample_every(SpikeRule(window=n)) for n in (128, 32, 20)]
+    [8, 2, 1]
+    """
+    return max(1, rule.window // sample_slots(rule))
+
+
+def sampled_z_scores(samples, count, values):
+    """NumPy reference: ``[weights, len(SAMPLED_VALUES)]`` z-scores of ``values`` against ``samples``.
+
+    Args:
+        samples: ``[S, weights, len(SAMPLED_VALUES)]``: the sample window (slot ``i % S`` of sample ``i``).
+        count: Samples written since the fit began.
+        values: ``[weights, len(SAMPLED_VALUES)]``: a skipped step's values.
+
+    Returns:
+        (value − mean) / σ (n − 1) over the finite ones of the ``min(count, S)``
+        samples; NaN where fewer than 2 are finite, σ is 0, or a value is NaN.
+
+    >>> samples = np.array([[[1.0]], [[3.0]]])
+    >>> float(sampled_z_scores(samples, 2, np.array([[4.0]]))[0, 0])
+    1.414213562373095
+    """
+    filled = np.asarray(samples, np.float64)[: min(count, len(samples))]
+    finite = np.isfinite(filled)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = finite.sum(axis=0)
+        mean = np.where(finite, filled, 0.0).sum(axis=0) / n
+        std = np.sqrt(np.where(finite, (filled - mean) ** 2, 0.0).sum(axis=0) / (n - 1))
+        return np.where((n >= 2) & (std > 0), (np.asarray(values, np.float64) - mean) / std, np.nan)
 
 
 class SpikeSnapshot(typing.NamedTuple):
@@ -159,6 +213,8 @@ class SpikeSnapshot(typing.NamedTuple):
         tripped: Whether ``max_skips`` skips in a row have happened.
         weights: The weight paths of the tables' rows.
         adam_reason: Why ``adam_rms`` is absent (the optimizer keeps no second moment), or ``None``.
+        sample_every: s: one accepted step in s is sampled for the z-scores of `SAMPLED_VALUES`.
+        sample_reason: Why those z-scores are absent where no samples are kept, or ``None``.
     """
 
     rows: object
@@ -169,3 +225,5 @@ class SpikeSnapshot(typing.NamedTuple):
     tripped: bool
     weights: tuple
     adam_reason: object = None
+    sample_every: int = 1
+    sample_reason: object = None

@@ -115,6 +115,10 @@ PREFIXES = {
     "skip_adam_rms": "RMS of g/(√v̂+ε) of weight `{name}` in a skipped step (Adam's moments)",
     "skip_z_grad_norm": "z-score of ‖dJ/dw‖ of weight `{name}` in a skipped step, against the "
                         "guard's window of accepted steps",
+    **{f"skip_z_{value}": f"z-score of the {what} of weight `{{name}}` in a skipped step, against the "
+                          "samples of the applied update (one every window // 16 accepted steps)"
+       for value, what in (("update_ratio", "‖Δw‖ / ‖w‖"), ("cos_grad_weight", "cos(dJ/dw, w)"),
+                           ("adam_rms", "adam_rms"))},
 }
 #: The folder of the tags that are of the whole model, not of a name.
 GLOBAL_PREFIX = "global/"

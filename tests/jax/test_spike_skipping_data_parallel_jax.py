@@ -28,8 +28,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _values_and_z_scores(skipped):
+    """A `SkippedStep`'s values and, as ``z_<value>``, their z-scores (the sampled ones' too)."""
+    return {**skipped.values, **{f"z_{name}": z for name, z in skipped.z_scores.items()}}
+
+
 def fit():
-    """``(skipped steps, iterations, the first skip's values)`` of a run with one bad batch."""
+    """``(skipped steps, iterations, the first skip's values and z-scores)`` of a run with one bad batch."""
     x = np.random.default_rng(0).uniform(-1, 1, (400, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
     x[320:328] *= 1000.0  # step 40
@@ -41,12 +46,13 @@ def fit():
     return (
         [s.step for s in guard.skipped_steps],
         int(model.optimizer.iterations),
-        guard.skipped_steps[0].values,
+        _values_and_z_scores(guard.skipped_steps[0]),
     )
 
 
 def fit_own_step():
-    """``(skipped (step, part)s, both optimizers' iterations, the first skip's values)`` of the GAN.
+    """``(skipped (step, part)s, both optimizers' iterations, the first skip's values and z-scores)``
+    of the GAN.
 
     The GAN of tests/jax/test_spike_skipping_own_step_jax.py; the real examples of its step 20
     scaled x1000: the discriminator's part spikes, the generator's does not.
@@ -61,7 +67,7 @@ def fit_own_step():
     return (
         [[s.step, s.part] for s in guard.skipped_steps],
         [int(gan.d_optimizer.iterations), int(gan.g_optimizer.iterations)],
-        guard.skipped_steps[0].values,
+        _values_and_z_scores(guard.skipped_steps[0]),
     )
 
 
@@ -94,6 +100,8 @@ def test_a_spike_is_skipped_under_data_parallel_with_the_values_of_one_device(on
     steps, iterations, values = on_two_devices[0]
     one_steps, one_iterations, one_values = fit()
     assert steps == one_steps == [40] and iterations == one_iterations == 49
+    # The sampled ones too, of the global update.
+    assert {"z_update_ratio", "z_cos_grad_weight", "z_adam_rms"} <= set(values)
     _assert_values_equal(values, one_values)
 
 
@@ -102,4 +110,5 @@ def test_an_own_steps_spiking_part_is_skipped_under_data_parallel_as_on_one_devi
     one_skipped, one_iterations, one_values = fit_own_step()
     assert skipped == one_skipped == [[20, "discriminator"]]
     assert iterations == one_iterations == [23, 24]  # the discriminator's update at step 20 skipped
+    assert {"z_update_ratio", "z_cos_grad_weight"} <= set(values)  # SGD: no adam_rms
     _assert_values_equal(values, one_values)

@@ -87,7 +87,7 @@ class CheckedParts:
     def __exit__(self, *exc_info):
         self._watching.__exit__(None, None, None)
 
-    def behind_check(self, record, halt_updates, spikes=None, compiled=True):
+    def behind_check(self, record, halt_updates, spikes=None, compiled=True, sampling=False):
         """Puts an optimizer update behind the check of the rows kept so far (a ``lax.cond``).
 
         Only that of a part whose role allows it (Keras' own step's; the spike
@@ -101,13 +101,14 @@ class CheckedParts:
         ``spikes``: the spike rule (Keras' own step), its skip decided in the
         same branch. Eagerly (``compiled`` false) a ``lax.cond`` would compile
         the update, rounding unlike Keras' eager one: only the spike rule's
-        choice is made there, by a select.
+        choice is made there, by a select. ``sampling``: a sample step (the update
+        measured for the spike rule's samples, `spikes.sample_measure`).
         """
         if compiled or spikes is not None:
-            self._behind_check = (record, halt_updates, spikes, compiled)
+            self._behind_check = (record, halt_updates, spikes, compiled, sampling)
         return self
 
-    def judge_parts(self, records, halt_updates, rule, compiled=True):
+    def judge_parts(self, records, halt_updates, rule, compiled=True, sampling=False):
         """Judges each part of a model's own step by the spike rule, inside its optimizer's update.
 
         When a part's gradients are applied (its optimizer's ``stateless_apply``,
@@ -117,8 +118,9 @@ class CheckedParts:
         it was given (a ``lax.cond``): the later parts of the step see the
         values of before, as on TensorFlow, where the tape's update is skipped
         inside ``apply``. ``part_judge.decisions()`` gives each part's decision.
+        ``sampling``: a sample step (as `behind_check`'s).
         """
-        self.part_judge.judge(records, halt_updates, rule, compiled)
+        self.part_judge.judge(records, halt_updates, rule, compiled, sampling)
         return self
 
     def around(self, parts):
@@ -236,9 +238,9 @@ class CheckedParts:
 
     def _checked_apply(self, stateless_apply, optimizer_variables, grads, trainable_variables):
         """``stateless_apply``'s result if the rows so far are clean (and no spike), else the values."""
-        record, halt_updates, rule, compiled = self._behind_check
+        record, halt_updates, rule, compiled, sampling = self._behind_check
         squares, counts = self.checks()
-        apply, skip_table, judged = may_apply(counts, record, halt_updates), None, None
+        apply, skip_table, judged, sample = may_apply(counts, record, halt_updates), None, None, None
         if rule is not None:  # a spiking step is kept out as a non-finite one is
             gradient_squares = squares[len(squares) - (len(self.tensors) - 1):]
             judged = spike_rule.judge(record.spikes, rule, self.tensors[0], gradient_squares)
@@ -246,15 +248,18 @@ class CheckedParts:
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
             skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
-        (trainable, optimizer_variables), table = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table
+            sample = spike_rule.sample_measure(self._model) if sampling else None
+        (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table,
+            sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        self._decided = (len(self._rows), (apply, chosen, None if judged is None else (judged, table)))
+        spiked = None if judged is None else (judged, table, sampled)
+        self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
 
     def final_decision(self):
-        """``(apply, ids of the values chosen, (judged, table) or None)`` of the last update put behind
+        """``(apply, ids of the values chosen, (judged, table, sample) or None)`` of the last update behind
         the check, if no row was kept after it (its choice is then the whole step's), else ``None``."""
         if self._decided is None or self._decided[0] != len(self._rows):
             return None

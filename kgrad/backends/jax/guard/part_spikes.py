@@ -58,13 +58,14 @@ class PartJudge:
 
     def __init__(self, model):
         self._model = model
-        self._judging = None  # (records, halt_updates, rule, compiled), see `judge`
-        self._decisions = {}  # part number -> (judged, table, apply)
+        self._judging = None  # (records, halt_updates, rule, compiled, sampling), see `judge`
+        self._decisions = {}  # part number -> (judged, table, sample, apply)
         self.parts = []
 
-    def judge(self, records, halt_updates, rule, compiled=True):
-        """Judges each part inside its update (``records``: one `SpikeRecord` per part)."""
-        self._judging = (records, halt_updates, rule, compiled)
+    def judge(self, records, halt_updates, rule, compiled=True, sampling=False):
+        """Judges each part inside its update (``records``: one `SpikeRecord` per part; ``sampling``:
+        a sample step, each part's update measured for its samples)."""
+        self._judging = (records, halt_updates, rule, compiled, sampling)
 
     def add(self, name, loss_index, checked, leaves, weights, paths):
         """Notes a part (its loss at ``loss_index`` of the step's tensors, ``checked`` gradients after it)."""
@@ -91,7 +92,7 @@ class PartJudge:
         ``tensors``: `CheckedParts.tensors` (the part's loss and gradients among
         them); ``stateless_apply``: the optimizer's own, and its arguments.
         """
-        records, halt_updates, rule, compiled = self._judging
+        records, halt_updates, rule, compiled, sampling = self._judging
         spikes = records[part.number]
         checked = tensors[part.loss_index + 1 : part.loss_index + 1 + part.checked]
         squares = jnp.stack([jnp.sum(jnp.square(g.astype(jnp.float32))) for g in checked])
@@ -104,14 +105,16 @@ class PartJudge:
             weights=part.weights,
         )
         apply = jnp.logical_not(veto)
-        values, table = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked
+        measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights) if sampling else None
+        values, table, sampled = spike_rule.update_unless_skipped(
+            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked,
+            sample=measure,
         )
-        self._decisions[part.number] = (judged, table, apply)
+        self._decisions[part.number] = (judged, table, sampled, apply)
         return values
 
     def decisions(self):
-        """Per part: ``(judged, table, apply)`` of its judged update."""
+        """Per part: ``(judged, table, sample, apply)`` of its judged update."""
         return [self._decisions[part.number] for part in self.parts]
 
 
@@ -133,8 +136,8 @@ def require_every_part_applied(model, parts):
 def recorded(rule, records, decisions, step_applied):
     """Each part's `SpikeRecord` after the step (``step_applied``: no NaN kept the whole step out)."""
     return tuple(
-        spike_rule.record_step(rule, record, judged, table, applied & step_applied)
-        for record, (judged, table, applied) in zip(records, decisions)
+        spike_rule.record_step(rule, record, judged, table, sampled, applied & step_applied)
+        for record, (judged, table, sampled, applied) in zip(records, decisions)
     )
 
 

@@ -27,6 +27,7 @@ from kgrad.backends.jax.handover.train_function import TrainFunction, step_jit
 from kgrad.backends.jax.own_step.keras_step import train_step_of
 from kgrad.backends.jax.own_step.value_and_grad import activated
 from kgrad.plan.options import SENTINEL_KINDS
+from kgrad.plan.spike_rule import sample_every
 from kgrad.report.non_finite import report_of_counts
 
 
@@ -54,6 +55,10 @@ class GuardRun:
         # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
         self.names, self._weight_names = None, ()
         self._plain = self._jit(self._guarded(self._step, behind_check=True), outputs=4)
+        # Every s-th step run measures its update for the spike rule's samples: a step of its own,
+        # as a branch in every step would cost every step (`spike_samples`).
+        self._sample_every = None if config.spikes is None else sample_every(config.spikes)
+        self._sampled = self._jit(self._guarded(self._step, behind_check=True, sampling=True), outputs=4)
         self._probed = {}  # id(probed step) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
@@ -71,12 +76,13 @@ class GuardRun:
             logs, state = self._train_step(state, data)
         return logs, state, None
 
-    def _guarded(self, step, behind_check=False):
+    def _guarded(self, step, behind_check=False, sampling=False):
         """``(state, record, data) -> (logs, state, probe records, record)`` of ``step``, guarded.
 
         ``behind_check``: Keras' step's update runs behind the check
         (`CheckedParts.behind_check`); not on a probed step, whose update
-        ratios are of the update as computed.
+        ratios are of the update as computed. ``sampling``: a sample step of the
+        spike rule (its update measured, `spike_samples`).
         """
         halt_updates = self.config.halt_updates
         compiled = self.model.jit_compile and not self.model.run_eagerly
@@ -84,9 +90,9 @@ class GuardRun:
         def guarded(state, record, data):
             with self._checked_parts(state) as checked:
                 if behind_check:
-                    checked.behind_check(record, halt_updates, self._spikes, compiled)
+                    checked.behind_check(record, halt_updates, self._spikes, compiled, sampling)
                 if self._part_spikes is not None:
-                    checked.judge_parts(record.spikes, halt_updates, self._part_spikes, compiled)
+                    checked.judge_parts(record.spikes, halt_updates, self._part_spikes, compiled, sampling)
                 logs, new_state, probe_records = step(state, data, checked)
             squares, counts = checked.checks()
             # Where the last update was decided after every check, its choice is the step's.
@@ -132,7 +138,9 @@ class GuardRun:
         """One guarded step: ``(logs, state)``."""
         if self.names is None:
             self._discover(state, data)
-        logs, state, _, self.record = self._plain(state, self.record, data)
+        sampled = self._sample_every is not None and self._runs % self._sample_every == 0
+        self._runs += 1
+        logs, state, _, self.record = (self._sampled if sampled else self._plain)(state, self.record, data)
         self._keep(data)
         return logs, state
 
@@ -154,14 +162,17 @@ class GuardRun:
         if self._spikes is None or self.record is None:
             return None
         weights = tuple(name.partition("/")[2] for name in self._weight_names)
-        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1])
+        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1],
+                                    self._sample_every)
 
     def read_part_spikes(self, number):
         """Host side: the `SpikeSnapshot` of part ``number`` of a model's own step."""
         if self.record is None:
             return None
         _, paths, optimizer = self._parts[number]
-        return self._reads.snapshot(number, self.record.spikes[number], paths, moment_rule(optimizer)[1])
+        return self._reads.snapshot(
+            number, self.record.spikes[number], paths, moment_rule(optimizer)[1], self._sample_every
+        )
 
     def run_probed(self, probed_step, state, data):
         """One guarded probed step: ``(logs, state, {run: probe record})``."""
@@ -268,6 +279,7 @@ class GuardRun:
         if everything:
             self.record = None if self.names is None else self._initial_record()
             self._reads = spike_rule.SpikeReads()
+            self._runs = 0  # plain steps run: every `_sample_every`-th is a sample step
             self._batch = 0
             self._batches = {}
         else:

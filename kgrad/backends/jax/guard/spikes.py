@@ -33,7 +33,10 @@ from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.guard.sentinel import select_leaves
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
-from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
+from kgrad.backends.jax.guard import spike_samples
+from kgrad.plan.spike_rule import (
+    MIN_LOG_SIGMA, ROW_COLUMNS, SAMPLED_VALUES, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot, sample_slots,
+)
 
 
 class SpikeRecord(typing.NamedTuple):
@@ -49,6 +52,8 @@ class SpikeRecord(typing.NamedTuple):
     skip_values: jax.Array
     skip_steps: jax.Array
     skip_count: jax.Array
+    samples: jax.Array
+    sample_count: jax.Array
 
 
 def initial_record(rule, weights):
@@ -60,6 +65,8 @@ def initial_record(rule, weights):
         rows=jnp.zeros((rule.row_capacity, len(ROW_COLUMNS)), jnp.float32), row_count=zero,
         skip_values=jnp.zeros((SKIP_SLOTS, max(weights, 1), len(SKIP_COLUMNS)), jnp.float32),
         skip_steps=jnp.full((SKIP_SLOTS,), -1, jnp.int32), skip_count=zero,
+        samples=jnp.zeros((sample_slots(rule), max(weights, 1), len(SAMPLED_VALUES)), jnp.float32),
+        sample_count=zero,
     )
 
 
@@ -122,25 +129,43 @@ def with_skip(record, spike, table):
     )
 
 
-def skip_table(model, judged, gradients, trainable, optimizer_variables, optimizer=None, weights=None):
+def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer=None,
+               weights=None):
     """``[weights, len(SKIP_COLUMNS)]``: the would-be update's per-weight values (``stateless_apply``).
 
+    Each value's z-score: the gradient norm's against the window of ``spikes``
+    (the `SpikeRecord`), the others' against its samples (`spike_samples`).
     ``optimizer`` and ``weights`` (its variables of ``trainable``): a part of a model's own
     step's (default: ``model.optimizer`` and ``model.trainable_variables``, Keras' step's).
     """
     optimizer = model.optimizer if optimizer is None else optimizer
     weights = model.trainable_variables if weights is None else weights
     new_trainable, new_optimizer = optimizer.stateless_apply(optimizer_variables, gradients, trainable)
-    flat = lambda t: jnp.ravel(t).astype(jnp.float32)  # noqa: E731
-    weight_norms = jnp.stack([jnp.linalg.norm(flat(w)) for w in trainable])
-    update_norms = jnp.stack([jnp.linalg.norm(flat(a) - flat(b)) for a, b in zip(new_trainable, trainable)])
-    dots = jnp.stack([jnp.sum(flat(g) * flat(w)) for g, w in zip(gradients, trainable)])
-    values, _, _, mean, std = judged
-    norms = jnp.stack([jnp.linalg.norm(flat(g)) for g in gradients])
+    rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
+    sampled = spike_samples.update_values(gradients, trainable, new_trainable, rms)
+    _, _, _, mean, std = judged
+    norms = jnp.stack([jnp.linalg.norm(spike_samples.flat(g)) for g in gradients])
     known = std[2:] > 0
     z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
-    rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
-    return jnp.stack([norms, update_norms / weight_norms, dots / (norms * weight_norms), rms, z], axis=1)
+    z_sampled, samples = spike_samples.z_scores(spikes.samples, spikes.sample_count, sampled)
+    return jnp.concatenate([
+        norms[:, None], sampled, z[:, None], z_sampled, jnp.full((len(gradients), 1), samples),
+    ], axis=1)
+
+
+def sample_measure(model, optimizer=None, weights=None):
+    """``fn(gradients, old, new, new optimizer variables) -> [weights, 3]``: a sample of an applied update.
+
+    ``optimizer`` and ``weights``: as `skip_table`'s.
+    """
+    optimizer = model.optimizer if optimizer is None else optimizer
+    weights = model.trainable_variables if weights is None else weights
+
+    def measure(gradients, old, new, new_optimizer):
+        rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
+        return spike_samples.update_values(gradients, old, new, rms)
+
+    return measure
 
 
 def _adam_rms(optimizer, weights, gradients, state_after):
@@ -174,44 +199,58 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
     width = (len(gradients), len(SKIP_COLUMNS))
     return jax.lax.cond(
         spike,
-        lambda: skip_table(model, judged, gradients, trainable, optimizer_variables, optimizer, weights),
+        lambda: skip_table(
+            model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights
+        ),
         lambda: jnp.zeros(width, jnp.float32),
     )
 
 
 def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, trainable, compiled,
-                          skip_table=None, rows=None):
-    """``((trainable, optimizer variables), skip table)``: the update where ``apply``, else the values given.
+                          skip_table=None, rows=None, sample=None):
+    """``((trainable, optimizer variables), skip table, sample)``: the update where ``apply``, else
+    the values given.
 
     The one branch of a skipped update, for Keras' step's part and each part of
     a model's own step: ``stateless_apply(optimizer_variables, grads,
     trainable)`` in one branch of a ``lax.cond``, and in the other the values
     given and ``skip_table(grads, trainable, optimizer_variables)``
     (`table_if_new_spike`; zeros of ``rows`` weights when ``None``), so that the
-    update writes in place. Eagerly (``compiled`` false) a ``lax.cond`` would
-    compile the update, rounding unlike Keras' eager step: both run, a select chooses.
+    update writes in place. ``sample`` (`sample_measure`, in the step the host
+    runs as a sample step only): the update's branch also gives
+    ``sample(grads, trainable, *its result)`` (zeros where skipped; ``None``
+    without it). Eagerly (``compiled`` false) a ``lax.cond`` would compile the
+    update, rounding unlike Keras' eager step: both run, a select chooses.
     """
     operands = (list(grads), list(trainable), list(optimizer_variables))
-    width = (len(operands[0]) if rows is None else rows, len(SKIP_COLUMNS))
+    rows = len(operands[0]) if rows is None else rows
+    width, sample_width = (rows, len(SKIP_COLUMNS)), (rows, len(SAMPLED_VALUES))
 
     def update(operands):
         gradients, trainable, optimizer_variables = operands
-        return stateless_apply(optimizer_variables, gradients, trainable), jnp.zeros(width, jnp.float32)
+        updated = stateless_apply(optimizer_variables, gradients, trainable)
+        measured = None if sample is None else sample(gradients, trainable, *updated)
+        return updated, jnp.zeros(width, jnp.float32), measured
 
     def skipped(operands):
         table = jnp.zeros(width, jnp.float32) if skip_table is None else skip_table(*operands)
-        return operands[1:], table
+        return operands[1:], table, None if sample is None else jnp.zeros(sample_width, jnp.float32)
 
     if compiled:
         return jax.lax.cond(apply, update, skipped, operands)
-    kept, table = skipped(operands)
-    return select_leaves(apply, update(operands)[0], kept), table
+    kept, table, _ = skipped(operands)
+    updated, _, measured = update(operands)
+    return select_leaves(apply, updated, kept), table, measured
 
 
-def record_step(rule, spikes, judged, table, accepted):
-    """The record after the decision: ``table`` kept as a skip where the step newly spiked, its row."""
+def record_step(rule, spikes, judged, table, sampled, accepted):
+    """The record after the decision: ``table`` kept as a skip where the step newly spiked,
+    ``sampled`` (or ``None``: not a sample step) as a sample where the update was accepted, its row."""
     spike = judged[1] & jnp.logical_not(spikes.tripped)
-    return after_step(with_skip(spikes, spike, table), rule, judged, accepted)
+    record = with_skip(spikes, spike, table)
+    if sampled is not None:
+        record = spike_samples.with_sample(record, accepted, sampled)
+    return after_step(record, rule, judged, accepted)
 
 
 def skip_counts(spikes, per_part):
@@ -242,12 +281,15 @@ class SpikeReads:
             return False
         return sum(int(count) for count in counts) > sum(self._seen.values())
 
-    def snapshot(self, key, spikes, weights, adam_reason):
-        """Host side (waits for the step): the `SpikeSnapshot` of the record ``spikes``, noted as read."""
+    def snapshot(self, key, spikes, weights, adam_reason, sample_every=1):
+        """Host side (waits for the step): the `SpikeSnapshot` of the record ``spikes``, noted as read.
+
+        ``sample_every``: `kgrad.plan.spike_rule.sample_every` of the rule.
+        """
         spikes = jax.device_get(spikes)
         self._seen[key] = int(spikes.skip_count)
         return SpikeSnapshot(
             rows=spikes.rows, row_count=int(spikes.row_count), skip_values=spikes.skip_values,
             skip_steps=spikes.skip_steps, skip_count=int(spikes.skip_count), tripped=bool(spikes.tripped),
-            weights=weights, adam_reason=adam_reason,
+            weights=weights, adam_reason=adam_reason, sample_every=sample_every,
         )

@@ -160,7 +160,12 @@ class GuardState:
         )
 
         def update():
-            apply()
+            if self.spikes is None:
+                apply()
+            else:  # sampled every few accepted steps, for the z-scores of a later skip
+                optimizer, _, measured = spike_update[:3]
+                # Under several replicas (an update of every replica given): the cross-replica context.
+                self.spikes.applied_update(apply, optimizer, measured, inline=len(spike_update) > 3)
             return tf.no_op()
 
         def skipped():

@@ -10,7 +10,9 @@ also writes one row of per-step values (skipped, score, the window's mean
 and σ) into a device buffer that the host reads only when a skip has
 happened, at an epoch's end, or when the buffer is full. In the branch of a
 skipped step only, the update the step would have made is applied, measured
-and undone (`SpikeState.record_skip`): the per-weight values of the skip.
+and undone (`SpikeState.record_skip`): the per-weight values of the skip,
+and their z-scores against the weight's window of gradient norms and its
+samples of the applied update (`kgrad.backends.tensorflow.guard.spike_samples`).
 """
 
 import numpy as np
@@ -18,8 +20,9 @@ import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
+from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, update_values
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
-from kgrad.backends.tensorflow.summarize.optimizer_state import moment_statistics
+from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
 _TINY = float(np.finfo(np.float32).tiny)  # float32's smallest normal: the logarithm of a 0 norm is finite
@@ -49,6 +52,11 @@ class SpikeState:
         )
         self.skip_steps = state_variable(tf.fill([SKIP_SLOTS], tf.constant(-1, tf.int64)), "kgrad_skip_steps")
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
+        self.samples = SampleWindow(rule, weights, self._adam_rms)
+
+    def applied_update(self, apply, optimizer, measured, inline=False):
+        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`)."""
+        self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline)
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
@@ -164,19 +172,17 @@ class SpikeState:
         with tf.control_dependencies(after):
             for variable, value in zip(weights + list(optimizer.variables), before + state):
                 variable.assign(value)
-        flat = lambda t: tf.reshape(tf.cast(tf.convert_to_tensor(t), tf.float32), [-1])  # noqa: E731
         old = [flat(before[position[id(w)]]) for _, w in measured]
         new = [flat(after[position[id(w)]]) for _, w in measured]
-        weight_norms = tf.stack([tf.norm(w) for w in old])
-        update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
-        dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
-        values, _, _, mean, std = judged
+        sampled = update_values(measured, old, new, rms)
+        mean, std = judged[3:]
         grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
         # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
         known = std[2:] > 0
         z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
-        table = tf.stack([
-            grad_norms, update_norms / weight_norms, dots / (grad_norms * weight_norms), rms, z,
+        z_sampled, samples = self.samples.z_scores(sampled)
+        table = tf.concat([
+            grad_norms[:, None], sampled, z[:, None], z_sampled, tf.fill([len(measured), 1], samples),
         ], axis=1)
         slot = self.skip_count % SKIP_SLOTS
         scatter_nd_update(self.skip_values, [[slot]], [table])
@@ -193,8 +199,8 @@ class SpikeState:
             inner, [tf.cast(tf.convert_to_tensor(g), tf.float32) for g, _ in measured]
         )
         indices = [keras_internals.variable_index(inner, weight) for _, weight in measured]
-        rms, _ = moment_statistics(rule, inner, indices, applied, sigmas=6.0)
-        return rms
+        # One reduction per weight (the skip's, and every sample step's).
+        return adam_rms_per_weight(rule, inner, indices, applied)
 
     def read(self, weights, optimizer):
         """Host side (a device read: on a skip, at an epoch's end): the `SpikeSnapshot`; clears the news.
@@ -209,6 +215,7 @@ class SpikeState:
             skip_values=self.skip_values.numpy(), skip_steps=self.skip_steps.numpy(),
             skip_count=int(self.skip_count.numpy()), tripped=bool(self.tripped.numpy()),
             weights=tuple(weights), adam_reason=moment_rule(self.optimizer or optimizer)[1],
+            sample_every=self.samples.every,
         )
         self.news.assign(False)
         return snapshot
@@ -222,6 +229,7 @@ class SpikeState:
             self.news.assign(False)
             self.row_count.assign(0)
             self.skip_count.assign(0)
+            self.samples.count.assign(0)
 
 
 def own_step_update(name, optimizer, grads, variables, measured):

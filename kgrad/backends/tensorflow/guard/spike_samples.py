@@ -1,0 +1,131 @@
+"""Sampled running statistics of the applied update, for the z-scores of a skipped step (TensorFlow).
+
+A skipped step's gradient norm is scored against the spike window, which
+keeps every accepted step's gradient norms (the guard sums their squares
+every step anyway). Its update ratio, cos(g, w) and ``adam_rms`` need a pass
+over every parameter, so they are measured on one accepted step in
+``s`` only (`kgrad.plan.spike_rule.sample_every`) and kept in a window of
+``S`` samples per weight (`kgrad.plan.spike_rule.sample_slots`): the same
+values as a skip's table, of the update actually applied.
+
+A sample step does not apply and undo, as a skip does: in one branch of a
+``tf.cond`` the weights are read (and ``adam_rms`` computed from the
+gradients and Adam's moments) before the step's own update, which then runs
+as on any step, and measured after it; the other branch is the update alone.
+Without XLA the sample branch is one function call (TensorFlow visits every
+op of a branch not taken: see
+`kgrad.backends.tensorflow.guard.spikes.SpikeState.record_skip`), so a step
+that is not a sample step pays a remainder, a branch and one call op not run.
+Two branches around the update (a read before it, a measure after it) cost
+more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken after the first).
+
+Example (graph code, in the branch that applies the update)::
+
+    samples.sampled_update(accepted, apply, optimizer, measured)
+"""
+
+import tensorflow as tf
+
+from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
+from kgrad.plan.spike_rule import SAMPLED_VALUES, sample_every, sample_slots
+
+
+def flat(tensor):
+    """``tensor`` as a float32 vector."""
+    return tf.reshape(tf.cast(tf.convert_to_tensor(tensor), tf.float32), [-1])
+
+
+def update_values(measured, old, new, rms):
+    """``[weights, len(SAMPLED_VALUES)]``: update ratio, cos(g, w) and ``rms`` of the update old → new.
+
+    Args:
+        measured: ``[(gradient, weight)]`` of the checked weight gradients.
+        old: Each weight before the update (flat float32), in ``measured``'s order.
+        new: Each weight after it.
+        rms: ``[weights]`` ``adam_rms`` of the update (NaN without a second moment).
+    """
+    weight_norms = tf.stack([tf.norm(w) for w in old])
+    update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
+    dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
+    grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
+    return tf.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
+
+
+def noinline(fn):
+    """``fn`` as one function-call op (TensorFlow visits every op of a branch not taken)."""
+    return tf.function(fn, autograph=False, experimental_attributes={"_noinline": True})
+
+
+class SampleWindow:
+    """Device variables of the samples of ``weights`` checked weights' `SAMPLED_VALUES`.
+
+    Args:
+        rule: The `kgrad.plan.spike_rule.SpikeRule`.
+        weights: How many weight gradients the guard checks.
+        adam_rms: ``fn(optimizer, measured) -> [weights]`` adam_rms of the update about to be made.
+    """
+
+    def __init__(self, rule, weights, adam_rms):
+        self.slots, self.every = sample_slots(rule), sample_every(rule)
+        self._adam_rms = adam_rms
+        self.values = state_variable(
+            tf.zeros([self.slots, max(weights, 1), len(SAMPLED_VALUES)]), "kgrad_spike_samples"
+        )
+        self.count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_sample_count")
+
+    def sampled_update(self, accepted, apply, optimizer, measured, inline=False):
+        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` accepted
+        steps.
+
+        Args:
+            accepted: Accepted steps before this one (the step is the sample where a multiple of ``every``).
+            apply: Runs the step's own update, unchanged.
+            optimizer: The update's optimizer (for ``adam_rms``).
+            measured: ``[(gradient, weight)]`` of the checked weight gradients.
+            inline: Under several replicas (the cross-replica context): no nested function.
+        """
+        sample = tf.equal(accepted % self.every, 0)
+        weights = [weight for _, weight in measured]
+
+        def snapshot():
+            return [tf.identity(weight) for weight in weights], self._adam_rms(optimizer, measured)
+
+        def measure(before, rms):
+            table = update_values(measured, [flat(old) for old in before], [flat(w) for w in weights], rms)
+            scatter_nd_update(self.values, [[self.count % self.slots]], [table])
+            self.count.assign_add(1)
+            return tf.constant(0)
+
+        def sampled():
+            before, rms = snapshot()
+            with tf.control_dependencies(before + [rms]):
+                apply()
+            measure(before, rms)
+            return tf.constant(0)
+
+        # A branch not taken costs its every op without XLA (one call op here); within XLA it
+        # costs nothing, and a nested function would only be inlined. The update is traced in
+        # both branches, as the skip's branch traces it too.
+        wrap = (lambda fn: fn) if inline or in_xla() else noinline
+        tf.cond(sample, wrap(sampled), lambda: apply() or tf.constant(0))
+
+    def z_scores(self, values):
+        """Graph code: ``[weights, len(SAMPLED_VALUES)]`` z-scores of a skip's ``values`` against the samples.
+
+        (value − mean) / σ (n − 1) over the finite samples written (at most
+        ``slots``); NaN (absent) before 2 of them, where σ is 0, or a value is NaN
+        (`kgrad.plan.spike_rule.sampled_z_scores` is the NumPy reference).
+        """
+        filled = tf.minimum(self.count, self.slots)
+        # Slots past `filled` were never written; a sample that is not finite (a zero-initialized
+        # bias's first update ratio, adam_rms without a second moment) is left out of its weight's.
+        written = (tf.range(self.slots, dtype=tf.int64) < filled)[:, None, None]
+        valid = tf.logical_and(written, tf.math.is_finite(self.values))
+        count = tf.reduce_sum(tf.cast(valid, tf.float32), 0)
+        mean = tf.reduce_sum(tf.where(valid, self.values, 0.0), 0) / tf.maximum(count, 1.0)
+        squares = tf.reduce_sum(tf.where(valid, tf.square(self.values - mean), 0.0), 0)
+        std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
+        known = tf.logical_and(count >= 2, std > 0)
+        z = tf.where(known, (values - mean) / tf.where(known, std, 1.0), float("nan"))
+        return z, tf.cast(filled, tf.float32)
