@@ -18,8 +18,8 @@ from kgrad.plan.spike_rule import (
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
 # A window of 32 accepted steps judged from the 16th: the update's values are sampled every
-# 2nd accepted step into 16 samples (`sample_every`, `sample_slots`).
-WINDOW, WARMUP = 32, 16
+# 2nd accepted step (not the default 16) into 16 samples (`sample_every`, `sample_slots`).
+WINDOW, WARMUP, SAMPLE_EVERY = 32, 16, 2
 
 
 def _data(steps=STEPS, fault=(SPIKE,), scale=1000.0):
@@ -81,7 +81,8 @@ def _state(model):
 def spiked(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("spike")
     guard = kgrad.NonFiniteGuard(
-        skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP, log_dir=log_dir
+        skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP, spike_sample_every=SAMPLE_EVERY,
+        log_dir=log_dir,
     )
     x, y = _data()
     states = _States()
@@ -194,7 +195,7 @@ def _sampled_z_reference(states, skip_values, x, y):
     is that of the weights the step actually wrote (``states``, read after each step), its
     cos(g, w) and adam_rms those of its gradients and moments, by hand.
     """
-    rule = SpikeRule(window=WINDOW, warmup=WARMUP)
+    rule = SpikeRule(window=WINDOW, warmup=WARMUP, sample_every=SAMPLE_EVERY)
     steps = list(range(0, SPIKE, sample_every(rule)))[-sample_slots(rule):]
     samples = {name: {w: [] for w in ("out/kernel", "out/bias")}
                for name in ("update_ratio", "cos_grad_weight", "adam_rms")}
@@ -236,7 +237,8 @@ def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
 @pytest.mark.parametrize("options", [dict(run_eagerly=True), dict(jit_compile=True)], ids=["eager", "xla"])
 def test_the_skip_and_its_values_are_the_same_eagerly_and_under_xla(spiked, options):
     # TensorFlow (the skip's measure is a function call of its own there); JAX jits by default.
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP,
+                                 spike_sample_every=SAMPLE_EVERY)
     model = _fit(*spiked[2:4], guard, **options)
     (skipped,), (expected,) = guard.skipped_steps, spiked[0].skipped_steps
     assert skipped.step == expected.step == SPIKE and int(model.optimizer.iterations) == SPIKE
@@ -293,6 +295,19 @@ def test_bad_spike_options_are_named():
         kgrad.NonFiniteGuard(skip_spikes=True, spike_window=8, spike_warmup=9)
     with pytest.raises(TypeError, match="skip_spikes"):
         kgrad.NonFiniteGuard(skip_spikes="yes")
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=rf"spike_sample_every.*Received: spike_sample_every={bad!r}"):
+            kgrad.NonFiniteGuard(skip_spikes=True, spike_sample_every=bad)
+    # A spike option without skip_spikes would do nothing: said, not ignored.
+    for name, value in (("spike_window", 32), ("spike_sample_every", 4), ("max_skips", 5)):
+        with pytest.raises(ValueError, match=rf"`{name}={value}` has no effect without skip_spikes=True"):
+            kgrad.NonFiniteGuard(**{name: value})
+    assert kgrad.NonFiniteGuard(spike_sigmas=6, spike_window=128)._spikes is None  # the defaults
+
+
+def test_the_default_sampling_is_one_accepted_step_in_half_a_window():
+    assert [SpikeRule(window=n).sample_every for n in (128, 16, 3, 2)] == [64, 8, 1, 1]
+    assert SpikeRule(window=16, sample_every=1).sample_every == 1
 
 
 def fit_with_a_fault(callbacks, steps_per_epoch, epochs, fault_step=None, batch=8):

@@ -99,7 +99,8 @@ def gan_fit(tmp_path_factory, gan_kit):
     real, noise = gan_kit.data(STEPS)
     real[SPIKE * batch :] *= 1000.0  # reals only: the discriminator's part
     gan = gan_kit.make(gan_kit.fit_compiled)
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir)
+    # Every accepted step a sample (the default is one in 8 for this window).
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, spike_sample_every=1, log_dir=log_dir)
     weights = _DiscriminatorWeights()
     gan.fit((real, noise), batch_size=batch, shuffle=False, verbose=0, callbacks=[guard, weights])
     gan._kgrad_test_weights = weights.steps
@@ -166,7 +167,7 @@ def test_the_skipped_parts_values_equal_a_hand_reference(gan_fit, gan_kit):
     assert "z_adam_rms" in skipped.absent and "adam_rms" not in skipped.z_scores
     # The update ratio's and cos(g, w)'s z-scores against the part's samples: from the weights
     # each sampled step wrote (SGD(0.1): its gradient is (old - new) / 0.1).
-    rule = SpikeRule(window=16)
+    rule = SpikeRule(window=16, sample_every=1)
     steps = list(range(0, SPIKE, sample_every(rule)))[-sample_slots(rule):]
     history = gan_fit[1]._kgrad_test_weights
     for number, weight in enumerate(weights):

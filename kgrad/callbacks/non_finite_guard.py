@@ -11,7 +11,7 @@ import keras
 from kgrad import backends
 from kgrad.backends.common import batch_dump
 from kgrad.callbacks import guard_replay, one_per_fit
-from kgrad.callbacks.spike_skipping import SpikeSkipping
+from kgrad.callbacks.spike_skipping import spike_skipping
 from kgrad.logs.writer import write_guard_report
 from kgrad.plan.options import SENTINEL_KINDS, GuardConfig
 from kgrad.report.non_finite import NonFiniteError, name_in_part
@@ -83,8 +83,10 @@ class NonFiniteGuard(keras.callbacks.Callback):
             read on a step that does not spike), skipped as a NaN step is;
             ``max_skips`` skips in a row stop training with a report
             (`spike_report`). docs/guard.md, "Skip a spiking step".
-        spike_sigmas, spike_window, spike_warmup, max_skips: k (6, as OLMo-core), N
-            accepted steps (128), steps before any is judged (``None``: N), M (3).
+        spike_sigmas, spike_window, spike_warmup, max_skips, spike_sample_every: k (6, as
+            OLMo-core), N accepted steps (128), steps before any is judged (``None``: N), M
+            (3), and one accepted step in s sampled for a skipped step's z-scores of its
+            update (``None``: N // 2; `kgrad.plan.spike_rule.sample_every`).
 
     Attributes:
         report: The `kgrad.NonFiniteReport` of the first bad step, or ``None``.
@@ -110,7 +112,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     def __init__(self, action="stop", watch=SENTINEL_KINDS, layers=None, ignore_loss_scale_skips=True,
                  log_dir=None, dump_dir=None, replay=True, sinks=None, skip_spikes=False, spike_sigmas=6.0,
-                 spike_window=128, spike_warmup=None, max_skips=3):
+                 spike_window=128, spike_warmup=None, max_skips=3, spike_sample_every=None):
         super().__init__()
         # A backend kgrad does not run on is named here, before fit starts or any folder exists.
         backends.current().check_supported("guard")
@@ -139,10 +141,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 "`dump_dir` must be None or a folder path (str or os.PathLike). Received: "
                 f"dump_dir={dump_dir!r} of type {type(dump_dir).__name__}. Example: dump_dir='nan_dump'."
             )
-        if not isinstance(skip_spikes, bool):
-            raise TypeError(f"`skip_spikes` must be True or False. Received: skip_spikes={skip_spikes!r}.")
-        self._spikes = (SpikeSkipping(spike_sigmas, spike_window, spike_warmup, max_skips)
-                        if skip_spikes else None)
+        self._spikes = spike_skipping(skip_spikes, spike_sigmas=spike_sigmas, spike_window=spike_window,
+                                      spike_warmup=spike_warmup, max_skips=max_skips,
+                                      spike_sample_every=spike_sample_every)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.replay = replay

@@ -52,15 +52,45 @@ class SpikeStopReport:
         return text if self.leaders is None else f"{text} {self.leaders}"
 
 
+#: `kgrad.NonFiniteGuard`'s spike options and their defaults.
+SPIKE_OPTION_DEFAULTS = {"spike_sigmas": 6.0, "spike_window": 128, "spike_warmup": None, "max_skips": 3,
+                         "spike_sample_every": None}
+
+
+def spike_skipping(skip_spikes, **options):
+    """The guard's `SpikeSkipping` for ``skip_spikes``, or ``None``; refuses options it would ignore.
+
+    >>> spike_skipping(False) is None
+    True
+    >>> spike_skipping(False, spike_window=32)
+    Traceback (most recent call last):
+    ...
+    ValueError: `spike_window=32` has no effect without skip_spikes=True. Pass skip_spikes=True to skip spiking steps, or leave spike_window out.
+    """
+    if not isinstance(skip_spikes, bool):
+        raise TypeError(f"`skip_spikes` must be True or False. Received: skip_spikes={skip_spikes!r}.")
+    options = {**SPIKE_OPTION_DEFAULTS, **options}
+    if not skip_spikes:
+        for name, value in options.items():
+            if value != SPIKE_OPTION_DEFAULTS[name]:
+                raise ValueError(
+                    f"`{name}={value!r}` has no effect without skip_spikes=True. Pass skip_spikes=True "
+                    f"to skip spiking steps, or leave {name} out."
+                )
+        return None
+    return SpikeSkipping(*(options[name] for name in SPIKE_OPTION_DEFAULTS))
+
+
 class SpikeSkipping:
     """The guard's spike options, validated, and what it has read of the device.
 
     Args:
-        sigmas, window, warmup, max_skips: See `kgrad.NonFiniteGuard`.
+        sigmas, window, warmup, max_skips, sample_every: See `kgrad.NonFiniteGuard`.
     """
 
-    def __init__(self, sigmas, window, warmup, max_skips):
-        self.rule = SpikeRule(sigmas=sigmas, window=window, warmup=warmup, max_skips=max_skips)
+    def __init__(self, sigmas, window, warmup, max_skips, sample_every=None):
+        self.rule = SpikeRule(sigmas=sigmas, window=window, warmup=warmup, max_skips=max_skips,
+                              sample_every=sample_every)
         self.logs = {}
         self.stop_report = None
         self.pending = False  # a stop report not yet acted on (JAX: at the epoch's end)

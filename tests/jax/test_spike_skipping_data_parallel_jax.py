@@ -41,7 +41,7 @@ def fit():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")])
     model.compile(keras.optimizers.Adam(0.01), "mse")
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, spike_sample_every=1)
     model.fit(x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[guard])
     return (
         [s.step for s in guard.skipped_steps],
@@ -62,7 +62,7 @@ def fit_own_step():
     real, noise = _JaxGAN.data(24)
     real[20 * _JaxGAN.batch : 21 * _JaxGAN.batch] *= 1000.0
     gan = _JaxGAN.make(True)
-    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, spike_sample_every=1)
     gan.fit((real, noise), batch_size=_JaxGAN.batch, shuffle=False, verbose=0, callbacks=[guard])
     return (
         [[s.step, s.part] for s in guard.skipped_steps],

@@ -248,7 +248,7 @@ def guard_spike(strategy, log_dir):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")])
         model.set_weights([np.full((4, 1), 0.3, "float32"), np.zeros(1, "float32")])
         model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
-    guard, states = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir), []
+    guard, states = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, spike_sample_every=1, log_dir=log_dir), []
     with _kgrad_reads() as (reads, phase):
         model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
                   callbacks=[phase, guard, _states(model, states)])
