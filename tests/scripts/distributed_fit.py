@@ -157,8 +157,8 @@ def train_mixed_precision(strategy):
     return records, model.get_weights()
 
 
-def guard_error(strategy):
-    """The message of the error NonFiniteGuard raises under this strategy, for a model's own train_step."""
+def own_step_probe_error(strategy):
+    """The message of the error GradientProbe raises under this strategy, for a model's own train_step."""
     import keras
 
     import kgrad
@@ -173,7 +173,7 @@ def guard_error(strategy):
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=False)
     x, y = data()
     try:
-        model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[kgrad.NonFiniteGuard()])
+        model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[kgrad.GradientProbe()])
     except ValueError as error:
         return str(error)
     return "no error"
@@ -185,15 +185,17 @@ NAN_EXAMPLE = 3 * GLOBAL_BATCH + 6
 SPIKE_BATCH = 40
 
 
-def _states(model, states):
-    """A callback appending, at each batch end, every replica's copy of the weights and the optimizer's."""
+def _states(model, states, variables=None):
+    """A callback appending, at each batch end, every replica's copy of ``variables``.
+
+    ``variables``: the model's weights and its optimizer's variables, unless given.
+    """
     import keras
 
     def snapshot(batch, logs):
-        variables = model.weights + model.optimizer.variables
         states.append([
             [np.array(copy) for copy in model.distribute_strategy.experimental_local_results(v.value)]
-            for v in variables
+            for v in (variables or model.weights + model.optimizer.variables)
         ])
 
     return keras.callbacks.LambdaCallback(on_train_batch_end=snapshot)
@@ -313,12 +315,17 @@ def save_guard_runs(out_dir, strategy):
         fields, states = run(strategy)
         with open(os.path.join(out_dir, f"{name}.json"), "w") as file:
             json.dump(fields, file)
-        np.savez(os.path.join(out_dir, f"{name}.npz"), **{
-            f"{batch}/{variable}/{replica}": copy
-            for batch, variables in enumerate(states)
-            for variable, copies in enumerate(variables)
-            for replica, copy in enumerate(copies)
-        })
+        save_states(os.path.join(out_dir, f"{name}.npz"), states)
+
+
+def save_states(path, states):
+    """Writes `_states`' snapshots: ``batch/variable/replica`` -> that replica's copy."""
+    np.savez(path, **{
+        f"{batch}/{variable}/{replica}": copy
+        for batch, variables in enumerate(states)
+        for variable, copies in enumerate(variables)
+        for replica, copy in enumerate(copies)
+    })
 
 
 def save(path, records, weights):
@@ -355,9 +362,12 @@ def main(mode, out_dir, log_dir):
     save(os.path.join(out_dir, "result.npz"), records, weights)
     if mode == "mirrored":
         save(os.path.join(out_dir, "mixed.npz"), *train_mixed_precision(strategy))
-        with open(os.path.join(out_dir, "guard_error.txt"), "w") as file:
-            file.write(guard_error(strategy))
+        with open(os.path.join(out_dir, "own_step_probe_error.txt"), "w") as file:
+            file.write(own_step_probe_error(strategy))
         save_guard_runs(out_dir, strategy)
+        import distributed_own_step  # this script's folder is on the path
+
+        distributed_own_step.save_runs(out_dir, strategy)
     print(f"done: {strategy.num_replicas_in_sync} replicas, {len(records)} records", flush=True)
 
 

@@ -32,25 +32,21 @@ from kgrad.report.non_finite import split_name
 SHARED_KINDS = frozenset({"loss", "weight_grad"})
 
 
-def check_supported(model, own_step):
+def check_supported(model):
     """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
 
+    Keras' own ``train_step`` and a model's own (each `kgrad.ProbeTape`'s
+    guarded apply decided across replicas on its own) are both supported.
+
     Raises:
-        ValueError: Under another strategy of several replicas (untested:
-            multi-worker), or for a model's own ``train_step`` (its tapes'
-            guarded applies are not decided across replicas yet).
+        ValueError: Under another strategy of several replicas (untested: multi-worker).
     """
-    strategy, where = model.distribute_strategy, None
+    strategy = model.distribute_strategy
     if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        where = f"under {type(strategy).__name__} (it is tested under MirroredStrategy only)"
-    elif own_step:
-        where = (f"with a model's own train_step (model '{model.name}' defines one): its ProbeTapes' "
-                 "updates are not decided across replicas yet")
-    if where is not None:
         raise ValueError(
-            f"kgrad.NonFiniteGuard does not support {strategy.num_replicas_in_sync} replicas {where}. "
-            "Use it under MirroredStrategy with Keras' own train_step, on a single device, or use "
-            "keras.callbacks.TerminateOnNaN with the strategy."
+            f"kgrad.NonFiniteGuard does not support {strategy.num_replicas_in_sync} replicas under "
+            f"{type(strategy).__name__} (it is tested under MirroredStrategy only). Use it under "
+            "MirroredStrategy, on a single device, or use keras.callbacks.TerminateOnNaN with the strategy."
         )
 
 
@@ -127,3 +123,37 @@ def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_s
     state.applied = applied
     return applied
 
+
+
+def unless_all_applied(applied, fn):
+    """Graph code: runs ``fn()`` (on every replica) after a step where a guarded apply did not run.
+
+    For a model's own ``train_step`` (`kgrad.backends.tensorflow.differentiate.custom_step`),
+    whose forward-written state is put back once all its tapes' updates are
+    decided. Under several replicas ``fn`` assigns mirrored variables, which
+    a branch in a replica's context cannot (the assignment merges): the
+    branch is taken in the cross-replica context, from ``applied``, which
+    every replica holds the same (`guarded_apply`).
+
+    Args:
+        applied: Boolean tensors, what `guarded_apply` returned for each tape.
+        fn: A zero-argument callable (e.g. `forward_state.state_before_forward`'s).
+    """
+    def skipped():
+        fn()
+        return tf.no_op()
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        tf.cond(tf.reduce_all(tf.stack(applied)), tf.no_op, skipped)
+        return
+
+    def in_cross_replica_context(strategy, applied, skipped):
+        def on_every_replica():
+            strategy.extended.call_for_each_replica(lambda own: own(), args=(skipped,))
+            return tf.no_op()
+
+        decision = tf.reduce_all(tf.stack([strategy.experimental_local_results(a)[0] for a in applied]))
+        tf.cond(decision, tf.no_op, on_every_replica)
+
+    context.merge_call(in_cross_replica_context, args=(list(applied), skipped))

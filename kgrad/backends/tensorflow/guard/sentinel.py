@@ -273,7 +273,7 @@ class SharedGuardStates:
         """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
         key = (tape_name, tuple(names), frozenset(on_trip_only), spikes)
         if replicas.multi_replica():
-            replicated.check_supported(self._model, own_step=tape_name is not None)
+            replicated.check_supported(self._model)
         if key not in self._states:
             self._states[key] = replicas.create_variables(
                 self._model, lambda: GuardState(names, on_trip_only, spikes)
