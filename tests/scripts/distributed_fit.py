@@ -7,7 +7,9 @@ TensorFlow initialises any device, and each multi-worker worker is a process.
 
 Modes:
     ``mirrored``: MirroredStrategy over 2 logical CPU devices of this process.
-    ``worker``: MultiWorkerMirroredStrategy; ``TF_CONFIG`` names the cluster.
+    ``worker``: MultiWorkerMirroredStrategy; ``TF_CONFIG`` names the cluster. Besides the
+    probed run, a guard's trip (`guard_nan`) and an own step's skip
+    (`distributed_own_step.own_spike`), whose logs only the chief writes.
 
 The run writes ``OUT_DIR/result.npz`` (every probed record and the final
 weights) and TensorBoard events under ``LOG_DIR``.
@@ -100,6 +102,13 @@ def work_around_keras_multi_worker_bugs(model):
         return reduce_per_replica(values, strategy, reduction)
 
     keras_tf_trainer.reduce_per_replica = reduce_scalars_per_replica
+
+
+def _work_around_if_multi_worker(model):
+    import tensorflow as tf
+
+    if isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        work_around_keras_multi_worker_bugs(model)
 
 
 def train(strategy, log_dir):
@@ -210,6 +219,7 @@ def guard_nan(strategy):
 
     with strategy.scope():
         model = build_model()
+    _work_around_if_multi_worker(model)
     x, y = data()
     x[NAN_EXAMPLE, 2] = np.nan
     guard, states, records = kgrad.NonFiniteGuard(), [], []
@@ -250,6 +260,7 @@ def guard_spike(strategy, log_dir):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")])
         model.set_weights([np.full((4, 1), 0.3, "float32"), np.zeros(1, "float32")])
         model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
+    _work_around_if_multi_worker(model)
     guard, states = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir), []
     with _kgrad_reads() as (reads, phase):
         model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
@@ -306,13 +317,14 @@ def _kgrad_reads():
         BaseResourceVariable._read_variable_op = original
 
 
-def save_guard_runs(out_dir, strategy):
-    """Writes `guard_nan`'s and `guard_spike`'s results under ``out_dir`` (JSON, and the states as .npz)."""
+def save_guard_runs(out_dir, strategy, names=("guard_nan", "guard_spike")):
+    """Writes the results of the runs ``names`` under ``out_dir`` (JSON, and the states as .npz)."""
     import json
 
     spike_logs = os.path.join(out_dir, "spike_logs")
-    for name, run in (("guard_nan", guard_nan), ("guard_spike", lambda s: guard_spike(s, spike_logs))):
-        fields, states = run(strategy)
+    runs = {"guard_nan": guard_nan, "guard_spike": lambda s: guard_spike(s, spike_logs)}
+    for name in names:
+        fields, states = runs[name](strategy)
         with open(os.path.join(out_dir, f"{name}.json"), "w") as file:
             json.dump(fields, file)
         save_states(os.path.join(out_dir, f"{name}.npz"), states)
@@ -364,10 +376,15 @@ def main(mode, out_dir, log_dir):
         save(os.path.join(out_dir, "mixed.npz"), *train_mixed_precision(strategy))
         with open(os.path.join(out_dir, "own_step_probe_error.txt"), "w") as file:
             file.write(own_step_probe_error(strategy))
-        save_guard_runs(out_dir, strategy)
-        import distributed_own_step  # this script's folder is on the path
+    import distributed_own_step  # this script's folder is on the path
 
-        distributed_own_step.save_runs(out_dir, strategy)
+    if mode == "mirrored":
+        save_guard_runs(out_dir, strategy)
+        distributed_own_step.save_runs(out_dir, strategy, os.path.join(out_dir, "own_spike_logs"))
+    else:  # a trip and a skip; the spike's logs shared by the workers, as the probe's
+        save_guard_runs(out_dir, strategy, names=["guard_nan"])
+        shared_logs = os.path.join(os.path.dirname(log_dir), "own_spike_logs")
+        distributed_own_step.save_runs(out_dir, strategy, shared_logs, names=["own_spike"])
     print(f"done: {strategy.num_replicas_in_sync} replicas, {len(records)} records", flush=True)
 
 

@@ -76,6 +76,7 @@ def two_parts(strategy):
         # placeholder tensor").
         model.first_optimizer.build(model.first.trainable_variables)
         model.second_optimizer.build(model.second.trainable_variables)
+    common._work_around_if_multi_worker(model)
     return model
 
 
@@ -121,6 +122,7 @@ def own_nan(strategy):
 def own_spike(strategy, log_dir):
     """A run whose batch 40's ``a`` is x1000, skipping spikes: ``(skip fields, {part: states})``."""
     import kgrad
+    from kgrad.backends.tensorflow.handover.replicas import is_chief
 
     model = two_parts(strategy)
     (a, b), y = data()
@@ -130,13 +132,14 @@ def own_spike(strategy, log_dir):
     with common._kgrad_reads() as (reads, phase):
         model.fit((a, b), y, batch_size=common.GLOBAL_BATCH, shuffle=False, verbose=0,
                   callbacks=[phase, guard, *_part_states(model, states)])
-    (skipped, *others) = guard.skipped_steps
-    logs = kgrad.read_logs(log_dir)
+    skipped = guard.skipped_steps[0]
+    # Only the chief of several workers writes logs (`series` is then the chief's alone).
+    logs = kgrad.read_logs(log_dir) if is_chief(strategy) else {}
     fields = {
         "skipped": [[s.step, s.part] for s in guard.skipped_steps], "iterations": _iterations(model),
         "values": skipped.values, "z_scores": skipped.z_scores,
         "series": {f"{part}/{tag}": [series.steps.tolist(), series.values.tolist()]
-                   for part in ("first", "second")
+                   for part in ("first", "second") if f"kgrad/{part}" in logs
                    for tag, series in logs[f"kgrad/{part}"]["scalars"].items()
                    if tag in common.SPIKE_TAGS},
         "stopped": guard.spike_report is not None or guard.report is not None,
@@ -146,11 +149,11 @@ def own_spike(strategy, log_dir):
     return fields, states
 
 
-def save_runs(out_dir, strategy):
-    """Writes `own_nan`'s and `own_spike`'s results under ``out_dir`` (JSON, and each part's states)."""
-    spike_logs = os.path.join(out_dir, "own_spike_logs")
-    for name, run in (("own_nan", own_nan), ("own_spike", lambda s: own_spike(s, spike_logs))):
-        fields, states = run(strategy)
+def save_runs(out_dir, strategy, spike_logs, names=("own_nan", "own_spike")):
+    """Writes the results of the runs ``names`` under ``out_dir`` (JSON, and each part's states)."""
+    runs = {"own_nan": own_nan, "own_spike": lambda s: own_spike(s, spike_logs)}
+    for name in names:
+        fields, states = runs[name](strategy)
         with open(os.path.join(out_dir, f"{name}.json"), "w") as file:
             json.dump(fields, file)
         for part, part_states in states.items():

@@ -1,6 +1,10 @@
 """The guard's check and guarded update under a tf.distribute strategy of several replicas.
 
-Each replica of a ``MirroredStrategy`` step holds its own slice of the batch;
+Under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (the others are
+refused before training, `kgrad.backends.tensorflow.handover.replicas.check_strategy`),
+for Keras' own ``train_step`` and for each `kgrad.ProbeTape`'s apply in a
+model's own (each part decided on its own values, as on one device).
+Each replica of such a step holds its own slice of the batch;
 the optimizer all-reduces the gradients inside ``apply_gradients``, through a
 ``merge_call``. A ``tf.cond`` in a replica's context cannot hold a branch
 that calls ``merge_call``, so, as Keras' ``LossScaleOptimizer`` does, the
@@ -30,24 +34,6 @@ from kgrad.report.non_finite import split_name
 
 #: Kinds of checked tensors that are each replica's share of a global one (summed before squaring).
 SHARED_KINDS = frozenset({"loss", "weight_grad"})
-
-
-def check_supported(model):
-    """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
-
-    Keras' own ``train_step`` and a model's own (each `kgrad.ProbeTape`'s
-    guarded apply decided across replicas on its own) are both supported.
-
-    Raises:
-        ValueError: Under another strategy of several replicas (untested: multi-worker).
-    """
-    strategy = model.distribute_strategy
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        raise ValueError(
-            f"kgrad.NonFiniteGuard does not support {strategy.num_replicas_in_sync} replicas under "
-            f"{type(strategy).__name__} (it is tested under MirroredStrategy only). Use it under "
-            "MirroredStrategy, on a single device, or use keras.callbacks.TerminateOnNaN with the strategy."
-        )
 
 
 def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_skip, spike_update):
