@@ -4,8 +4,11 @@ Imported by tests/test_distribute.py for the single-device reference, and by
 ``distributed_fit.py`` for its mirrored subprocess (`save_runs`). The model,
 `TwoParts`, trains two linear regressors in one step, each with a
 `kgrad.ProbeTape` and an Adam optimizer of its own: part ``first`` reads the
-inputs ``a``, part ``second`` the inputs ``b``. A NaN or a spike in ``a``
-concerns the part ``first`` only.
+inputs ``a`` through a synchronized BatchNormalization (the global batch's
+statistics, as on one device), part ``second`` the inputs ``b``. A NaN in
+``a`` or a spike in part ``first``'s targets concerns the part ``first``
+only; its BatchNormalization's moving statistics, written by the forward
+pass, are put back with the skipped update.
 """
 
 import json
@@ -22,7 +25,7 @@ BATCHES = 50
 FEATURES = 4
 #: The example of ``a`` given a NaN: batch 3's seventh, in the second replica's half of it.
 NAN_EXAMPLE = 3 * common.GLOBAL_BATCH + 6
-#: The batch whose ``a`` is scaled x1000 in the spike run.
+#: The batch whose targets of part ``first`` are scaled x1000 in the spike run.
 SPIKE_BATCH = 40
 
 
@@ -35,9 +38,10 @@ def two_parts(strategy):
     class TwoParts(keras.Model):
         def __init__(self):
             super().__init__(name="two_parts")
-            self.first = keras.Sequential(
-                [keras.Input((FEATURES,)), keras.layers.Dense(1, name="first_out")], name="first"
-            )
+            self.first = keras.Sequential([
+                keras.Input((FEATURES,)), keras.layers.BatchNormalization(synchronized=True, name="first_norm"),
+                keras.layers.Dense(1, name="first_out"),
+            ], name="first")
             self.second = keras.Sequential(
                 [keras.Input((FEATURES,)), keras.layers.Dense(1, name="second_out")], name="second"
             )
@@ -60,7 +64,7 @@ def two_parts(strategy):
                 ("second", self.second, b, y_b, self.second_optimizer),
             ):
                 with kgrad.ProbeTape(net) as tape:
-                    loss = self.loss_fn(y, net(x))
+                    loss = self.loss_fn(y, net(x, training=True))
                 grads = tape.gradient(loss, net.trainable_weights)
                 optimizer.apply_gradients(zip(grads, net.trainable_weights))
                 losses[name] = loss
@@ -70,7 +74,7 @@ def two_parts(strategy):
         model = TwoParts()
         model.compile()
         for net, scale in ((model.first, 0.3), (model.second, -0.2)):
-            net.set_weights([np.full((FEATURES, 1), scale, "float32"), np.zeros(1, "float32")])
+            net.layers[-1].set_weights([np.full((FEATURES, 1), scale, "float32"), np.zeros(1, "float32")])
         # Built before fit: Keras 3.15 itself fails under MirroredStrategy (with or without
         # kgrad) on an own step whose optimizers build in it ("You must feed a value for
         # placeholder tensor").
@@ -120,17 +124,17 @@ def own_nan(strategy):
 
 
 def own_spike(strategy, log_dir):
-    """A run whose batch 40's ``a`` is x1000, skipping spikes: ``(skip fields, {part: states})``."""
+    """A run whose batch 40's targets of ``first`` are x1000, skipping spikes: ``(fields, {part: states})``."""
     import kgrad
     from kgrad.backends.tensorflow.handover.replicas import is_chief
 
     model = two_parts(strategy)
-    (a, b), y = data()
-    a[SPIKE_BATCH * common.GLOBAL_BATCH : (SPIKE_BATCH + 1) * common.GLOBAL_BATCH] *= 1000.0
+    x, (y_a, y_b) = data()
+    y_a[SPIKE_BATCH * common.GLOBAL_BATCH : (SPIKE_BATCH + 1) * common.GLOBAL_BATCH] *= 1000.0
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, log_dir=log_dir)
     states = {"first": [], "second": []}
     with common._kgrad_reads() as (reads, phase):
-        model.fit((a, b), y, batch_size=common.GLOBAL_BATCH, shuffle=False, verbose=0,
+        model.fit(x, (y_a, y_b), batch_size=common.GLOBAL_BATCH, shuffle=False, verbose=0,
                   callbacks=[phase, guard, *_part_states(model, states)])
     skipped = guard.skipped_steps[0]
     # Only the chief of several workers writes logs (`series` is then the chief's alone).
