@@ -25,10 +25,12 @@ The global batch's values, as on one device:
 Example (graph code, inside each replica of the traced step)::
 
     applied = replicated.guarded_apply(state, tensors, step, apply, True, None, None, None)
+    replicated.unless_all_applied([applied], put_back)  # a model's own step, after its tapes
 """
 
 import tensorflow as tf
 
+from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
 from kgrad.report.non_finite import split_name
 
@@ -110,7 +112,6 @@ def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_s
     return applied
 
 
-
 def unless_all_applied(applied, fn):
     """Graph code: runs ``fn()`` (on every replica) after a step where a guarded apply did not run.
 
@@ -129,8 +130,7 @@ def unless_all_applied(applied, fn):
         fn()
         return tf.no_op()
 
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
+    if not replicas.multi_replica():
         tf.cond(tf.reduce_all(tf.stack(applied)), tf.no_op, skipped)
         return
 
@@ -142,4 +142,4 @@ def unless_all_applied(applied, fn):
         decision = tf.reduce_all(tf.stack([strategy.experimental_local_results(a)[0] for a in applied]))
         tf.cond(decision, tf.no_op, on_every_replica)
 
-    context.merge_call(in_cross_replica_context, args=(list(applied), skipped))
+    tf.distribute.get_replica_context().merge_call(in_cross_replica_context, args=(list(applied), skipped))
