@@ -39,7 +39,8 @@ def two_parts(strategy):
         def __init__(self):
             super().__init__(name="two_parts")
             self.first = keras.Sequential([
-                keras.Input((FEATURES,)), keras.layers.BatchNormalization(synchronized=True, name="first_norm"),
+                keras.Input((FEATURES,)),
+                keras.layers.BatchNormalization(synchronized=True, name="first_norm"),
                 keras.layers.Dense(1, name="first_out"),
             ], name="first")
             self.second = keras.Sequential(
@@ -94,7 +95,9 @@ def data():
 def _part_states(model, part_states):
     """Callbacks appending, at each batch end, every replica's copy of each part's weights and Adam's."""
     return [
-        common._states(model, states, getattr(model, name).weights + getattr(model, f"{name}_optimizer").variables)
+        common._states(
+            model, states, getattr(model, name).weights + getattr(model, f"{name}_optimizer").variables
+        )
         for name, states in part_states.items()
     ]
 
@@ -124,7 +127,7 @@ def own_nan(strategy):
 
 
 def own_spike(strategy, log_dir):
-    """A run whose batch 40's targets of ``first`` are x1000, skipping spikes: ``(fields, {part: states})``."""
+    """A run whose batch 40's targets of ``first`` are x1000, skipping spikes: ``(fields, states)``."""
     import kgrad
     from kgrad.backends.tensorflow.handover.replicas import is_chief
 
