@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -308,6 +309,7 @@ def _assert_own_step_skips_as_on_one_device(fields, one, series=True):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     # The host reads kgrad's variables after the skip and at the epoch's end only, as on one device.
     assert fields["reads"] == one["reads"] == sorted([str(spike), "end"])
+    assert fields["left_replaced"] == one["left_replaced"] == []  # the layers' and optimizers' own calls
     # Each part judged on its own global loss and gradient norm: one device's rows, part by part.
     if not series:  # a worker that is not the chief: it wrote no logs
         assert fields["series"] == {}
@@ -318,6 +320,44 @@ def _assert_own_step_skips_as_on_one_device(fields, one, series=True):
         steps, values = fields["series"][tag]
         assert steps == one_steps, tag
         np.testing.assert_allclose(values, one_values, rtol=1e-5, atol=1e-5, err_msg=tag)
+
+
+def test_replaced_calls_of_interleaved_replica_threads_call_each_threads_own_and_restore_the_layer():
+    # MirroredStrategy traces each replica in a thread of its own, taking turns at each
+    # merge_call: two replicas' ProbeTapes replace the same layer's call, and exit in any order.
+    from kgrad.backends.common.calls import replaced_calls
+
+    class Operation:
+        def call(self, x):
+            return x
+
+    operation, seen = Operation(), []
+    wrap = lambda tag: lambda call: lambda x: seen.append(tag) or call(x)  # noqa: E731
+    entered, called, exited = threading.Event(), threading.Event(), threading.Event()
+
+    def replica_0():
+        with replaced_calls([(operation, wrap("A"))]):
+            operation.call(1)
+            entered.set()
+            called.wait(timeout=30)
+            operation.call(1)
+        exited.set()  # its block closed while replica 1's is open
+
+    def replica_1():
+        entered.wait(timeout=30)
+        with replaced_calls([(operation, wrap("B"))]):
+            operation.call(1)
+            called.set()
+            exited.wait(timeout=30)
+            operation.call(1)
+
+    threads = [threading.Thread(target=replica) for replica in (replica_0, replica_1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert seen == ["A", "B", "A", "B"]
+    assert "call" not in operation.__dict__ and operation.call(2) == 2 and seen == ["A", "B", "A", "B"]
 
 
 def _probing_model():

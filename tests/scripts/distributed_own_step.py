@@ -152,6 +152,11 @@ def own_spike(strategy, log_dir):
         "stopped": guard.spike_report is not None or guard.report is not None,
         "reads": sorted(reads),
         "weights": [w.tolist() for w in model.get_weights()],
+        # What kgrad replaced for the fit (its replicas' ProbeTapes interleave), and left behind.
+        "left_replaced": [
+            owner.name for owner in [model.first, model.second, *model.first.layers, *model.second.layers]
+            if "call" in owner.__dict__
+        ] + [name for name in ("first", "second") if "apply" in getattr(model, f"{name}_optimizer").__dict__],
     }
     return fields, states
 
