@@ -40,7 +40,7 @@ class _Replaced:
 
     def call_of(self, thread):
         """The call ``thread`` sees: its innermost replacement, else the operation's own."""
-        return next((call for owner, call in reversed(self.entries) if owner == thread), self.base)
+        return next((call for owner, call in reversed(tuple(self.entries)) if owner == thread), self.base)
 
     def dispatch(self, *args, **kwargs):
         return self.call_of(threading.get_ident())(*args, **kwargs)
