@@ -13,8 +13,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
-import types
 
 import keras
 import numpy as np
@@ -22,8 +22,7 @@ import pytest
 import tensorflow as tf
 
 import kgrad
-from kgrad.backends.tensorflow.guard import replicated
-from scripts import distributed_fit
+from scripts import distributed_fit, distributed_own_step
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed_fit.py")
 #: Seconds one distributed run may take (a few on an idle machine) before it is killed.
@@ -120,6 +119,19 @@ def single_device(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def one_device_guard_nan():
+    """`distributed_fit.guard_nan`'s fields on one device (the mirrored and multi-worker references)."""
+    return distributed_fit.guard_nan(tf.distribute.get_strategy())[0]
+
+
+@pytest.fixture(scope="module")
+def one_device_own_spike(tmp_path_factory):
+    """`distributed_own_step.own_spike`'s fields on one device."""
+    logs = tmp_path_factory.mktemp("own_spike") / "logs"
+    return distributed_own_step.own_spike(tf.distribute.get_strategy(), str(logs))[0]
+
+
+@pytest.fixture(scope="module")
 def mirrored(tmp_path_factory):
     """One MirroredStrategy run over 2 logical CPU devices, in a subprocess."""
     directory = tmp_path_factory.mktemp("mirrored")
@@ -167,35 +179,27 @@ def test_mirrored_mixed_precision_equals_single_device(mirrored):
     )
 
 
-def test_non_finite_guard_refuses_a_models_own_train_step_on_more_than_one_replica(mirrored):
-    # Refused before the guard's own check (`replicated.check_supported`), for any kgrad part.
-    message = (mirrored / "guard_error.txt").read_text()
+def test_gradient_probe_refuses_a_models_own_train_step_on_more_than_one_replica(mirrored):
+    # The guard alone is supported there (`test_own_step_guard_*` below); a probe is not yet.
+    message = (mirrored / "own_step_probe_error.txt").read_text()
     assert message.startswith("kgrad cannot probe model 'own_step' on 2 replicas: its class OwnStep defines")
-    assert "Train it on one device" in message
-
-
-def test_the_guard_refuses_other_strategies_of_several_replicas():
-    class MultiWorkerMirroredStrategy:  # not tf.distribute's: its cluster would outlive the test
-        num_replicas_in_sync = 4
-
-    model = types.SimpleNamespace(name="workers", distribute_strategy=MultiWorkerMirroredStrategy())
-    with pytest.raises(ValueError, match=(
-        r"^kgrad\.NonFiniteGuard does not support 4 replicas under MultiWorkerMirroredStrategy "
-        r"\(it is tested under MirroredStrategy only\)\. Use it under MirroredStrategy"
-    )):
-        replicated.check_supported(model, own_step=False)
+    assert "(kgrad.NonFiniteGuard alone is supported)" in message and "Train it on one device" in message
 
 
 def _guard_run(directory, name):
     """``(fields, states)`` of a mirrored guard run: ``states[batch][variable][replica]``."""
-    fields = json.loads((directory / f"{name}.json").read_text())
+    return json.loads((directory / f"{name}.json").read_text()), _replica_states(directory / f"{name}.npz")
+
+
+def _replica_states(path):
+    """``states[batch][variable][replica]`` of `distributed_fit.save_states`."""
     copies = {}
-    for key, value in _load(directory / f"{name}.npz").items():
+    for key, value in _load(path).items():
         batch, variable, replica = map(int, key.split("/"))
         copies.setdefault(batch, {}).setdefault(variable, {})[replica] = value
     states = [[[variables[v][r] for r in sorted(variables[v])] for v in sorted(variables)]
               for _, variables in sorted(copies.items())]
-    return fields, states
+    return states
 
 
 def _assert_kept_on_every_replica(states, kept_step):
@@ -210,9 +214,21 @@ def _assert_kept_on_every_replica(states, kept_step):
     assert any(not np.array_equal(a[0], b[0]) for a, b in zip(states[kept_step - 2], states[kept_step - 1]))
 
 
-def test_non_finite_guard_trips_under_mirrored_as_on_one_device(mirrored):
+def test_non_finite_guard_trips_under_mirrored_as_on_one_device(mirrored, one_device_guard_nan):
     fields, states = _guard_run(mirrored, "guard_nan")
-    one, _ = distributed_fit.guard_nan(tf.distribute.get_strategy())
+    _assert_trips_as_on_one_device(fields, one_device_guard_nan)
+    _assert_kept_on_every_replica(states, distributed_fit.NAN_EXAMPLE // distributed_fit.GLOBAL_BATCH)
+    # A GradientProbe beside the guard records the global batch's values, as on one device.
+    one = one_device_guard_nan
+    assert [step for step, _ in fields["records"]] == [step for step, _ in one["records"]] == [0, 2]
+    for (_, scalars), (_, one_scalars) in zip(fields["records"], one["records"]):
+        assert scalars.keys() == one_scalars.keys() and "global/grad_norm" in scalars
+        for tag, value in one_scalars.items():
+            assert scalars[tag] == pytest.approx(value, rel=1e-5, abs=1e-6), tag
+
+
+def _assert_trips_as_on_one_device(fields, one):
+    """`distributed_fit.guard_nan` of several replicas trips as ``one``, the run on one device."""
     trip = distributed_fit.NAN_EXAMPLE // distributed_fit.GLOBAL_BATCH
     assert fields["step"] == one["step"] == trip and fields["iterations"] == one["iterations"] == trip
     assert fields["tensor"] == one["tensor"] and fields["non_finite"] == one["non_finite"]
@@ -220,13 +236,6 @@ def test_non_finite_guard_trips_under_mirrored_as_on_one_device(mirrored):
     assert fields["last_finite_norm"] == pytest.approx(one["last_finite_norm"], rel=1e-5)
     # The NaN sits in the second replica's half: one device's replay could not see it.
     assert fields["replay_note"].startswith("Not replayed: the model trains on 2 replicas")
-    _assert_kept_on_every_replica(states, trip)
-    # A GradientProbe beside the guard records the global batch's values, as on one device.
-    assert [step for step, _ in fields["records"]] == [step for step, _ in one["records"]] == [0, 2]
-    for (_, scalars), (_, one_scalars) in zip(fields["records"], one["records"]):
-        assert scalars.keys() == one_scalars.keys() and "global/grad_norm" in scalars
-        for tag, value in one_scalars.items():
-            assert scalars[tag] == pytest.approx(value, rel=1e-5, abs=1e-6), tag
 
 
 def test_spike_skipping_under_mirrored_skips_as_on_one_device(mirrored, tmp_path):
@@ -248,6 +257,109 @@ def test_spike_skipping_under_mirrored_skips_as_on_one_device(mirrored, tmp_path
     _assert_kept_on_every_replica(states, distributed_fit.SPIKE_BATCH)
     # The host reads kgrad's variables after the skip and at the epoch's end only, as on one device.
     assert fields["reads"] == one["reads"] == sorted([str(distributed_fit.SPIKE_BATCH), "end"])
+
+
+def _own_run(directory, name):
+    """``(fields, {part: states})`` of a run of `distributed_own_step` under a strategy."""
+    fields = json.loads((directory / f"{name}.json").read_text())
+    return fields, {part: _replica_states(directory / f"{name}_{part}.npz") for part in ("first", "second")}
+
+
+def _assert_applied_on_every_replica(states, step):
+    """The step ``step`` changed the variables, the same way on every replica."""
+    for variables in states:
+        for copies in variables:
+            np.testing.assert_array_equal(copies[0], copies[1])
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(states[step - 1], states[step]))
+
+
+def test_own_step_guard_trips_under_mirrored_as_on_one_device(mirrored):
+    fields, states = _own_run(mirrored, "own_nan")
+    one, _ = distributed_own_step.own_nan(tf.distribute.get_strategy())
+    trip = distributed_own_step.NAN_EXAMPLE // distributed_fit.GLOBAL_BATCH
+    # The part that read the NaN trips, at one device's step, naming its tensor with one device's counts.
+    assert fields["step"] == one["step"] == trip and fields["tensor"] == one["tensor"] == "loss/first/loss"
+    assert fields["non_finite"] == one["non_finite"]
+    assert fields["last_finite_step"] == one["last_finite_step"] == trip - 1
+    assert fields["last_finite_norm"] == pytest.approx(one["last_finite_norm"], rel=1e-5)
+    # Part `first` skipped its update; part `second` was finite and applied it (then fit stopped).
+    assert fields["iterations"] == one["iterations"] == {"first": trip, "second": trip + 1}
+    assert fields["replay_note"].startswith("Not replayed: the model trains on 2 replicas")
+    _assert_kept_on_every_replica(states["first"], trip)
+    _assert_applied_on_every_replica(states["second"], trip)
+
+
+def test_own_step_spike_skipping_under_mirrored_skips_one_part_as_on_one_device(
+    mirrored, one_device_own_spike
+):
+    fields, states = _own_run(mirrored, "own_spike")
+    _assert_own_step_skips_as_on_one_device(fields, one_device_own_spike)
+    _assert_kept_on_every_replica(states["first"], distributed_own_step.SPIKE_BATCH)
+    _assert_applied_on_every_replica(states["second"], distributed_own_step.SPIKE_BATCH)
+
+
+def _assert_own_step_skips_as_on_one_device(fields, one, series=True):
+    """`distributed_own_step.own_spike` of several replicas skips as ``one``, the run on one device."""
+    spike = distributed_own_step.SPIKE_BATCH
+    assert fields["skipped"] == one["skipped"] == [[spike, "first"]] and not fields["stopped"]
+    assert fields["iterations"] == one["iterations"] == {"first": 49, "second": 50}
+    for kind in ("values", "z_scores"):
+        assert fields[kind].keys() == one[kind].keys() and fields[kind]
+        for name, per_weight in one[kind].items():
+            assert fields[kind][name] == pytest.approx(per_weight, rel=1e-5), (kind, name)
+    for got, expected in zip(fields["weights"], one["weights"], strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    # The host reads kgrad's variables after the skip and at the epoch's end only, as on one device.
+    assert fields["reads"] == one["reads"] == sorted([str(spike), "end"])
+    assert fields["left_replaced"] == one["left_replaced"] == []  # the layers' and optimizers' own calls
+    # Each part judged on its own global loss and gradient norm: one device's rows, part by part.
+    if not series:  # a worker that is not the chief: it wrote no logs
+        assert fields["series"] == {}
+        return
+    assert fields["series"].keys() == one["series"].keys() and len(one["series"]) == 2 * len(
+        distributed_fit.SPIKE_TAGS)
+    for tag, (one_steps, one_values) in one["series"].items():
+        steps, values = fields["series"][tag]
+        assert steps == one_steps, tag
+        np.testing.assert_allclose(values, one_values, rtol=1e-5, atol=1e-5, err_msg=tag)
+
+
+def test_replaced_calls_of_interleaved_replica_threads_call_each_threads_own_and_restore_the_layer():
+    # MirroredStrategy traces each replica in a thread of its own, taking turns at each
+    # merge_call: two replicas' ProbeTapes replace the same layer's call, and exit in any order.
+    from kgrad.backends.common.calls import replaced_calls
+
+    class Operation:
+        def call(self, x):
+            return x
+
+    operation, seen = Operation(), []
+    wrap = lambda tag: lambda call: lambda x: seen.append(tag) or call(x)  # noqa: E731
+    entered, called, exited = threading.Event(), threading.Event(), threading.Event()
+
+    def replica_0():
+        with replaced_calls([(operation, wrap("A"))]):
+            operation.call(1)
+            entered.set()
+            called.wait(timeout=30)
+            operation.call(1)
+        exited.set()  # its block closed while replica 1's is open
+
+    def replica_1():
+        entered.wait(timeout=30)
+        with replaced_calls([(operation, wrap("B"))]):
+            operation.call(1)
+            called.set()
+            exited.wait(timeout=30)
+            operation.call(1)
+
+    threads = [threading.Thread(target=replica) for replica in (replica_0, replica_1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert seen == ["A", "B", "A", "B"]
+    assert "call" not in operation.__dict__ and operation.call(2) == 2 and seen == ["A", "B", "A", "B"]
 
 
 def _probing_model():
@@ -289,9 +401,16 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _worker_guard_runs(directory):
+    """``(own_spike fields, guard_nan fields, {run or part: states})`` of a multi-worker worker."""
+    own_spike, part_states = _own_run(directory, "own_spike")
+    guard_nan, states = _guard_run(directory, "guard_nan")
+    return own_spike, guard_nan, {"guard_nan": states, **part_states}
+
+
 @pytest.mark.slow
-def test_multi_worker_probes_equal_single_process_and_only_the_chief_writes(
-    tmp_path, single_device
+def test_multi_worker_probes_and_guard_equal_single_process_and_only_the_chief_writes(
+    tmp_path, single_device, one_device_guard_nan, one_device_own_spike
 ):
     cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
     log_dir = tmp_path / "logs"  # shared, as on a shared file system
@@ -329,6 +448,25 @@ def test_multi_worker_probes_equal_single_process_and_only_the_chief_writes(
         assert_same_probes(results, single_device, rtol=1e-5, atol=1e-6)
         for got, expected in zip(_weights(results), _weights(single_device)):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    # The guard on the global batch, decided across workers: a trip and an own step's skipped part.
+    runs = [_worker_guard_runs(tmp_path / f"worker{index}") for index in range(2)]
+    for index, (own_spike, guard_nan, _) in enumerate(runs):
+        _assert_trips_as_on_one_device(guard_nan, one_device_guard_nan)
+        _assert_own_step_skips_as_on_one_device(own_spike, one_device_own_spike, series=index == 0)
+    # One replica per worker: the workers' copies, as the replicas' of MirroredStrategy.
+    states = {name: [[list(copies) for copies in zip(*variables)] for variables in zip(runs[0][2][name],
+                                                                                    runs[1][2][name])]
+              for name in runs[0][2]}
+    trip = distributed_fit.NAN_EXAMPLE // distributed_fit.GLOBAL_BATCH
+    _assert_kept_on_every_replica(states["guard_nan"], trip)
+    _assert_kept_on_every_replica(states["first"], distributed_own_step.SPIKE_BATCH)
+    _assert_applied_on_every_replica(states["second"], distributed_own_step.SPIKE_BATCH)
+    spike_logs = kgrad.read_logs(tmp_path / "own_spike_logs")
+    for part in ("first", "second"):
+        (event_file,) = os.listdir(tmp_path / "own_spike_logs" / "kgrad" / part)
+        assert f".{workers[0].pid}." in event_file
+    assert spike_logs["kgrad/first"]["scalars"]["global/step_skipped"].values.tolist() == [
+        float(step == distributed_own_step.SPIKE_BATCH) for step in range(distributed_own_step.BATCHES)]
     # Only the chief (worker 0) wrote; its event files carry its process id.
     event_files = sorted(os.listdir(log_dir / "kgrad"))
     assert len(event_files) == 1, event_files

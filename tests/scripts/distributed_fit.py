@@ -7,7 +7,9 @@ TensorFlow initialises any device, and each multi-worker worker is a process.
 
 Modes:
     ``mirrored``: MirroredStrategy over 2 logical CPU devices of this process.
-    ``worker``: MultiWorkerMirroredStrategy; ``TF_CONFIG`` names the cluster.
+    ``worker``: MultiWorkerMirroredStrategy; ``TF_CONFIG`` names the cluster. Besides the
+    probed run, a guard's trip (`guard_nan`) and an own step's skip
+    (`distributed_own_step.own_spike`), whose logs only the chief writes.
 
 The run writes ``OUT_DIR/result.npz`` (every probed record and the final
 weights) and TensorBoard events under ``LOG_DIR``.
@@ -102,6 +104,13 @@ def work_around_keras_multi_worker_bugs(model):
     keras_tf_trainer.reduce_per_replica = reduce_scalars_per_replica
 
 
+def _work_around_if_multi_worker(model):
+    import tensorflow as tf
+
+    if isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        work_around_keras_multi_worker_bugs(model)
+
+
 def train(strategy, log_dir):
     """Trains with a GradientProbe logging to ``log_dir``; returns ``(records, weights)``."""
     import tensorflow as tf
@@ -157,8 +166,8 @@ def train_mixed_precision(strategy):
     return records, model.get_weights()
 
 
-def guard_error(strategy):
-    """The message of the error NonFiniteGuard raises under this strategy, for a model's own train_step."""
+def own_step_probe_error(strategy):
+    """The message of the error GradientProbe raises under this strategy, for a model's own train_step."""
     import keras
 
     import kgrad
@@ -173,7 +182,7 @@ def guard_error(strategy):
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=False)
     x, y = data()
     try:
-        model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[kgrad.NonFiniteGuard()])
+        model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[kgrad.GradientProbe()])
     except ValueError as error:
         return str(error)
     return "no error"
@@ -185,15 +194,17 @@ NAN_EXAMPLE = 3 * GLOBAL_BATCH + 6
 SPIKE_BATCH = 40
 
 
-def _states(model, states):
-    """A callback appending, at each batch end, every replica's copy of the weights and the optimizer's."""
+def _states(model, states, variables=None):
+    """A callback appending, at each batch end, every replica's copy of ``variables``.
+
+    ``variables``: the model's weights and its optimizer's variables, unless given.
+    """
     import keras
 
     def snapshot(batch, logs):
-        variables = model.weights + model.optimizer.variables
         states.append([
             [np.array(copy) for copy in model.distribute_strategy.experimental_local_results(v.value)]
-            for v in variables
+            for v in (variables or model.weights + model.optimizer.variables)
         ])
 
     return keras.callbacks.LambdaCallback(on_train_batch_end=snapshot)
@@ -208,6 +219,7 @@ def guard_nan(strategy):
 
     with strategy.scope():
         model = build_model()
+    _work_around_if_multi_worker(model)
     x, y = data()
     x[NAN_EXAMPLE, 2] = np.nan
     guard, states, records = kgrad.NonFiniteGuard(), [], []
@@ -248,6 +260,7 @@ def guard_spike(strategy, log_dir):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")])
         model.set_weights([np.full((4, 1), 0.3, "float32"), np.zeros(1, "float32")])
         model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
+    _work_around_if_multi_worker(model)
     guard, states = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, spike_sample_every=1, log_dir=log_dir), []
     with _kgrad_reads() as (reads, phase):
         model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
@@ -304,21 +317,27 @@ def _kgrad_reads():
         BaseResourceVariable._read_variable_op = original
 
 
-def save_guard_runs(out_dir, strategy):
-    """Writes `guard_nan`'s and `guard_spike`'s results under ``out_dir`` (JSON, and the states as .npz)."""
+def save_guard_runs(out_dir, strategy, names=("guard_nan", "guard_spike")):
+    """Writes the results of the runs ``names`` under ``out_dir`` (JSON, and the states as .npz)."""
     import json
 
     spike_logs = os.path.join(out_dir, "spike_logs")
-    for name, run in (("guard_nan", guard_nan), ("guard_spike", lambda s: guard_spike(s, spike_logs))):
-        fields, states = run(strategy)
+    runs = {"guard_nan": guard_nan, "guard_spike": lambda s: guard_spike(s, spike_logs)}
+    for name in names:
+        fields, states = runs[name](strategy)
         with open(os.path.join(out_dir, f"{name}.json"), "w") as file:
             json.dump(fields, file)
-        np.savez(os.path.join(out_dir, f"{name}.npz"), **{
-            f"{batch}/{variable}/{replica}": copy
-            for batch, variables in enumerate(states)
-            for variable, copies in enumerate(variables)
-            for replica, copy in enumerate(copies)
-        })
+        save_states(os.path.join(out_dir, f"{name}.npz"), states)
+
+
+def save_states(path, states):
+    """Writes `_states`' snapshots: ``batch/variable/replica`` -> that replica's copy."""
+    np.savez(path, **{
+        f"{batch}/{variable}/{replica}": copy
+        for batch, variables in enumerate(states)
+        for variable, copies in enumerate(variables)
+        for replica, copy in enumerate(copies)
+    })
 
 
 def save(path, records, weights):
@@ -355,9 +374,17 @@ def main(mode, out_dir, log_dir):
     save(os.path.join(out_dir, "result.npz"), records, weights)
     if mode == "mirrored":
         save(os.path.join(out_dir, "mixed.npz"), *train_mixed_precision(strategy))
-        with open(os.path.join(out_dir, "guard_error.txt"), "w") as file:
-            file.write(guard_error(strategy))
+        with open(os.path.join(out_dir, "own_step_probe_error.txt"), "w") as file:
+            file.write(own_step_probe_error(strategy))
+    import distributed_own_step  # this script's folder is on the path
+
+    if mode == "mirrored":
         save_guard_runs(out_dir, strategy)
+        distributed_own_step.save_runs(out_dir, strategy, os.path.join(out_dir, "own_spike_logs"))
+    else:  # a trip and a skip; the spike's logs shared by the workers, as the probe's
+        save_guard_runs(out_dir, strategy, names=["guard_nan"])
+        shared_logs = os.path.join(os.path.dirname(log_dir), "own_spike_logs")
+        distributed_own_step.save_runs(out_dir, strategy, shared_logs, names=["own_spike"])
     print(f"done: {strategy.num_replicas_in_sync} replicas, {len(records)} records", flush=True)
 
 

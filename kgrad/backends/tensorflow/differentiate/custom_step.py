@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from kgrad.backends.tensorflow import keras_internals
-from kgrad.backends.tensorflow.guard import watched as guard_module
+from kgrad.backends.tensorflow.guard import replicated, watched as guard_module
 from kgrad.backends.tensorflow.guard.spikes import own_step_update
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
@@ -238,16 +238,19 @@ class TapeCollection:
 def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_for):
     """Runs ``type(model).train_step`` in a `TapeCollection`, then writes the records.
 
+    Under several replicas the guard alone is supported: each tape's guarded
+    apply is decided across replicas (`kgrad.backends.tensorflow.guard.replicated`).
+
     Raises:
-        ValueError: With several replicas (not supported yet), or when the
-            step opened no `kgrad.ProbeTape`.
+        ValueError: With a `kgrad.GradientProbe` on several replicas (not
+            supported yet), or when the step opened no `kgrad.ProbeTape`.
     """
-    if plan.replicas > 1:
+    if plan.replicas > 1 and plan.probe is not None:
         raise ValueError(
             f"kgrad cannot probe model '{model.name}' on {plan.replicas} replicas: its class "
-            f"{type(model).__name__} defines its own train_step, where kgrad works on one "
-            "device only yet. Train it on one device, or use kgrad.ProbeTape's results "
-            "inside that train_step."
+            f"{type(model).__name__} defines its own train_step, where kgrad.GradientProbe works "
+            "on one device only yet (kgrad.NonFiniteGuard alone is supported). Train it on one "
+            "device, or use kgrad.ProbeTape's results inside that train_step."
         )
     # Before the step's forward passes write it (BatchNormalization's statistics).
     put_back = forward_state.state_before_forward(model) if plan.guard is not None else None
@@ -266,15 +269,13 @@ def run_own_train_step(model, plan, data, probe_now, pipeline_for, guard_state_f
     if put_back is not None and collection.applied:
         # An update the guard skipped: what the step's forward passes wrote
         # came from a bad batch (or a halted step) and goes back too.
-        def skipped():
-            put_back()
-            return tf.no_op()
-
-        tf.cond(tf.reduce_all(tf.stack(collection.applied)), tf.no_op, skipped)
+        replicated.unless_all_applied(collection.applied, put_back)
     if plan.guard is not None:
-        # The flag travels with the logs that Keras reads anyway.
-        tripped = [state.flag() for state in collection.guard_states()]
-        outputs = {**outputs, guard_module.TRIPPED_OUTPUT: tf.reduce_any(tf.stack(tripped))}
+        # The flag travels with the logs that Keras reads anyway (a float 0
+        # or 1 under several replicas, as `GuardState.flag`).
+        tripped = tf.stack([state.flag() for state in collection.guard_states()])
+        flag = tf.reduce_max(tripped) if tripped.dtype.is_floating else tf.reduce_any(tripped)
+        outputs = {**outputs, guard_module.TRIPPED_OUTPUT: flag}
     return outputs
 
 

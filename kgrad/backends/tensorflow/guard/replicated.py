@@ -1,6 +1,10 @@
 """The guard's check and guarded update under a tf.distribute strategy of several replicas.
 
-Each replica of a ``MirroredStrategy`` step holds its own slice of the batch;
+Under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (the others are
+refused before training, `kgrad.backends.tensorflow.handover.replicas.check_strategy`),
+for Keras' own ``train_step`` and for each `kgrad.ProbeTape`'s apply in a
+model's own (each part decided on its own values, as on one device).
+Each replica of such a step holds its own slice of the batch;
 the optimizer all-reduces the gradients inside ``apply_gradients``, through a
 ``merge_call``. A ``tf.cond`` in a replica's context cannot hold a branch
 that calls ``merge_call``, so, as Keras' ``LossScaleOptimizer`` does, the
@@ -21,37 +25,17 @@ The global batch's values, as on one device:
 Example (graph code, inside each replica of the traced step)::
 
     applied = replicated.guarded_apply(state, tensors, step, apply, True, None, None, None)
+    replicated.unless_all_applied([applied], put_back)  # a model's own step, after its tapes
 """
 
 import tensorflow as tf
 
+from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
 from kgrad.report.non_finite import split_name
 
 #: Kinds of checked tensors that are each replica's share of a global one (summed before squaring).
 SHARED_KINDS = frozenset({"loss", "weight_grad"})
-
-
-def check_supported(model, own_step):
-    """Raises where the guard of several replicas is not supported yet (it is under MirroredStrategy).
-
-    Raises:
-        ValueError: Under another strategy of several replicas (untested:
-            multi-worker), or for a model's own ``train_step`` (its tapes'
-            guarded applies are not decided across replicas yet).
-    """
-    strategy, where = model.distribute_strategy, None
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        where = f"under {type(strategy).__name__} (it is tested under MirroredStrategy only)"
-    elif own_step:
-        where = (f"with a model's own train_step (model '{model.name}' defines one): its ProbeTapes' "
-                 "updates are not decided across replicas yet")
-    if where is not None:
-        raise ValueError(
-            f"kgrad.NonFiniteGuard does not support {strategy.num_replicas_in_sync} replicas {where}. "
-            "Use it under MirroredStrategy with Keras' own train_step, on a single device, or use "
-            "keras.callbacks.TerminateOnNaN with the strategy."
-        )
 
 
 def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_skip, spike_update):
@@ -127,3 +111,35 @@ def guarded_apply(state, tensors, step, apply, halt_updates, inverse_scale, on_s
     state.applied = applied
     return applied
 
+
+def unless_all_applied(applied, fn):
+    """Graph code: runs ``fn()`` (on every replica) after a step where a guarded apply did not run.
+
+    For a model's own ``train_step`` (`kgrad.backends.tensorflow.differentiate.custom_step`),
+    whose forward-written state is put back once all its tapes' updates are
+    decided. Under several replicas ``fn`` assigns mirrored variables, which
+    a branch in a replica's context cannot (the assignment merges): the
+    branch is taken in the cross-replica context, from ``applied``, which
+    every replica holds the same (`guarded_apply`).
+
+    Args:
+        applied: Boolean tensors, what `guarded_apply` returned for each tape.
+        fn: A zero-argument callable (e.g. `forward_state.state_before_forward`'s).
+    """
+    def skipped():
+        fn()
+        return tf.no_op()
+
+    if not replicas.multi_replica():
+        tf.cond(tf.reduce_all(tf.stack(applied)), tf.no_op, skipped)
+        return
+
+    def in_cross_replica_context(strategy, applied, skipped):
+        def on_every_replica():
+            strategy.extended.call_for_each_replica(lambda own: own(), args=(skipped,))
+            return tf.no_op()
+
+        decision = tf.reduce_all(tf.stack([strategy.experimental_local_results(a)[0] for a in applied]))
+        tf.cond(decision, tf.no_op, on_every_replica)
+
+    tf.distribute.get_replica_context().merge_call(in_cross_replica_context, args=(list(applied), skipped))

@@ -277,8 +277,6 @@ class SharedGuardStates:
     def get(self, tape_name, names, on_trip_only, spikes=None):
         """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
         key = (tape_name, tuple(names), frozenset(on_trip_only), spikes)
-        if replicas.multi_replica():
-            replicated.check_supported(self._model, own_step=tape_name is not None)
         if key not in self._states:
             self._states[key] = replicas.create_variables(
                 self._model, lambda: GuardState(names, on_trip_only, spikes)

@@ -122,11 +122,7 @@ def batch_keeper(model, traced, data):
     """
     plan = traced.plan
     if plan.replicas > 1:
-        traced.batch_not_kept = (
-            f"Not replayed: the model trains on {plan.replicas} replicas, each holding a slice of "
-            "the batch, and the replay runs one device's forward pass on the whole batch; train "
-            "the same model on a single device to locate the NaN."
-        )
+        traced.batch_not_kept = _not_kept_on_replicas(plan)
         return None
     if plan.compiles_step_inside or _returns_its_batch(model, plan, data):
         return None
@@ -176,13 +172,24 @@ def keeping_the_batch(model, traced, outputs, data, kept_on_trip=False):
     benchmark MLP: ~1-3% of a step for the batch).
     """
     plan = traced.plan
-    if plan.guard is None or plan.replicas > 1:  # none kept: see `batch_keeper`
+    if plan.guard is not None and plan.replicas > 1:  # none kept (a model's own step too)
+        traced.batch_not_kept = _not_kept_on_replicas(plan)
+    if plan.guard is None or plan.replicas > 1:
         return outputs
     if _returns_its_batch(model, plan, data):
         return {**outputs, BATCH_OUTPUT: data}
     if not plan.compiles_step_inside and not kept_on_trip:
         traced.batch_not_kept = keep_tripped_batch(model, traced, data, outputs[TRIPPED_OUTPUT])
     return outputs
+
+
+def _not_kept_on_replicas(plan):
+    """Why no batch is kept for the replay under several replicas (see `batch_keeper`)."""
+    return (
+        f"Not replayed: the model trains on {plan.replicas} replicas, each holding a slice of "
+        "the batch, and the replay runs one device's forward pass on the whole batch; train "
+        "the same model on a single device to locate the NaN."
+    )
 
 
 def _returns_its_batch(model, plan, data):
