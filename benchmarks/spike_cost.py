@@ -57,6 +57,9 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--inline", action="store_true")
+    parser.add_argument("--no-samples", action="store_true",
+                        help="Also time skipping with no sample of the update after the first step "
+                             "(spike_sample_every=10**9): the samples' share of the cost.")
     args = parser.parse_args()
     spec = MODELS[args.model]
     x, y = make_data(spec, 50, seed=0)
@@ -65,6 +68,8 @@ def main():
     y = np.concatenate([y] * repeat)[: args.steps * spec.batch_size]
     skip = dict(skip_spikes=True, spike_sigmas=1e6)
     configs = {"guard": {}, "guard_aa": {}, "skip": skip}
+    if args.no_samples:
+        configs["skip_no_samples"] = dict(skip, spike_sample_every=10**9)
     inline = [False]
     if args.inline:
         configs["skip_inline"] = skip
