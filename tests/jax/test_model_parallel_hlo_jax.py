@@ -56,8 +56,9 @@ def test_the_kernels_are_split_on_both_axes(steps):
     assert shardings["attention/query/kernel"] == "P(None, 'model', None)"
 
 
-@pytest.mark.parametrize("kind", ["probed", "guarded"])
+@pytest.mark.parametrize("kind", ["probed", "guarded", "skipping"])
 def test_no_tensor_is_moved_beyond_what_keras_step_moves(steps, kind):
+    # "skipping": the guard with skip_spikes, its skip's and its sample's measures of the update.
     keras_moves, moved = large_moves(only(steps["keras"])), large_moves(only(steps[kind]))
     # The test can fail: Keras' step itself gathers the kernels its matmuls need.
     assert keras_moves, "Keras' own step moves nothing: the layout no longer tests anything"
@@ -68,7 +69,7 @@ def test_no_tensor_is_moved_beyond_what_keras_step_moves(steps, kind):
 
 
 def test_no_tensor_is_sent_to_one_device(steps):
-    for kind in ("keras", "probed", "guarded"):
+    for kind in ("keras", "probed", "guarded", "skipping"):
         step = only(steps[kind])
         assert not [m for m in step["moves"] if m[0] == "maximal" and m[1] > LARGE], kind
         # Before partitioning, a host callback's operands are placed on one device (then gathered there).

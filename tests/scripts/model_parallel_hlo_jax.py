@@ -165,10 +165,13 @@ def main():
                                 instruments=["optimizer", "logits", "attention"])
     probed_steps, _ = fit([probe])
     guarded_steps, _ = fit([kgrad.NonFiniteGuard()])
+    # Every step a sample step (spike_sample_every=1), whose program also holds the skip's branch.
+    skipping = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=4, spike_warmup=2, spike_sample_every=1)
+    skipping_steps, _ = fit([skipping])
     json.dump({
         "devices": len(jax.devices()),
         "shardings": {v.path: str(v.value.sharding.spec) for v in model.trainable_variables},
-        "keras": keras_steps, "probed": probed_steps, "guarded": guarded_steps,
+        "keras": keras_steps, "probed": probed_steps, "guarded": guarded_steps, "skipping": skipping_steps,
     }, sys.stdout)
 
 

@@ -27,9 +27,18 @@ import jax.numpy as jnp
 
 
 
-def flat(tensor):
-    """``tensor`` as a float32 vector."""
-    return jnp.ravel(tensor).astype(jnp.float32)
+def norm(tensor):
+    """The L2 norm of ``tensor``, in float32, reduced over every axis where it lies.
+
+    No ``ravel``: reshaping a weight split over devices (`ModelParallel`) gathers it whole
+    onto every device; a reduction over all its axes sums each device's part, then the parts.
+    """
+    return jnp.sqrt(jnp.sum(jnp.square(tensor.astype(jnp.float32))))
+
+
+def dot(a, b):
+    """The sum of ``a * b`` in float32, over every axis (no ``ravel``, as `norm`)."""
+    return jnp.sum(a.astype(jnp.float32) * b.astype(jnp.float32))
 
 
 def update_values(gradients, old, new, rms):
@@ -40,10 +49,10 @@ def update_values(gradients, old, new, rms):
         old: Each weight before the update; ``new``: after it.
         rms: ``[weights]`` ``adam_rms`` of the update (NaN without a second moment).
     """
-    weight_norms = jnp.stack([jnp.linalg.norm(flat(w)) for w in old])
-    update_norms = jnp.stack([jnp.linalg.norm(flat(a) - flat(b)) for a, b in zip(new, old)])
-    dots = jnp.stack([jnp.sum(flat(g) * flat(w)) for g, w in zip(gradients, old)])
-    grad_norms = jnp.stack([jnp.linalg.norm(flat(g)) for g in gradients])
+    weight_norms = jnp.stack([norm(w) for w in old])
+    update_norms = jnp.stack([norm(a.astype(jnp.float32) - b.astype(jnp.float32)) for a, b in zip(new, old)])
+    dots = jnp.stack([dot(g, w) for g, w in zip(gradients, old)])
+    grad_norms = jnp.stack([norm(g) for g in gradients])
     return jnp.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
 
 

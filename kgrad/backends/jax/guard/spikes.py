@@ -144,7 +144,7 @@ def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables,
     rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
     sampled = spike_samples.update_values(gradients, trainable, new_trainable, rms)
     _, _, _, mean, std = judged
-    norms = jnp.stack([jnp.linalg.norm(spike_samples.flat(g)) for g in gradients])
+    norms = jnp.stack([spike_samples.norm(g) for g in gradients])
     known = std[2:] > 0
     z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
     z_sampled, samples = spike_samples.z_scores(spikes.samples, spikes.sample_count, sampled)
