@@ -1,15 +1,15 @@
 """The guard of one JAX ``fit``, host side: its record, the kept batches, and the train function.
 
-`GuardRun` runs the guarded steps, keeps
-their `GuardRecord` (device arrays, passed from step to step, never read on
-a clean step: only the trip flag is, after each execution, as TensorFlow's
-guard reads it with the logs) and a reference to the batches of the latest
-execution (no copy), so that a trip can be replayed on its own batch. It is
-what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
-`GuardCheck`). Every guarded step, Keras' own or a model's own, probed or
-not, runs with a `kgrad.backends.jax.guard.checked_parts.CheckedParts`
+`GuardRun` runs the guarded steps, keeps their `GuardRecord` (device arrays, passed from step to
+step, never read on a clean step: only the trip flag is, after each execution, as TensorFlow's
+guard reads it with the logs) and a reference to the batches of the latest execution (no copy),
+so that a trip can be replayed on its own batch. It is what `kgrad.NonFiniteGuard` asks
+(`kgrad.backends.interface.TrainingStep`, `GuardCheck`). Every guarded step, Keras' own or a
+model's own, probed or not, runs with a `kgrad.backends.jax.guard.checked_parts.CheckedParts`
 active, and the state of before is kept when a part was not finite.
 """
+
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,8 @@ from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard import part_spikes
 from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.checked_parts import CheckedParts
+from kgrad.backends.jax.guard.donated import donating
+from kgrad.backends.jax.guard.kept_batches import KeptBatches
 from kgrad.backends.jax.guard.sentinel import (
     dropped_after_trip, initial_record, may_apply, next_record, select_state,
 )
@@ -52,13 +54,14 @@ class GuardRun:
         self._part_spikes = config.spikes if own else None
         self._parts = ()  # the own step's parts' (name, weight paths, optimizer), once traced
         self._jit = step_jit(model)
+        self._lock = threading.Lock()  # a step's dispatch, or a host read of the record (`donating`)
         # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
         self.names, self._weight_names = None, ()
-        self._plain = self._jit(self._guarded(self._step, behind_check=True), outputs=4)
+        self._plain = donating(self._jit, self._guarded(self._step, behind_check=True))
         # Every s-th step run measures its update for the spike rule's samples: a step of its own,
         # as a branch in every step would cost every step (`spike_samples`).
         self._sample_every = None if config.spikes is None else sample_every(config.spikes)
-        self._sampled = self._jit(self._guarded(self._step, behind_check=True, sampling=True), outputs=4)
+        self._sampled = donating(self._jit, self._guarded(self._step, behind_check=True, sampling=True))
         self._probed = {}  # id(probed step) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
@@ -140,7 +143,8 @@ class GuardRun:
             self._discover(state, data)
         sampled = self._sample_every is not None and self._runs % self._sample_every == 0
         self._runs += 1
-        logs, state, _, self.record = (self._sampled if sampled else self._plain)(state, self.record, data)
+        with self._lock:  # the record's buffers are donated: never while a host read holds them
+            logs, state, _, self.record = (self._sampled if sampled else self._plain)(state, self.record, data)
         self._keep(data)
         return logs, state
 
@@ -162,17 +166,19 @@ class GuardRun:
         if self._spikes is None or self.record is None:
             return None
         weights = tuple(name.partition("/")[2] for name in self._weight_names)
-        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1],
-                                    self._sample_every)
+        with self._lock:
+            return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1],
+                                        self._sample_every)
 
     def read_part_spikes(self, number):
         """Host side: the `SpikeSnapshot` of part ``number`` of a model's own step."""
         if self.record is None:
             return None
         _, paths, optimizer = self._parts[number]
-        return self._reads.snapshot(
-            number, self.record.spikes[number], paths, moment_rule(optimizer)[1], self._sample_every
-        )
+        with self._lock:
+            return self._reads.snapshot(
+                number, self.record.spikes[number], paths, moment_rule(optimizer)[1], self._sample_every
+            )
 
     def run_probed(self, probed_step, state, data):
         """One guarded probed step: ``(logs, state, {run: probe record})``."""
@@ -186,35 +192,20 @@ class GuardRun:
             self._discover(state, data)
         kept = self._probed.get(id(probed_step))
         if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once
-            step = self._jit(self._guarded(probed_step), outputs=4)
+            step = donating(self._jit, self._guarded(probed_step))
             kept = self._probed[id(probed_step)] = (probed_step, step)
-        logs, state, probe_records, self.record = kept[1](state, self.record, data)
+        with self._lock:
+            logs, state, probe_records, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, probe_records
 
     def _keep(self, data):
-        """Keeps a reference to the step's batch (no copy) until the device says the step was clean.
-
-        Keras' JAX loop dispatches steps ahead of the device, and the guard
-        reads its flag in another thread (`async_safe`), possibly several
-        executions later: a batch is let go once its step's flag is computed
-        (``is_ready``, which does not wait) and clear, so the batch of a trip
-        is still here whenever it is read.
-        """
+        """Keeps the step's batch (`KeptBatches`) and its flags, read later without waiting."""
         self.guard_tripped = self.record.tripped
         self.skip_count = spike_rule.skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
-        self._batches[self._batch] = (data, self.record.tripped)
-        self._batch += 1
-        # Oldest first, at most two flags read per step (a scalar each, already computed).
-        for batch in list(self._batches)[:2]:
-            tripped = self._batches[batch][1]
-            if batch >= self._batch - self.model.steps_per_execution or not tripped.is_ready():
-                break
-            if bool(tripped):  # the trip's batch (or one after it): kept
-                if self.config.halt_updates:  # later steps change nothing: stop as soon as seen
-                    self.model.stop_training = True
-                break
-            del self._batches[batch]
+        seen_trip = self._batches.keep(data, self.record.tripped, self.model.steps_per_execution)
+        if seen_trip and self.config.halt_updates:  # later steps change nothing: stop as soon as seen
+            self.model.stop_training = True
 
     # -- what the guard callback asks ---------------------------------------------------
 
@@ -222,7 +213,7 @@ class GuardRun:
         if self.names is not None:  # (not traced yet: the record starts with the first step)
             # Written, not read: the device's batch count restarts without a sync.
             self.record = self.record._replace(batch=jnp.asarray(0, jnp.int32))
-        self._batch, self._batches = 0, {}
+        self._batches.restart()
 
     def steps_run(self):
         return int(self.model.optimizer.iterations.numpy())
@@ -242,7 +233,7 @@ class GuardRun:
         """``(data, None, batch index)`` of the tripped step (its random draws are in the kept state)."""
         batch = int(self.record.trip_batch)
         kept = self._batches.get(batch)
-        return None if kept is None else (kept[0], None, batch)
+        return None if kept is None else (kept, None, batch)
 
     def batch_not_kept(self):
         return "the batch of the tripped step was not kept"
@@ -263,7 +254,8 @@ class GuardRun:
 
     def read_report(self, last_summaries_for):
         """Host side: the `NonFiniteReport` of a tripped guard, or ``None`` (reads the record)."""
-        record = jax.device_get(self.record)
+        with self._lock:
+            record = jax.device_get(self.record)
         if not bool(record.tripped):
             return None
         squares = record.last_finite_squares
@@ -280,16 +272,16 @@ class GuardRun:
             self.record = None if self.names is None else self._initial_record()
             self._reads = spike_rule.SpikeReads()
             self._runs = 0  # plain steps run: every `_sample_every`-th is a sample step
-            self._batch = 0
-            self._batches = {}
+            self._batches = KeptBatches()
         else:
-            spikes = self.record.spikes
-            if self._part_spikes is not None:  # a streak that was reported: every part judged afresh
-                spikes = tuple(part_spikes.rearmed(part) for part in spikes)
-            elif spikes is not None:
-                spikes = part_spikes.rearmed(spikes)
-            self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
-            self._batches = {}  # what follows the trip is kept afresh
+            with self._lock:  # (its float buffers are the next step's to donate)
+                spikes = self.record.spikes
+                if self._part_spikes is not None:  # a streak that was reported: every part judged afresh
+                    spikes = tuple(part_spikes.rearmed(part) for part in spikes)
+                elif spikes is not None:
+                    spikes = part_spikes.rearmed(spikes)
+                self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
+            self._batches.restart()  # what follows the trip is kept afresh
         self.guard_tripped = self.skip_count = None
 
 

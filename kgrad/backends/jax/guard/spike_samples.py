@@ -59,8 +59,8 @@ def update_values(gradients, old, new, rms):
 def with_sample(record, taken, sampled):
     """The record with ``sampled`` (``[weights, 3]``) kept as its next sample where ``taken``."""
     slot = record.sample_count % record.samples.shape[0]
+    record = record.with_row("samples", slot, jnp.where(taken, sampled, record.samples[slot]))
     return record._replace(
-        samples=record.samples.at[slot].set(jnp.where(taken, sampled, record.samples[slot])),
         sample_count=record.sample_count + taken.astype(jnp.int32),
     )
 

@@ -22,6 +22,7 @@ from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, update_values
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
@@ -54,9 +55,47 @@ class SpikeState:
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
-    def applied_update(self, apply, optimizer, measured, inline=False):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`)."""
-        self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline)
+    def applied_update(self, accepted, apply, optimizer, measured, inline=False):
+        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
+
+        ``accepted``: the accepted steps before this one (`decide`'s ``before``).
+        """
+        self.samples.sampled_update(accepted, apply, optimizer, measured, inline)
+
+    def decide(self, loss, weight_squares, may_apply, halt_updates):
+        """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
+
+        `judge`, the decision, then `after_step`, as one call compiled by XLA
+        (where the step is not compiled already and no strategy spreads the
+        variables). Without XLA the rule is some 150 small ops, and
+        TensorFlow's executor hands many of them to its other threads: on the
+        benchmark MLP (2 cores) they cost 0.10 of the guard's step, against
+        0.006 with one inter-op thread; one compiled call is one op.
+
+        Args:
+            loss, weight_squares: As `judge`'s.
+            may_apply: Whether the guard's check lets the update run.
+            halt_updates: A trip of the rule (``max_skips``) stops later updates too.
+
+        Returns:
+            ``apply``: the update runs (``may_apply`` and no spike); ``judged``:
+            what `judge` returned; ``before``: `accepted`, `row_count` and
+            `tripped` as they were before the step (the step's sample schedule,
+            its row, and whether its skip is kept).
+        """
+        def rule(loss, weight_squares, may_apply):
+            before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
+            judged = self.judge(loss, weight_squares)
+            apply = tf.logical_and(may_apply, tf.logical_not(judged[1]))
+            if halt_updates:
+                apply = tf.logical_and(apply, tf.logical_not(before[2]))
+            self.after_step(*judged, accepted=apply)
+            return apply, judged, before
+
+        if in_xla() or tf.distribute.has_strategy():
+            return rule(loss, weight_squares, may_apply)
+        compiled = tf.function(rule, jit_compile=True, autograph=False)
+        return compiled(tf.cast(loss, tf.float32), weight_squares, may_apply)
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
@@ -120,7 +159,7 @@ class SpikeState:
         scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, optimizer, applied, measured, apply_update=None):
+    def record_skip(self, judged, row, optimizer, applied, measured, apply_update=None):
         """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
 
         Under several replicas (``apply_update`` given, the cross-replica
@@ -133,17 +172,17 @@ class SpikeState:
         1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
         """
         if apply_update is not None:
-            self.measure_skip(judged, optimizer, applied, measured, apply_update)
+            self.measure_skip(judged, row, optimizer, applied, measured, apply_update)
             return
 
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
         def measure():
-            self.measure_skip(judged, optimizer, applied, measured)
+            self.measure_skip(judged, row, optimizer, applied, measured)
             return tf.constant(0)
 
         measure()
 
-    def measure_skip(self, judged, optimizer, applied, measured, apply_update=None):
+    def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -152,6 +191,7 @@ class SpikeState:
 
         Args:
             judged: What `judge` returned: the per-weight norms, the window's means and σ from column 2.
+            row: The step's row (`decide`'s ``before``).
             optimizer: ``model.optimizer``.
             applied: ``[(gradient, weight)]``: the whole update, as the step applies it.
             measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
@@ -186,7 +226,7 @@ class SpikeState:
         ], axis=1)
         slot = self.skip_count % SKIP_SLOTS
         scatter_nd_update(self.skip_values, [[slot]], [table])
-        scatter_nd_update(self.skip_steps, [[slot]], [self.row_count.read_value()])
+        scatter_nd_update(self.skip_steps, [[slot]], [row])
         self.skip_count.assign_add(1)
 
     def _adam_rms(self, optimizer, measured):
