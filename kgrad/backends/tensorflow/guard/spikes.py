@@ -55,8 +55,12 @@ class SpikeState:
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
     def applied_update(self, apply, optimizer, measured, inline=False):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`)."""
-        self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline)
+        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
+
+        Every s-th step run (its row), not accepted step, as on JAX, whose host picks a sample step
+        without reading the device (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`).
+        """
+        self.samples.sampled_update(self.row_count, apply, optimizer, measured, inline)
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
