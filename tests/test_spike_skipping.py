@@ -18,7 +18,7 @@ from kgrad.plan.spike_rule import (
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
 # A window of 32 accepted steps judged from the 16th: the update's values are sampled every
-# 2nd accepted step (not the default 16) into 16 samples (`sample_every`, `sample_slots`).
+# 2nd step run (not the default 16) into 16 samples (`sample_every`, `sample_slots`).
 WINDOW, WARMUP, SAMPLE_EVERY = 32, 16, 2
 
 
@@ -437,7 +437,7 @@ def test_a_missing_z_score_says_why():
     table[:, sampled_z] = np.nan  # as the device leaves them before 2 samples
     few = skipped_step(3, table, ("a/kernel", "a/bias"), None, sample_every=8)
     assert set(few.z_scores) == {"grad_norm"}
-    reason = "fewer than 2 samples yet (one every 8 accepted steps; 1 at this step)"
+    reason = "fewer than 2 samples yet (one every 8 steps whose update was applied; 1 at this step)"
     assert reason in few.absent["z_update_ratio"]
     table[:, SKIP_COLUMNS.index("samples")] = 16
     table[:, sampled_z[:2]] = 1.0

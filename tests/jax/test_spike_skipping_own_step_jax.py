@@ -19,6 +19,7 @@ from guide_model import GuideModel
 
 from test_spike_skipping_own_step import (  # noqa: F401 (collected here, in the JAX run)
     gan_fit,
+    test_a_probed_step_judges_each_part_as_an_unprobed_one,
     test_a_clean_own_step_reads_its_spike_states_at_each_epochs_end_only,
     test_a_skipped_part_is_read_after_its_batch_and_at_each_epochs_end,
     test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part,
