@@ -14,6 +14,7 @@ import kgrad
 from kgrad.plan.spike_rule import (
     MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots, sampled_z_scores,
 )
+from kgrad.report.spike_leaders import rank_skip_leaders
 
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
@@ -275,6 +276,8 @@ def test_a_probed_step_is_judged_and_skipped_as_an_unprobed_one(spiked, tmp_path
     # sample step counted alike: the z-scores against the samples are the same.
     (skipped,), (expected,) = guard.skipped_steps, guard_alone.skipped_steps
     assert skipped.step == expected.step == SPIKE
+    leaders = [rank_skip_leaders(s.values, s.z_scores).describe() for s in (skipped, expected)]
+    assert leaders[0] == leaders[1] and "out" in leaders[0]
     for kind in ("values", "z_scores"):
         for name, per_weight in getattr(expected, kind).items():
             for weight, value in per_weight.items():

@@ -19,13 +19,13 @@ from guide_model import GuideModel
 
 from test_spike_skipping_own_step import (  # noqa: F401 (collected here, in the JAX run)
     gan_fit,
-    test_a_probed_step_judges_each_part_as_an_unprobed_one,
     test_a_clean_own_step_reads_its_spike_states_at_each_epochs_end_only,
     test_a_skipped_part_is_read_after_its_batch_and_at_each_epochs_end,
     test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part,
     test_each_part_logs_its_own_rows,
     test_the_skipped_parts_values_equal_a_hand_reference,
     test_the_spiking_part_is_skipped_bit_for_bit_and_the_other_applied,
+    test_a_probed_step_judges_each_part_as_an_unprobed_one,
 )
 
 BATCH = 8  # tests/test_custom_train_step.py's

@@ -109,8 +109,8 @@ class PartJudge:
         apply = jnp.logical_not(veto)
         measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights) if sampling else None
         values, table, sampled = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable, compiled and not selected, skip_table,
-            part.checked,
+            apply, stateless_apply, optimizer_variables, grads, trainable, compiled and not selected,
+            skip_table, part.checked,
             sample=measure,
         )
         self._decisions[part.number] = (judged, table, sampled, apply)

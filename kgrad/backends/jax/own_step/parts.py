@@ -168,9 +168,8 @@ class PartCollection:
         """
 
         def noted(optimizer_variables, grads, trainable_variables):
-            new_trainable, new_optimizer_variables = stateless_apply(optimizer_variables, grads, trainable_variables)
-            self._computed = new_optimizer_variables
-            return new_trainable, new_optimizer_variables
+            new_trainable, self._computed = stateless_apply(optimizer_variables, grads, trainable_variables)
+            return new_trainable, self._computed
 
         return noted
 
