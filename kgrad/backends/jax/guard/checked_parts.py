@@ -6,7 +6,8 @@ or Keras' own with its one part, with a `CheckedParts` active: each
 discriminator) is ``jax.value_and_grad`` (on a probed step, the probe's
 `PartCollection` call, which it wraps) and hands its loss and gradients to
 the guard: a clean step costs one sum of squares per tensor. Off probed steps
-Keras' step's update runs behind the check (`CheckedParts.behind_check`); a
+Keras' step's update runs behind the check (`CheckedParts.behind_check`; on
+probed ones with the spike rule too, by a select: `_probed_update`); a
 part of a model's own step is selected after the step (a later part sees the
 update as the step computed it), except for the spike rule, which decides
 each part inside its optimizer's update (`CheckedParts.judge_parts`). The

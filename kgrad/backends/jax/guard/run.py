@@ -201,7 +201,7 @@ class GuardRun:
 
         Keras' JAX loop dispatches steps ahead of the device, and the guard reads its flag in
         another thread (`async_safe`), possibly several executions later: a batch is let go once
-        its step's flag is computed (``is_ready``, which does not wait) and clear.
+        its step's flag is computed (``is_ready``, which does not wait) and clear; a trip's stays.
         """
         self.guard_tripped = self.record.tripped
         self.skip_count = spike_rule.skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
