@@ -440,7 +440,7 @@ def test_a_missing_z_score_says_why():
     table[:, sampled_z] = np.nan  # as the device leaves them before 2 samples
     few = skipped_step(3, table, ("a/kernel", "a/bias"), None, sample_every=8)
     assert set(few.z_scores) == {"grad_norm"}
-    reason = "fewer than 2 samples yet (one every 8 steps whose update was applied; 1 at this step)"
+    reason = "fewer than 2 samples yet (one every 8 steps, where its update is applied; 1 at this step)"
     assert reason in few.absent["z_update_ratio"]
     table[:, SKIP_COLUMNS.index("samples")] = 16
     table[:, sampled_z[:2]] = 1.0

@@ -16,8 +16,8 @@ from kgrad.logs.spike_events import SpikeEvents
 from kgrad.plan.spike_rule import SKIP_COLUMNS, SKIP_SLOTS, SKIP_VALUES
 
 #: Why a sampled value's z-score is absent before its weight has two samples.
-FEW_SAMPLES = ("fewer than 2 samples yet (one every {every} steps whose update was applied; {count} at this "
-               "step): {value} is kept for applied updates by sampling, as σ (n − 1) needs two")
+FEW_SAMPLES = ("fewer than 2 samples yet (one every {every} steps, where its update is applied; {count} at "
+               "this step): {value} is kept for applied updates by sampling, as σ (n − 1) needs two")
 #: Why a z-score is absent for some weights although the step had enough history.
 NO_SPREAD = ("its running statistics have fewer than 2 finite values, or σ 0, for {weights} "
              "(an update ratio of a weight that was 0 is not finite)")
