@@ -6,7 +6,8 @@ or Keras' own with its one part, with a `CheckedParts` active: each
 discriminator) is ``jax.value_and_grad`` (on a probed step, the probe's
 `PartCollection` call, which it wraps) and hands its loss and gradients to
 the guard: a clean step costs one sum of squares per tensor. Off probed steps
-Keras' step's update runs behind the check (`CheckedParts.behind_check`); a
+Keras' step's update runs behind the check (`CheckedParts.behind_check`; on
+probed ones with the spike rule too, by a select: `_probed_update`); a
 part of a model's own step is selected after the step (a later part sees the
 update as the step computed it), except for the spike rule, which decides
 each part inside its optimizer's update (`CheckedParts.judge_parts`). The
@@ -221,8 +222,10 @@ class CheckedParts:
             if self.part_judge.judges(part):  # a part of a model's own step, judged by the spike rule
                 self._deciding = True
                 try:
-                    return self.part_judge.update(part, self.tensors, stateless_apply, optimizer_variables,
-                                                  grads, trainable_variables)
+                    probed_apply = self._probed_update(stateless_apply)
+                    return self.part_judge.update(part, self.tensors, probed_apply or stateless_apply,
+                                                  optimizer_variables, grads, trainable_variables,
+                                                  selected=probed_apply is not None)
                 finally:
                     self._deciding = False
             if self._behind_check is None or self._deciding or not self._update_behind_check:
@@ -249,14 +252,27 @@ class CheckedParts:
             # The skip's table in the skipped branch: the update's then writes in place.
             skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
             sample = spike_rule.sample_measure(self._model) if sampling else None
+        probed_apply = self._probed_update(stateless_apply)
         (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table,
-            sample=sample,
+            apply, probed_apply or stateless_apply, optimizer_variables, grads, trainable_variables,
+            compiled and probed_apply is None, skip_table, sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
         spiked = None if judged is None else (judged, table, sampled)
         self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
+
+    def _probed_update(self, stateless_apply):
+        """On a probed step, ``stateless_apply`` noting its result for the probe, else ``None``.
+
+        The probe (which wraps this update) measures what the update computed:
+        the update then runs unconditionally and a select keeps the values of
+        before where it is skipped (as eagerly), not a ``lax.cond``, whose
+        skipped branch would not compute the optimizer's new moments. The probe
+        logs the weights the step kept (a skipped step's update ratio is 0, as
+        on TensorFlow) and the moments as computed (`PartCollection.computing`).
+        """
+        return None if self._inner is None else self._inner.computing(stateless_apply)
 
     def final_decision(self):
         """``(apply, ids of the values chosen, (judged, table, sample) or None)`` of the last update behind

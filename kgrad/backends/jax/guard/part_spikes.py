@@ -86,11 +86,13 @@ class PartJudge:
         """Whether ``part`` (an `applied_part`) is judged: a part, and the spike rule on."""
         return part is not None and self._judging is not None
 
-    def update(self, part, tensors, stateless_apply, optimizer_variables, grads, trainable):
+    def update(self, part, tensors, stateless_apply, optimizer_variables, grads, trainable, selected=False):
         """``stateless_apply``'s ``(trainable, optimizer variables)``, or those given if ``part`` spikes.
 
         ``tensors``: `CheckedParts.tensors` (the part's loss and gradients among
         them); ``stateless_apply``: the optimizer's own, and its arguments.
+        ``selected``: the update runs and a select chooses, no ``lax.cond`` (a
+        probed step, whose probe measures the update as computed).
         """
         records, halt_updates, rule, compiled, sampling = self._judging
         spikes = records[part.number]
@@ -107,7 +109,8 @@ class PartJudge:
         apply = jnp.logical_not(veto)
         measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights) if sampling else None
         values, table, sampled = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked,
+            apply, stateless_apply, optimizer_variables, grads, trainable, compiled and not selected,
+            skip_table, part.checked,
             sample=measure,
         )
         self._decisions[part.number] = (judged, table, sampled, apply)

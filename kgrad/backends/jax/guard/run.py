@@ -6,7 +6,7 @@ guard reads it with the logs) and a reference to the batches of the latest execu
 so that a trip can be replayed on its own batch. It is what `kgrad.NonFiniteGuard` asks
 (`kgrad.backends.interface.TrainingStep`, `GuardCheck`). Every guarded step, Keras' own or a
 model's own, probed or not, runs with a `kgrad.backends.jax.guard.checked_parts.CheckedParts`
-active, and the state of before is kept when a part was not finite.
+active, and the state of before is kept when a part was not finite or (``skip_spikes``) spiked.
 """
 
 import threading
@@ -58,11 +58,10 @@ class GuardRun:
         # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
         self.names, self._weight_names = None, ()
         self._plain = donating(self._jit, self._guarded(self._step, behind_check=True))
-        # Every s-th step run measures its update for the spike rule's samples: a step of its own,
-        # as a branch in every step would cost every step (`spike_samples`).
+        # Every s-th step run measures its update for the samples: a step of its own (`_is_sample_step`).
         self._sample_every = None if config.spikes is None else sample_every(config.spikes)
         self._sampled = donating(self._jit, self._guarded(self._step, behind_check=True, sampling=True))
-        self._probed = {}  # id(probed step) -> (probed step, its guarded step)
+        self._probed = {}  # (id(probed step), sampling) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
         self.latest_record = None
@@ -83,9 +82,9 @@ class GuardRun:
         """``(state, record, data) -> (logs, state, probe records, record)`` of ``step``, guarded.
 
         ``behind_check``: Keras' step's update runs behind the check
-        (`CheckedParts.behind_check`); not on a probed step, whose update
-        ratios are of the update as computed. ``sampling``: a sample step of the
-        spike rule (its update measured, `spike_samples`).
+        (`CheckedParts.behind_check`); a probed one only with the spike rule,
+        and by a select (`CheckedParts._probed_update`). ``sampling``: a
+        sample step of the spike rule (its update measured, `spike_samples`).
         """
         halt_updates = self.config.halt_updates
         compiled = self.model.jit_compile and not self.model.run_eagerly
@@ -141,12 +140,22 @@ class GuardRun:
         """One guarded step: ``(logs, state)``."""
         if self.names is None:
             self._discover(state, data)
-        sampled = self._sample_every is not None and self._runs % self._sample_every == 0
-        self._runs += 1
+        step = self._sampled if self._is_sample_step() else self._plain
         with self._lock:  # the record's buffers are donated: never while a host read holds them
-            logs, state, _, self.record = (self._sampled if sampled else self._plain)(state, self.record, data)
+            logs, state, _, self.record = step(state, self.record, data)
         self._keep(data)
         return logs, state
+
+    def _is_sample_step(self):
+        """Whether the step about to run, plain or probed, is a sample step: every s-th step run.
+
+        By steps run on both backends (TensorFlow's `SpikeState.applied_update`): the host picks
+        the program without reading the device, which holds the count of accepted steps (a branch
+        in the one step instead costs every step, `spike_samples`). A skipped sample step gives none.
+        """
+        sampled = self._sample_every is not None and self._runs % self._sample_every == 0
+        self._runs += 1
+        return sampled
 
     def _initial_record(self):
         record = initial_record(len(self.names))
@@ -181,26 +190,22 @@ class GuardRun:
             )
 
     def run_probed(self, probed_step, state, data):
-        """One guarded probed step: ``(logs, state, {run: probe record})``."""
-        if self.config.spikes is not None:
-            raise ValueError(
-                "kgrad.NonFiniteGuard(skip_spikes=True) beside a kgrad.GradientProbe is not supported "
-                "on JAX yet: the probed steps would not be judged. Use one of the two, or the "
-                "TensorFlow backend."
-            )
+        """One guarded probed step, judged as a plain one: ``(logs, state, {run: probe record})``."""
         if self.names is None:
             self._discover(state, data)
-        kept = self._probed.get(id(probed_step))
-        if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once
-            step = donating(self._jit, self._guarded(probed_step))
-            kept = self._probed[id(probed_step)] = (probed_step, step)
+        sampling = self._is_sample_step()
+        key = (id(probed_step), sampling)
+        kept = self._probed.get(key)
+        if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once (each kind)
+            guarded = self._guarded(probed_step, behind_check=self._spikes is not None, sampling=sampling)
+            kept = self._probed[key] = (probed_step, donating(self._jit, guarded))
         with self._lock:
             logs, state, probe_records, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, probe_records
 
     def _keep(self, data):
-        """Keeps the step's batch (`KeptBatches`) and its flags, read later without waiting."""
+        """Keeps the step's batch (`KeptBatches`: a trip's stays) and its flags, read without waiting."""
         self.guard_tripped = self.record.tripped
         self.skip_count = spike_rule.skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
         seen_trip = self._batches.keep(data, self.record.tripped, self.model.steps_per_execution)
@@ -219,8 +224,7 @@ class GuardRun:
         return int(self.model.optimizer.iterations.numpy())
 
     def pipelines(self):
-        # The last finite probed step's summaries are read on TensorFlow only.
-        return {}
+        return {}  # the last finite probed step's summaries are read on TensorFlow only
 
     def guard_states(self):
         """``{None: self}``, and with a model's own step's parts judged for spikes, one `PartSpikes` each."""
@@ -242,11 +246,10 @@ class GuardRun:
     def reports_at_epoch_end(self):
         """Whether the guard reports a trip at the end of its epoch (on the main thread).
 
-        With ``action`` "stop" or "raise" every step after a trip keeps the
-        state of before it, so the report can wait for the epoch's end, where
-        Keras has put the trainer's state back into the model: the batch ends
-        only read the flag and may run asynchronously. ``"warn"`` replays
-        each trip while training goes on: its batch ends run in order.
+        With ``action`` "stop" or "raise" every step after a trip keeps the state of before it, so
+        the report can wait for the epoch's end, where Keras has put the trainer's state back into
+        the model: the batch ends only read the flag and may run asynchronously. ``"warn"``
+        replays each trip while training goes on: its batch ends run in order.
         """
         return self.config.halt_updates
 
@@ -271,7 +274,7 @@ class GuardRun:
         if everything:
             self.record = None if self.names is None else self._initial_record()
             self._reads = spike_rule.SpikeReads()
-            self._runs = 0  # plain steps run: every `_sample_every`-th is a sample step
+            self._runs = 0  # steps run, plain and probed: every `_sample_every`-th is a sample step
             self._batches = KeptBatches()
         else:
             with self._lock:  # (its float buffers are the next step's to donate)

@@ -2,7 +2,7 @@
 
 The JAX counterpart of `kgrad.backends.tensorflow.guard.spike_samples`: a
 skipped step's update ratio, cos(g, w) and ``adam_rms`` are scored against
-samples of the update actually applied, one every ``s`` accepted steps
+samples of the update actually applied, one every ``s`` steps run
 (`kgrad.plan.spike_rule.sample_every`), ``S`` per weight
 (`kgrad.plan.spike_rule.sample_slots`), kept in the `SpikeRecord`'s
 ``samples``. The host runs every ``s``-th step as a sample step: a second

@@ -161,10 +161,10 @@ class GuardState:
         def update():
             if self.spikes is None:
                 apply()
-            else:  # sampled every few accepted steps, for the z-scores of a later skip
+            else:  # sampled every few steps run, for the z-scores of a later skip
                 optimizer, _, measured = spike_update[:3]
                 # Under several replicas (an update of every replica given): the cross-replica context.
-                self.spikes.applied_update(before[0], apply, optimizer, measured, inline=len(spike_update) > 3)
+                self.spikes.applied_update(before[1], apply, optimizer, measured, inline=len(spike_update) > 3)
             return tf.no_op()
 
         def skipped():

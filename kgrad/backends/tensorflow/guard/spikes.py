@@ -55,12 +55,14 @@ class SpikeState:
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
-    def applied_update(self, accepted, apply, optimizer, measured, inline=False):
+    def applied_update(self, step, apply, optimizer, measured, inline=False):
         """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
 
-        ``accepted``: the accepted steps before this one (`decide`'s ``before``).
+        ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
+        as on JAX, whose host picks a sample step without reading the device
+        (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`).
         """
-        self.samples.sampled_update(accepted, apply, optimizer, measured, inline)
+        self.samples.sampled_update(step, apply, optimizer, measured, inline)
 
     def decide(self, loss, weight_squares, may_apply, halt_updates):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
