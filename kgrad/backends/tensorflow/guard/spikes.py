@@ -22,7 +22,6 @@ from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, update_values
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
-from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
@@ -67,12 +66,10 @@ class SpikeState:
     def decide(self, loss, weight_squares, may_apply, halt_updates):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
 
-        `judge`, the decision, then `after_step`, as one call compiled by XLA
-        (where the step is not compiled already and no strategy spreads the
-        variables). Without XLA the rule is some 150 small ops, and
-        TensorFlow's executor hands many of them to its other threads: on the
-        benchmark MLP (2 cores) they cost 0.10 of the guard's step, against
-        0.006 with one inter-op thread; one compiled call is one op.
+        `judge`, the decision, then `after_step`, before the update's branch:
+        the branches read what they need of the state of before from ``before``.
+        (Compiled by XLA as one call, the rule cost the benchmark MLP's step the
+        same as its some 150 small ops: benchmarks/RESULTS.md.)
 
         Args:
             loss, weight_squares: As `judge`'s.
@@ -82,22 +79,16 @@ class SpikeState:
         Returns:
             ``apply``: the update runs (``may_apply`` and no spike); ``judged``:
             what `judge` returned; ``before``: `accepted`, `row_count` and
-            `tripped` as they were before the step (the step's sample schedule,
+            `tripped` as they were before the step (whether it is a sample step,
             its row, and whether its skip is kept).
         """
-        def rule(loss, weight_squares, may_apply):
-            before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
-            judged = self.judge(loss, weight_squares)
-            apply = tf.logical_and(may_apply, tf.logical_not(judged[1]))
-            if halt_updates:
-                apply = tf.logical_and(apply, tf.logical_not(before[2]))
-            self.after_step(*judged, accepted=apply)
-            return apply, judged, before
-
-        if in_xla() or tf.distribute.has_strategy():
-            return rule(loss, weight_squares, may_apply)
-        compiled = tf.function(rule, jit_compile=True, autograph=False)
-        return compiled(tf.cast(loss, tf.float32), weight_squares, may_apply)
+        before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
+        judged = self.judge(tf.cast(loss, tf.float32), weight_squares)
+        apply = tf.logical_and(may_apply, tf.logical_not(judged[1]))
+        if halt_updates:
+            apply = tf.logical_and(apply, tf.logical_not(before[2]))
+        self.after_step(*judged, accepted=apply)
+        return apply, judged, before
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
