@@ -11,6 +11,8 @@ per-round ratio to the guard, beside a second guard (the A/A control). At
 ``--inline`` (TensorFlow) adds ``skip_inline``: the skip's measure traced inline in the skipped
 branch, as before it became a call of its own (`SpikeState.record_skip`).
 
+``--inter-op-threads N`` (TensorFlow) sizes the executor's inter-op thread pool.
+
 Run: ``python -m benchmarks.spike_cost --model transformer --steps 200 --rounds 7 [--inline]``
 (``KERAS_BACKEND=jax`` for JAX; a few minutes on 2 loaded cores).
 """
@@ -33,10 +35,11 @@ SKIP_FROM = 30
 class _Clock(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if batch == SKIP_FROM:
-            self.start = time.process_time()
+            self.start, self.wall_start = time.process_time(), time.perf_counter()
 
     def on_train_end(self, logs=None):
         self.seconds = time.process_time() - self.start
+        self.wall = time.perf_counter() - self.wall_start
 
 
 def _inline_while(flag):
@@ -60,7 +63,14 @@ def main():
     parser.add_argument("--no-samples", action="store_true",
                         help="Also time skipping with no sample of the update after the first step "
                              "(spike_sample_every=10**9): the samples' share of the cost.")
+    parser.add_argument("--inter-op-threads", type=int, default=None,
+                        help="TensorFlow: the inter-op thread pool's size (the rule's cost is its ops' "
+                             "hand-offs between threads: see benchmarks/RESULTS.md).")
     args = parser.parse_args()
+    if args.inter_op_threads is not None:
+        import tensorflow as tf
+
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     spec = MODELS[args.model]
     x, y = make_data(spec, 50, seed=0)
     repeat = args.steps // 50 + 1
@@ -77,6 +87,7 @@ def main():
     jit = keras.backend.backend() == "jax"  # JAX's own step is jitted; TensorFlow on CPU runs a graph
     models = {name: build_model(spec, 0, jit) for name in configs}
     seconds = {name: [] for name in configs}
+    walls = {name: [] for name in configs}
     order = list(configs)
     for turn in range(args.rounds):
         for name in order if turn % 2 == 0 else order[::-1]:
@@ -86,11 +97,13 @@ def main():
                              callbacks=[kgrad.NonFiniteGuard(**configs[name]), clock])
             if turn:
                 seconds[name].append(clock.seconds / (args.steps - SKIP_FROM))
-    guard = np.array(seconds["guard"])
+                walls[name].append(clock.wall / (args.steps - SKIP_FROM))
+    guard, guard_wall = np.array(seconds["guard"]), np.array(walls["guard"])
     print(f"{keras.backend.backend()} {args.model}, {args.steps} steps a fit, {args.rounds - 1} rounds timed")
     for name, values in seconds.items():
         print(f"{name}: {1e3 * np.median(values):.3f} CPU-ms/step, "
-              f"ratio to guard {np.median(np.array(values) / guard):.3f}")
+              f"ratio to guard {np.median(np.array(values) / guard):.3f} "
+              f"(wall time: {np.median(np.array(walls[name]) / guard_wall):.3f})")
 
 
 if __name__ == "__main__":
