@@ -295,6 +295,8 @@ class ProbingStep:
             self._pipeline_for_tape, self._guard_state_for_tape,
         )
 
-    def _guard_state_for_tape(self, name, names, on_trip_only, spikes=None):
-        self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only, spikes)
+    def _guard_state_for_tape(self, name, names, on_trip_only, spikes=None, scaler_owned=()):
+        self._running.tape_guard_states[name] = self._guard_states.get(
+            name, names, on_trip_only, spikes, scaler_owned
+        )
         return self._running.tape_guard_states[name]

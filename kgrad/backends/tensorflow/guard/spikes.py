@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
-from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, update_values
+from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, unscaled, update_values
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
@@ -54,9 +54,13 @@ class SpikeState:
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
-    def applied_update(self, apply, optimizer, measured, inline=False):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`)."""
-        self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline)
+    def applied_update(self, apply, optimizer, measured, inline=False, overflowed=None, inverse_scale=None):
+        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
+
+        ``overflowed``: the loss scaler skips this update itself (not sampled); ``inverse_scale``:
+        1 / the loss scale of ``measured``'s gradients (``None``: not scaled).
+        """
+        self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline, overflowed, inverse_scale)
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
@@ -96,7 +100,7 @@ class SpikeState:
         score = tf.where(tf.reduce_any(judged), score, float("nan"))
         return values, spike, score, mean, std
 
-    def after_step(self, values, spike, score, mean, std, accepted):
+    def after_step(self, values, spike, score, mean, std, accepted, overflowed=None):
         """Graph code after the decision: the window, the streak, the trip and the step's row.
 
         Steps are numbered by the rows: every step run since the fit began,
@@ -104,7 +108,12 @@ class SpikeState:
 
         No branch: a clean step writes one window row (unchanged unless
         ``accepted``), the streak and one row of per-step values.
+        A step whose scaled gradients ``overflowed`` (the loss scaler skipped it) is not
+        accepted: out of the window, the streak as it was, not skipped in its row.
         """
+        row_accepted = accepted
+        if overflowed is not None:
+            accepted = tf.logical_and(accepted, tf.logical_not(overflowed))
         slot = self.accepted % self.rule.window
         old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
         scatter_nd_update(self.window, [[slot]], [tf.where(accepted, values, old)])
@@ -114,13 +123,13 @@ class SpikeState:
         self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
         self.news.assign(tf.logical_or(self.news, spike))
         row = tf.stack([
-            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score,
+            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(row_accepted, tf.float32), score,
             mean[0], std[0], mean[1], std[1],
         ])
         scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, optimizer, applied, measured, apply_update=None):
+    def record_skip(self, judged, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
 
         Under several replicas (``apply_update`` given, the cross-replica
@@ -133,17 +142,17 @@ class SpikeState:
         1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
         """
         if apply_update is not None:
-            self.measure_skip(judged, optimizer, applied, measured, apply_update)
+            self.measure_skip(judged, optimizer, applied, measured, apply_update, inverse_scale)
             return
 
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
         def measure():
-            self.measure_skip(judged, optimizer, applied, measured)
+            self.measure_skip(judged, optimizer, applied, measured, inverse_scale=inverse_scale)
             return tf.constant(0)
 
         measure()
 
-    def measure_skip(self, judged, optimizer, applied, measured, apply_update=None):
+    def measure_skip(self, judged, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -157,7 +166,10 @@ class SpikeState:
             measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
             apply_update: What applies ``applied`` (``None``: ``optimizer.apply_gradients``);
                 under several replicas, on every replica (`kgrad.backends.tensorflow.guard.replicated`).
+            inverse_scale: 1 / the loss scale of the gradients (``None``: not scaled). ``applied`` stays
+                scaled (the ``LossScaleOptimizer`` divides it out); ``measured`` is measured unscaled.
         """
+        measured = unscaled(measured, inverse_scale)
         weights = [weight for _, weight in applied]
         before = [tf.identity(weight) for weight in weights]
         state = [tf.identity(variable) for variable in optimizer.variables]

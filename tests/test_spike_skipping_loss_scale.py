@@ -1,0 +1,158 @@
+"""`NonFiniteGuard(skip_spikes=True)` under a `keras.optimizers.LossScaleOptimizer` (mixed precision).
+
+Backend-free: tests/jax/test_spike_skipping_loss_scale_jax.py runs the same lines on JAX. The
+spike rule judges the true loss and gradients (the scale divided out); a step whose scaled
+gradients overflow is the optimizer's own to skip: no spike, out of the window, the streak as it was.
+The linear model and data of tests/test_spike_skipping.py, so the skip's values have the same
+hand reference.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import kgrad
+from kgrad.plan.spike_rule import SpikeRule
+from test_spike_skipping import (
+    BATCH, FEATURES, SAMPLE_EVERY, SPIKE, STEPS, WARMUP, WINDOW, _adam_values, _data, _sampled_z_reference,
+    _state, _States,
+)
+
+# The scale doubles after 16 finite steps in a row: the spiking step (47) would double it, and its
+# growth counter would restart; the skip keeps both as they were.
+GROWTH = 16
+CLEAN_STEPS = 300
+
+
+def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GROWTH):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, name="out")])
+    optimizer = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01), initial_scale=initial_scale, dynamic_growth_steps=growth
+    )
+    model.compile(optimizer, "mse", metrics=["mae"])
+    steps = len(x) // BATCH if steps is None else steps
+    callbacks = [c for c in (guard, states) if c is not None]
+    model.fit(x[: steps * BATCH], y[: steps * BATCH], batch_size=BATCH, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    return model
+
+
+@pytest.fixture(scope="module")
+def spiked():
+    guard = kgrad.NonFiniteGuard(
+        skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP, spike_sample_every=SAMPLE_EVERY
+    )
+    x, y = _data()
+    states = _States()
+    model = _fit(x, y, guard, states=states)
+    return guard, model, x, y, states.states
+
+
+def test_a_planted_spike_under_loss_scaling_is_skipped_bit_for_bit_with_the_scale(spiked):
+    guard, model, x, y, _ = spiked
+    assert [s.step for s in guard.skipped_steps] == [SPIKE] and guard.report is None
+    before = _fit(x, y, steps=SPIKE)  # the same run, stopped before the spiking batch
+    names = [v.path for v in model.weights + model.optimizer.variables + model.metrics_variables]
+    assert {"loss_scale_optimizer/dynamic_scale", "loss_scale_optimizer/step_counter"} <= set(names)
+    for name, kept, reference in zip(names, _state(model), _state(before), strict=True):
+        np.testing.assert_array_equal(kept, reference, err_msg=name)
+    # The scale grew twice (steps 15 and 31); the skipped step would have doubled it again.
+    assert float(np.array(model.optimizer.dynamic_scale)) == 16.0
+    assert int(model.optimizer.iterations) == SPIKE
+
+
+def test_the_skips_values_are_of_the_unscaled_gradients(spiked):
+    guard, model, x, y, states = spiked
+    (skipped,) = guard.skipped_steps
+    inner = model.optimizer.inner_optimizer
+    weights = model.get_layer("out").weights
+    kernel, bias = (np.array(w, np.float64) for w in weights)
+    indices = [inner._get_variable_index(w) for w in weights]
+    moments = [np.array(m[i]) for m in (inner._momentums, inner._velocities) for i in indices]
+    reference = _adam_values(SPIKE, kernel, bias, moments, x, y)
+    for name, per_weight in reference.items():
+        for weight, value in per_weight.items():
+            np.testing.assert_allclose(skipped.values[name][weight], value, rtol=1e-4, err_msg=f"{name} {weight}")
+    for name, per_weight in _sampled_z_reference(states, skipped.values, x, y).items():
+        for weight, z in per_weight.items():
+            np.testing.assert_allclose(skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=f"z {name} {weight}")
+    assert skipped.z_scores["grad_norm"]["out/kernel"] > 6 and skipped.absent == {}
+
+
+class _Applied(keras.callbacks.Callback):
+    """Whether each step's update was applied (the inner optimizer's iterations moved)."""
+
+    def __init__(self):
+        super().__init__()
+        self.applied, self._last = [], 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if keras.backend.backend() == "jax":
+            self.model.jax_state_sync()
+        iterations = int(np.array(self.model.optimizer.inner_optimizer.iterations))
+        self.applied.append(iterations > self._last)
+        self._last = iterations
+
+
+def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window():
+    # Mixed precision from a scale of 2**30: the float16 gradients overflow until the scale has
+    # halved to what they hold, and again after each doubling (every 50 finite steps).
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP,
+                                     spike_sample_every=SAMPLE_EVERY)
+        applied = _Applied()
+        x, y = _data(steps=CLEAN_STEPS, fault=())
+        model = _fit(x, y, guard, states=applied, initial_scale=2.0**30, growth=50)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    overflowed = [step for step, done in enumerate(applied.applied) if not done]
+    assert len(overflowed) >= 10 and overflowed[:10] == list(range(10))  # the search, at the start
+    assert guard.skipped_steps == [] and guard.report is None and guard.spike_report is None
+    rows = dict(guard._spikes.logs[None].rows)
+    assert sorted(rows) == list(range(CLEAN_STEPS))
+    assert all(row["global/step_skipped"] == 0 for row in rows.values())  # the guard skipped none
+    accepted = np.cumsum([0] + applied.applied)  # accepted steps before each step
+    # The window's mean and σ appear with its 2nd accepted step, the score with its 16th: the
+    # overflowed steps were not counted.
+    with_mean = [step for step in rows if "spike_window_mean/log_loss" in rows[step]]
+    scored = [step for step in rows if "global/spike_score" in rows[step]]
+    assert with_mean[0] == int(np.argmax(accepted >= 2)) and scored[0] == int(np.argmax(accepted >= WARMUP))
+    assert all(np.isfinite(rows[step]["spike_window_mean/log_grad_norm"]) for step in with_mean)
+    assert max(rows[step]["global/spike_score"] for step in scored) < 6
+    assert int(np.array(model.optimizer.inner_optimizer.iterations)) == CLEAN_STEPS - len(overflowed)
+
+
+def test_an_overflowed_step_leaves_the_streak_and_the_window_as_they_were():
+    # (spike, overflowed) of each step; a spike's update is skipped, an overflow's applied (the
+    # optimizer skips it). Spike, overflow, spike is a streak of 2; an accepted step ends it.
+    steps = [(True, False), (False, True), (True, False), (False, False), (True, False)]
+    streaks, accepted = _after_steps(SpikeRule(window=4, warmup=2, max_skips=3, row_capacity=8), steps)
+    assert streaks == [1, 1, 2, 0, 1] and accepted == [0, 0, 0, 1, 1]
+
+
+def _after_steps(rule, steps):
+    """The backend's streak and accepted count after each ``(spike, overflowed)`` step."""
+    values, nan = np.array([0.0, 0.0, 1.0], np.float32), np.full(3, np.nan, np.float32)
+    streaks, accepted = [], []
+    if keras.backend.backend() == "jax":
+        from kgrad.backends.jax.guard import spikes
+
+        record = spikes.initial_record(rule, 1)
+        for spike, overflowed in steps:
+            judged = (values, np.bool_(spike), np.float32(0.0), nan, nan)
+            record = spikes.after_step(record, rule, judged, np.bool_(not spike), np.bool_(overflowed))
+            streaks.append(int(record.streak))
+            accepted.append(int(record.accepted))
+        return streaks, accepted
+    import tensorflow as tf
+    from kgrad.backends.tensorflow.guard.spikes import SpikeState
+
+    state = SpikeState(rule, 1)
+    for spike, overflowed in steps:
+        state.after_step(tf.constant(values), tf.constant(spike), 0.0, tf.constant(nan), tf.constant(nan),
+                         tf.constant(not spike), tf.constant(overflowed))
+        streaks.append(int(state.streak.numpy()))
+        accepted.append(int(state.accepted.numpy()))
+    return streaks, accepted
