@@ -30,7 +30,7 @@ from kgrad.backends.jax.capture.loss_scale import (
     skips_overflowed_steps,
     value_and_grad_noting_scale,
 )
-from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard import overflow, spikes as spike_rule
 from kgrad.backends.jax.guard.part_spikes import PartJudge
 from kgrad.backends.jax.guard.sentinel import may_apply, tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
@@ -77,6 +77,7 @@ class CheckedParts:
         self.part_judge = PartJudge(model)  # the own step's parts, see `judge_parts`
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
+        self._owned, self._update_scale = (), None  # a loss scaler's rows (`overflow`); 1 / Keras' step's scale
 
     def __enter__(self):
         watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
@@ -155,6 +156,8 @@ class CheckedParts:
             name = role.name or owner.name
             scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name)
         checks_gradients = not (self._ignore_loss_scale_skips and skips_overflowed_steps(scaler))
+        spikes = self.part_judge.judging if not role.update_behind_check else (self._behind_check or [0] * 3)[2]
+        owned = not checks_gradients and spikes is not None  # the spike rule's rows, never checked
         if self._watch is not None:
             watch = WatchedPass(owner, self._watch, checks_gradients)
         if self._inner is not None:  # a probed step: the probe's pass checks the watched tensors too
@@ -167,11 +170,16 @@ class CheckedParts:
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
         if not role.update_behind_check:  # a part of a model's own step: judged where it is applied
-            checked = len(jax.tree_util.tree_leaves(gradients)) if checks_gradients else 0
-            self.part_judge.add(part, len(self.tensors), checked, leaves, resolved.weights, resolved.paths)
-        self._keep(part, role.logged_loss(result), result[0] if has_aux else result,
-                   jax.tree_util.tree_leaves(gradients) if checks_gradients else [], resolved.paths,
+            checked = len(jax.tree_util.tree_leaves(gradients)) if checks_gradients or owned else 0
+            self.part_judge.add(part, len(self.tensors), checked, leaves, resolved.weights, resolved.paths,
+                                inverse_scale, owned)
+        else:
+            self._update_scale = inverse_scale
+        kept = jax.tree_util.tree_leaves(gradients) if checks_gradients or owned else []
+        self._keep(part, role.logged_loss(result), result[0] if has_aux else result, kept, resolved.paths,
                    inverse_scale, watched)
+        if owned:  # its gradients are the last rows kept
+            self._owned += tuple(range(len(self.names) - len(kept), len(self.names)))
         return result, gradients
 
     def _keep(self, part, loss, value, gradients, paths, inverse_scale, watched):
@@ -206,7 +214,8 @@ class CheckedParts:
             else:
                 pieces.append((squares[start : start + item], counts[start : start + item]))
                 start += item
-        checks = jnp.concatenate([p[0] for p in pieces]), jnp.concatenate([p[1] for p in pieces])
+        counts = overflow.without_owned(jnp.concatenate([p[1] for p in pieces]), self._owned)
+        checks = jnp.concatenate([p[0] for p in pieces]), counts
         self._checked = (len(self._rows), checks)
         return checks
 
@@ -247,14 +256,15 @@ class CheckedParts:
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
-            skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
-            sample = spike_rule.sample_measure(self._model) if sampling else None
+            skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes,
+                                           inverse_scale=self._update_scale)
+            sample = spike_rule.sample_measure(self._model, inverse_scale=self._update_scale) if sampling else None
         (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
             apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table,
             sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        spiked = None if judged is None else (judged, table, sampled)
+        spiked = None if judged is None else (judged, table, sampled, overflow.overflowed(squares, self._owned))
         self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
 

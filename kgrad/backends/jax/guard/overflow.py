@@ -1,0 +1,33 @@
+"""A ``LossScaleOptimizer``'s overflowing gradients inside the guard's check (JAX): its own, never a trip.
+
+With spike skipping under loss scaling (``ignore_loss_scale_skips``, the
+default), a part's weight gradients are rows of the spike rule that the
+check leaves out: scaled gradients that overflow are how the optimizer finds
+its scale, and it skips that step's update itself (its ``stateless_apply``
+returns the values it was given, with a lower scale). The spike rule neither
+judges such a step nor lets it into its window (`spikes.after_step`). The
+TensorFlow counterpart is `kgrad.backends.tensorflow.guard.overflow`.
+
+Example:
+
+>>> import jax.numpy as jnp
+>>> squares, counts = jnp.array([1.0, jnp.inf]), jnp.array([[0, 0], [0, 3]])
+>>> without_owned(counts, [1]).tolist(), bool(overflowed(squares, [1]))
+([[0, 0], [0, 0]], True)
+"""
+
+import jax.numpy as jnp
+
+
+def without_owned(counts, owned):
+    """``counts`` (``[rows, 2]``) with the NaN/Inf counts of the ``owned`` row numbers set to 0."""
+    if not owned:
+        return counts
+    return counts.at[jnp.asarray(list(owned))].set(0)
+
+
+def overflowed(squares, owned):
+    """Whether a sum of squares of the ``owned`` rows is not finite (``None`` without such rows)."""
+    if not owned:
+        return None
+    return jnp.logical_not(jnp.all(jnp.isfinite(squares[jnp.asarray(list(owned))])))
