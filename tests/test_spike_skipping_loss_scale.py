@@ -101,7 +101,7 @@ def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP,
-                                     spike_sample_every=SAMPLE_EVERY)
+                                     spike_sample_every=1)  # every accepted step a sample of its update
         applied = _Applied()
         x, y = _data(steps=CLEAN_STEPS, fault=())
         model = _fit(x, y, guard, states=applied, initial_scale=2.0**30, growth=50)
@@ -122,6 +122,16 @@ def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(
     assert all(np.isfinite(rows[step]["spike_window_mean/log_grad_norm"]) for step in with_mean)
     assert max(rows[step]["global/spike_score"] for step in scored) < 6
     assert int(np.array(model.optimizer.inner_optimizer.iterations)) == CLEAN_STEPS - len(overflowed)
+    # An overflowed step's update is none (the optimizer skipped it): no sample of it was taken.
+    assert _sample_count(guard) == CLEAN_STEPS - len(overflowed)
+
+
+def _sample_count(guard):
+    """How many samples of the applied update the device took (Keras' step)."""
+    state = guard._step.guard_states()[None]
+    if keras.backend.backend() == "jax":
+        return int(state.record.spikes.sample_count)
+    return int(state.spikes.samples.count.numpy())
 
 
 def test_an_overflowed_step_leaves_the_streak_and_the_window_as_they_were():
