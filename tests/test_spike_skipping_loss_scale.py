@@ -4,7 +4,8 @@ Backend-free: tests/jax/test_spike_skipping_loss_scale_jax.py runs the same line
 spike rule judges the true loss and gradients (the scale divided out); a step whose scaled
 gradients overflow is the optimizer's own to skip: no spike, out of the window, the streak as it was.
 The linear model and data of tests/test_spike_skipping.py, so the skip's values have the same
-hand reference.
+hand reference; with Keras' step and with a model's own (a `kgrad.ProbeTape` on TensorFlow, a
+`kgrad.value_and_grad` on JAX) differentiating ``optimizer.scale_loss(loss)``.
 """
 
 import keras
@@ -24,9 +25,37 @@ GROWTH = 16
 CLEAN_STEPS = 300
 
 
-def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GROWTH):
+def _own_step_model():
+    """The linear model with a train step of its own that differentiates the scaled loss."""
+    inputs = keras.Input((FEATURES,))
+    outputs = keras.layers.Dense(1, name="out")(inputs)
+    if keras.backend.backend() == "jax":
+        from guide_model import GuideModel
+
+        model = GuideModel(inputs, outputs)
+        model.scales_loss = True
+        return model
+    return OwnStepLinear(inputs, outputs, name="own")
+
+
+class OwnStepLinear(keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with kgrad.ProbeTape(self) as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return self.compute_metrics(x, y, y_pred)
+
+
+def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GROWTH, own_step=False):
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, name="out")])
+    if own_step:
+        model = _own_step_model()
+    else:
+        model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1, name="out")])
     optimizer = keras.optimizers.LossScaleOptimizer(
         keras.optimizers.Adam(0.01), initial_scale=initial_scale, dynamic_growth_steps=growth
     )
@@ -38,24 +67,30 @@ def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GR
     return model
 
 
-@pytest.fixture(scope="module")
-def spiked():
+STEPS_KINDS = pytest.mark.parametrize("own_step", [False, True], ids=["keras_step", "own_step"])
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["keras_step", "own_step"])
+def spiked(request):
     guard = kgrad.NonFiniteGuard(
         skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP, spike_sample_every=SAMPLE_EVERY
     )
     x, y = _data()
     states = _States()
-    model = _fit(x, y, guard, states=states)
-    return guard, model, x, y, states.states
+    model = _fit(x, y, guard, states=states, own_step=request.param)
+    return guard, model, x, y, states.states, request.param
 
 
 def test_a_planted_spike_under_loss_scaling_is_skipped_bit_for_bit_with_the_scale(spiked):
-    guard, model, x, y, _ = spiked
+    guard, model, x, y, _, own_step = spiked
     assert [s.step for s in guard.skipped_steps] == [SPIKE] and guard.report is None
-    before = _fit(x, y, steps=SPIKE)  # the same run, stopped before the spiking batch
-    names = [v.path for v in model.weights + model.optimizer.variables + model.metrics_variables]
-    assert {"loss_scale_optimizer/dynamic_scale", "loss_scale_optimizer/step_counter"} <= set(names)
-    for name, kept, reference in zip(names, _state(model), _state(before), strict=True):
+    before = _fit(x, y, steps=SPIKE, own_step=own_step)  # the same run, stopped before the spiking batch
+    # An own step's metrics are its own (docs/guard.md): the weights and the optimizer's variables.
+    variables = model.weights + model.optimizer.variables + ([] if own_step else model.metrics_variables)
+    names = [variable.path for variable in variables]
+    assert {"dynamic_scale", "step_counter"} <= {name.split("/")[-1] for name in names}  # compared too
+    kept, reference = _state(model)[: len(names)], _state(before)[: len(names)]
+    for name, kept, reference in zip(names, kept, reference, strict=True):
         np.testing.assert_array_equal(kept, reference, err_msg=name)
     # The scale grew twice (steps 15 and 31); the skipped step would have doubled it again.
     assert float(np.array(model.optimizer.dynamic_scale)) == 16.0
@@ -63,7 +98,7 @@ def test_a_planted_spike_under_loss_scaling_is_skipped_bit_for_bit_with_the_scal
 
 
 def test_the_skips_values_are_of_the_unscaled_gradients(spiked):
-    guard, model, x, y, states = spiked
+    guard, model, x, y, states, _ = spiked
     (skipped,) = guard.skipped_steps
     inner = model.optimizer.inner_optimizer
     weights = model.get_layer("out").weights
@@ -95,7 +130,8 @@ class _Applied(keras.callbacks.Callback):
         self._last = iterations
 
 
-def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window():
+@STEPS_KINDS
+def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(own_step):
     # Mixed precision from a scale of 2**30: the float16 gradients overflow until the scale has
     # halved to what they hold, and again after each doubling (every 50 finite steps).
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -104,13 +140,14 @@ def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(
                                      spike_sample_every=1)  # every accepted step a sample of its update
         applied = _Applied()
         x, y = _data(steps=CLEAN_STEPS, fault=())
-        model = _fit(x, y, guard, states=applied, initial_scale=2.0**30, growth=50)
+        model = _fit(x, y, guard, states=applied, initial_scale=2.0**30, growth=50, own_step=own_step)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     overflowed = [step for step, done in enumerate(applied.applied) if not done]
     assert len(overflowed) >= 10 and overflowed[:10] == list(range(10))  # the search, at the start
     assert guard.skipped_steps == [] and guard.report is None and guard.spike_report is None
-    rows = dict(guard._spikes.logs[None].rows)
+    (log,) = guard._spikes.logs.values()  # Keras' step's, or the own step's one part
+    rows = dict(log.rows)
     assert sorted(rows) == list(range(CLEAN_STEPS))
     assert all(row["global/step_skipped"] == 0 for row in rows.values())  # the guard skipped none
     accepted = np.cumsum([0] + applied.applied)  # accepted steps before each step
@@ -128,8 +165,10 @@ def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(
 
 def _sample_count(guard):
     """How many samples of the applied update the device took (Keras' step)."""
-    state = guard._step.guard_states()[None]
+    state = list(guard._step.guard_states().values())[-1]  # the own step's part: its own
     if keras.backend.backend() == "jax":
+        if hasattr(state, "_run"):  # a part's `PartSpikes`
+            return int(state._run.record.spikes[state._number].sample_count)
         return int(state.record.spikes.sample_count)
     return int(state.spikes.samples.count.numpy())
 

@@ -53,6 +53,8 @@ class CheckedParts:
         ignore_loss_scale_skips: A part whose loss a ``LossScaleOptimizer``
             scaled has only its loss checked: its overflowing gradients are how
             the scale is found (the optimizer skips those steps itself).
+        judges_spikes: The spike rule judges the parts: such a part's gradients are
+            still kept, as rows no check trips on (`kgrad.backends.jax.guard.overflow`).
 
     Attributes:
         names: Per part, ``"loss/<part>"`` and ``"weight_grad/<part>/<weight path>"`` per
@@ -63,9 +65,10 @@ class CheckedParts:
         step: The ``iterations`` of the optimizer that applied the first part (``None``: none did).
     """
 
-    def __init__(self, model, trainable, inner=None, watch=None, ignore_loss_scale_skips=True):
+    def __init__(self, model, trainable, inner=None, watch=None, ignore_loss_scale_skips=True,
+                 judges_spikes=False):
         self._model, self._inner, self._watch = model, inner, watch
-        self._ignore_loss_scale_skips = ignore_loss_scale_skips
+        self._ignore_loss_scale_skips, self._judges_spikes = ignore_loss_scale_skips, judges_spikes
         self._rows = []  # ("tensors", count) or ("rows", (squares, counts)), in the order of `names`
         self._behind_check = None  # (record, halt_updates, spike rule, compiled), see `behind_check`
         self._checked = None  # (rows counted, checks) of the latest `checks`
@@ -156,8 +159,7 @@ class CheckedParts:
             name = role.name or owner.name
             scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name)
         checks_gradients = not (self._ignore_loss_scale_skips and skips_overflowed_steps(scaler))
-        spikes = self.part_judge.judging if not role.update_behind_check else (self._behind_check or [0] * 3)[2]
-        owned = not checks_gradients and spikes is not None  # the spike rule's rows, never checked
+        owned = not checks_gradients and self._judges_spikes  # the spike rule's rows, never checked
         if self._watch is not None:
             watch = WatchedPass(owner, self._watch, checks_gradients)
         if self._inner is not None:  # a probed step: the probe's pass checks the watched tensors too

@@ -67,11 +67,6 @@ class PartJudge:
         a sample step, each part's update measured for its samples)."""
         self._judging = (records, halt_updates, rule, compiled, sampling)
 
-    @property
-    def judging(self):
-        """The spike rule each part is judged by, or ``None``."""
-        return None if self._judging is None else self._judging[2]
-
     def add(self, name, loss_index, checked, leaves, weights, paths, inverse_scale=None, owned=False):
         """Notes a part (its loss at ``loss_index`` of the step's tensors, ``checked`` gradients after it).
 

@@ -69,7 +69,8 @@ class GuardRun:
 
     def _checked_parts(self, state):
         ignore = self.config.ignore_loss_scale_skips
-        return CheckedParts(self.model, state[0], watch=self._watch, ignore_loss_scale_skips=ignore)
+        return CheckedParts(self.model, state[0], watch=self._watch, ignore_loss_scale_skips=ignore,
+                            judges_spikes=self.config.spikes is not None)
 
     def _step(self, state, data, checked):
         with activated(checked):
