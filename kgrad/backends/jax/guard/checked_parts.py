@@ -80,7 +80,7 @@ class CheckedParts:
         self.part_judge = PartJudge(model)  # the own step's parts, see `judge_parts`
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
-        self._owned, self._update_scale = (), None  # a loss scaler's rows (`overflow`); 1 / Keras' step's scale
+        self._owned, self._update_scale = (), None  # a loss scaler's rows (`overflow`); Keras' step's 1/scale
 
     def __enter__(self):
         watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
@@ -258,15 +258,17 @@ class CheckedParts:
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
+            scale = self._update_scale
             skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes,
-                                           inverse_scale=self._update_scale)
-            sample = spike_rule.sample_measure(self._model, inverse_scale=self._update_scale) if sampling else None
+                                           inverse_scale=scale)
+            sample = spike_rule.sample_measure(self._model, inverse_scale=scale) if sampling else None
         (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
             apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table,
             sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        spiked = None if judged is None else (judged, table, sampled, overflow.overflowed(squares, self._owned))
+        overflowed = overflow.overflowed(squares, self._owned)
+        spiked = None if judged is None else (judged, table, sampled, overflowed)
         self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
 

@@ -187,7 +187,8 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
     return jax.lax.cond(
         spike,
         lambda: skip_table(
-            model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights, inverse_scale
+            model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights,
+            inverse_scale,
         ),
         lambda: jnp.zeros(width, jnp.float32),
     )

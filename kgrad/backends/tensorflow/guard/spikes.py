@@ -60,7 +60,9 @@ class SpikeState:
         ``overflowed``: the loss scaler skips this update itself (not sampled); ``inverse_scale``:
         1 / the loss scale of ``measured``'s gradients (``None``: not scaled).
         """
-        self.samples.sampled_update(self.accepted, apply, optimizer, measured, inline, overflowed, inverse_scale)
+        self.samples.sampled_update(
+            self.accepted, apply, optimizer, measured, inline, overflowed, inverse_scale
+        )
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
