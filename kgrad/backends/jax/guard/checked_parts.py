@@ -80,7 +80,8 @@ class CheckedParts:
         self.part_judge = PartJudge(model)  # the own step's parts, see `judge_parts`
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
-        self._owned, self._update_scale = (), None  # a loss scaler's rows (`overflow`); Keras' step's 1/scale
+        self._owned, self._owned_tensors = (), ()  # a loss scaler's rows and tensors (`overflow`)
+        self._update_scale = None  # 1 / Keras' step's loss scale
 
     def __enter__(self):
         watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
@@ -180,8 +181,9 @@ class CheckedParts:
         kept = jax.tree_util.tree_leaves(gradients) if checks_gradients or owned else []
         self._keep(part, role.logged_loss(result), result[0] if has_aux else result, kept, resolved.paths,
                    inverse_scale, watched)
-        if owned:  # its gradients are the last rows kept
+        if owned:  # its gradients are the last rows and tensors kept
             self._owned += tuple(range(len(self.names) - len(kept), len(self.names)))
+            self._owned_tensors += tuple(range(len(self.tensors) - len(kept), len(self.tensors)))
         return result, gradients
 
     def _keep(self, part, loss, value, gradients, paths, inverse_scale, watched):
@@ -208,7 +210,7 @@ class CheckedParts:
         """``(squares, counts)`` of every row of `names`, in order (the tensors behind one branch)."""
         if self._checked is not None and self._checked[0] == len(self._rows):
             return self._checked[1]
-        squares, counts = tensor_checks(self.tensors)
+        squares, counts = tensor_checks(self.tensors, self._owned_tensors)
         pieces, start = [], 0
         for kind, item in self._rows:
             if kind == "rows":
@@ -216,8 +218,7 @@ class CheckedParts:
             else:
                 pieces.append((squares[start : start + item], counts[start : start + item]))
                 start += item
-        counts = overflow.without_owned(jnp.concatenate([p[1] for p in pieces]), self._owned)
-        checks = jnp.concatenate([p[0] for p in pieces]), counts
+        checks = jnp.concatenate([p[0] for p in pieces]), jnp.concatenate([p[1] for p in pieces])
         self._checked = (len(self._rows), checks)
         return checks
 

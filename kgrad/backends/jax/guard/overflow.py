@@ -4,26 +4,19 @@ With spike skipping under loss scaling (``ignore_loss_scale_skips``, the
 default), a part's weight gradients are rows of the spike rule that the
 check leaves out: scaled gradients that overflow are how the optimizer finds
 its scale, and it skips that step's update itself (its ``stateless_apply``
-returns the values it was given, with a lower scale). The spike rule neither
+returns the values it was given, with a lower scale): `sentinel.tensor_checks`
+counts no NaN/Inf of them (``unchecked``). The spike rule neither
 judges such a step nor lets it into its window (`spikes.after_step`). The
 TensorFlow counterpart is `kgrad.backends.tensorflow.guard.overflow`.
 
 Example:
 
 >>> import jax.numpy as jnp
->>> squares, counts = jnp.array([1.0, jnp.inf]), jnp.array([[0, 0], [0, 3]])
->>> without_owned(counts, [1]).tolist(), bool(overflowed(squares, [1]))
-([[0, 0], [0, 0]], True)
+>>> bool(overflowed(jnp.array([1.0, jnp.inf]), [1])), overflowed(jnp.array([1.0]), ())
+(True, None)
 """
 
 import jax.numpy as jnp
-
-
-def without_owned(counts, owned):
-    """``counts`` (``[rows, 2]``) with the NaN/Inf counts of the ``owned`` row numbers set to 0."""
-    if not owned:
-        return counts
-    return counts.at[jnp.asarray(list(owned))].set(0)
 
 
 def overflowed(squares, owned):
