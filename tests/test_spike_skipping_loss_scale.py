@@ -52,7 +52,8 @@ class OwnStepLinear(keras.Model):
         return self.compute_metrics(x, y, y_pred)
 
 
-def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GROWTH, own_step=False):
+def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GROWTH, own_step=False,
+         **compile_options):
     keras.utils.set_random_seed(3)
     if own_step:
         model = _own_step_model()
@@ -61,7 +62,7 @@ def _fit(x, y, guard=None, steps=None, states=None, initial_scale=4.0, growth=GR
     optimizer = keras.optimizers.LossScaleOptimizer(
         keras.optimizers.Adam(0.01), initial_scale=initial_scale, dynamic_growth_steps=growth
     )
-    model.compile(optimizer, "mse", metrics=["mae"])
+    model.compile(optimizer, "mse", metrics=["mae"], **compile_options)
     steps = len(x) // BATCH if steps is None else steps
     callbacks = [c for c in (guard, states) if c is not None]
     model.fit(x[: steps * BATCH], y[: steps * BATCH], batch_size=BATCH, shuffle=False, verbose=0,
@@ -114,6 +115,20 @@ def test_the_skips_values_are_of_the_unscaled_gradients(spiked):
         for weight, z in per_weight.items():
             np.testing.assert_allclose(skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=name + weight)
     assert skipped.z_scores["grad_norm"]["out/kernel"] > 6 and skipped.absent == {}
+
+
+def test_the_skip_under_loss_scaling_is_the_same_under_xla(spiked):
+    if keras.backend.backend() == "jax" or spiked[-1]:
+        pytest.skip("TensorFlow's XLA step (JAX jits by default), with Keras' step")
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP,
+                                 spike_sample_every=SAMPLE_EVERY)
+    model = _fit(*spiked[2:4], guard, jit_compile=True)  # the loss scaler's own branch under XLA
+    (skipped,), (expected,) = guard.skipped_steps, spiked[0].skipped_steps
+    assert skipped.step == SPIKE and float(np.array(model.optimizer.dynamic_scale)) == 16.0
+    for kind in ("values", "z_scores"):
+        for name, per_weight in getattr(expected, kind).items():
+            for weight, value in per_weight.items():
+                np.testing.assert_allclose(getattr(skipped, kind)[name][weight], value, rtol=1e-4)
 
 
 class _Applied(keras.callbacks.Callback):
