@@ -147,9 +147,10 @@ class _Applied(keras.callbacks.Callback):
 
 
 @STEPS_KINDS
-def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(own_step):
+def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(own_step, monkeypatch):
     # Mixed precision from a scale of 2**30: the float16 gradients overflow until the scale has
     # halved to what they hold, and again after each doubling (every 50 finite steps).
+    counted = _host_counts(monkeypatch)
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP,
@@ -177,6 +178,21 @@ def test_overflows_of_the_scale_search_are_no_spikes_and_stay_out_of_the_window(
     assert int(np.array(model.optimizer.inner_optimizer.iterations)) == CLEAN_STEPS - len(overflowed)
     # An overflowed step's update is none (the optimizer skipped it): no sample of it was taken.
     assert _sample_count(guard) == CLEAN_STEPS - len(overflowed)
+    assert counted == []  # nor were the overflowed gradients' NaN/Inf counted on the host
+
+
+def _host_counts(monkeypatch):
+    """A list that JAX's host count of NaN/Inf (`sentinel.non_finite_counts`) appends to when it runs.
+
+    On TensorFlow the counts are computed in a branch that a clean or overflowed step does not take.
+    """
+    counted = []
+    if keras.backend.backend() == "jax":
+        from kgrad.backends.jax.guard import sentinel
+
+        count_on_host = sentinel._count_on_host
+        monkeypatch.setattr(sentinel, "_count_on_host", lambda *t: counted.append(1) or count_on_host(*t))
+    return counted
 
 
 def _sample_count(guard):
