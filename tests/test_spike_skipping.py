@@ -14,11 +14,12 @@ import kgrad
 from kgrad.plan.spike_rule import (
     MIN_LOG_SIGMA, SpikeRule, judge, sample_every, sample_slots, sampled_z_scores,
 )
+from kgrad.report.spike_leaders import rank_skip_leaders
 
 BATCH, STEPS, FEATURES = 8, 48, 4
 SPIKE = STEPS - 1  # the last step: the state after fit is the state the skip kept
 # A window of 32 accepted steps judged from the 16th: the update's values are sampled every
-# 2nd accepted step (not the default 16) into 16 samples (`sample_every`, `sample_slots`).
+# 2nd step run (not the default 16) into 16 samples (`sample_every`, `sample_slots`).
 WINDOW, WARMUP, SAMPLE_EVERY = 32, 16, 2
 
 
@@ -151,17 +152,17 @@ def test_the_numpy_rule_judges_logarithms_after_its_warmup_with_a_floor_on_sigma
     assert judge([[1.0, 1.0], [2.0, 1.0]] * 2, [-9.0, 1.0], rule) == (False, pytest.approx(0.0))
 
 
-def _adam_values(step, kernel, bias, moments, x, y):
+def _adam_values(step, kernel, bias, moments, x, y, skipped_before=0):
     """``{value: {weight: float}}`` of step ``step`` by NumPy: a Dense layer's MSE gradients, Adam.
 
     ``moments``: ``(m kernel, m bias, v kernel, v bias)`` before the step; it is Adam's
-    ``step + 1``-th update (no step before it was skipped).
+    ``step + 1 - skipped_before``-th update (a skipped step is no update).
     """
     xb, yb = (a[step * BATCH : (step + 1) * BATCH].astype(np.float64) for a in (x, y))
     residual = xb @ kernel + bias - yb
     grads = {"out/kernel": 2 * xb.T @ residual / residual.size,
              "out/bias": 2 * residual.sum(0) / residual.size}
-    t = step + 1
+    t = step + 1 - skipped_before
     values = {name: {} for name in ("grad_norm", "update_ratio", "cos_grad_weight", "adam_rms")}
     for number, (name, weight) in enumerate((("out/kernel", kernel), ("out/bias", bias))):
         g = grads[name]
@@ -188,21 +189,23 @@ def _hand_reference(model, x, y):
     return _adam_values(SPIKE, kernel, bias, moments, x, y)
 
 
-def _sampled_z_reference(states, skip_values, x, y):
+def _sampled_z_reference(states, skip_values, x, y, skipped=()):
     """The z-scores of the skip's update ratio, cos(g, w) and adam_rms, from NumPy.
 
-    Against the samples of the accepted steps before the spike, one every `sample_every`
-    (accepted steps 0, s, 2s, ...; the last `sample_slots` kept): each sample's update ratio
-    is that of the weights the step actually wrote (``states``, read after each step), its
-    cos(g, w) and adam_rms those of its gradients and moments, by hand.
+    Against the samples of the steps before the spike, one every `sample_every` steps run
+    (steps 0, s, 2s, ..., but for those in ``skipped``, whose update was not applied; the
+    last `sample_slots` kept): each sample's update ratio is that of the weights the step
+    actually wrote (``states``, read after each step), its cos(g, w) and adam_rms those of its
+    gradients and moments, by hand.
     """
     rule = SpikeRule(window=WINDOW, warmup=WARMUP, sample_every=SAMPLE_EVERY)
-    steps = list(range(0, SPIKE, sample_every(rule)))[-sample_slots(rule):]
+    steps = [step for step in range(0, SPIKE, sample_every(rule)) if step not in skipped]
     samples = {name: {w: [] for w in ("out/kernel", "out/bias")}
                for name in ("update_ratio", "cos_grad_weight", "adam_rms")}
-    for step in steps:
+    for step in steps[-sample_slots(rule):]:
         (kernel, bias, *moments), (new_kernel, new_bias, *_) = states[step], states[step + 1]
-        hand = _adam_values(step, kernel.astype(np.float64), bias.astype(np.float64), moments, x, y)
+        before = sum(1 for skip in skipped if skip < step)
+        hand = _adam_values(step, kernel.astype(np.float64), bias.astype(np.float64), moments, x, y, before)
         for name, old, new in (("out/kernel", kernel, new_kernel), ("out/bias", bias, new_bias)):
             old, new = old.astype(np.float64), new.astype(np.float64)
             samples["update_ratio"][name].append(np.linalg.norm(new - old) / np.linalg.norm(old))
@@ -233,6 +236,73 @@ def test_the_skipped_steps_values_equal_a_hand_reference(spiked):
                 skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=f"z {name} {weight}"
             )
     assert skipped.absent == {}  # every z-score is there: none says why it is missing
+
+
+def test_the_samples_are_of_every_s_th_step_run_whose_update_was_applied():
+    # A spike on a sample step (step 30, s = 2) gives no sample; the next is step 32, s steps run
+    # later, on both backends (counted by accepted steps, the samples after it would be the odd
+    # steps 31, 33, ...: the later skip's z-scores then differ from this reference).
+    early = 30
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP,
+                                 spike_sample_every=SAMPLE_EVERY)
+    x, y = _data(fault=(early, SPIKE))
+    states = _States()
+    _fit(x, y, guard, states=states)
+    assert [s.step for s in guard.skipped_steps] == [early, SPIKE]
+    skipped = guard.skipped_steps[1]
+    z_reference = _sampled_z_reference(states.states, skipped.values, x, y, skipped=(early,))
+    for name, per_weight in z_reference.items():
+        for weight, z in per_weight.items():
+            np.testing.assert_allclose(
+                skipped.z_scores[name][weight], z, rtol=1e-4, err_msg=f"z {name} {weight}"
+            )
+
+
+def _probed_fit(x, y, probe_dir, guard=None):
+    """`_fit` with a `kgrad.GradientProbe` probing every step (with Adam's values); its scalars."""
+    probe = kgrad.GradientProbe(str(probe_dir), every_n_steps=1, histograms=False, overwrite=True,
+                                instruments=["optimizer"])
+    model = _fit(x, y, guard, states=probe)
+    return model, kgrad.read_logs(str(probe_dir))["kgrad"]["scalars"]
+
+
+def test_a_probed_step_is_judged_and_skipped_as_an_unprobed_one(spiked, tmp_path):
+    guard_alone, model_alone, x, y, log_dir = spiked
+    guard = kgrad.NonFiniteGuard(
+        skip_spikes=True, spike_window=WINDOW, spike_warmup=WARMUP, spike_sample_every=SAMPLE_EVERY,
+        log_dir=tmp_path / "guard",
+    )
+    model, probed = _probed_fit(x, y, tmp_path / "probed", guard)
+    # Skipped and named as without the probe (whose values are checked by hand above), and every
+    # sample step counted alike: the z-scores against the samples are the same.
+    (skipped,), (expected,) = guard.skipped_steps, guard_alone.skipped_steps
+    assert skipped.step == expected.step == SPIKE
+    leaders = [rank_skip_leaders(s.values, s.z_scores).describe() for s in (skipped, expected)]
+    assert leaders[0] == leaders[1] and "out" in leaders[0]
+    for kind in ("values", "z_scores"):
+        for name, per_weight in getattr(expected, kind).items():
+            for weight, value in per_weight.items():
+                np.testing.assert_allclose(getattr(skipped, kind)[name][weight], value, rtol=1e-5,
+                                           err_msg=f"{kind} {name} {weight}")
+    for kept, reference in zip(_state(model), _state(model_alone), strict=True):  # training unchanged
+        np.testing.assert_array_equal(kept, reference)
+    spike_logs = kgrad.read_logs(str(tmp_path / "guard"))["kgrad"]["scalars"]
+    alone_logs = kgrad.read_logs(str(log_dir))["kgrad"]["scalars"]
+    assert set(spike_logs) == set(alone_logs) and "global/step_skipped" in spike_logs
+    for tag, series in alone_logs.items():
+        np.testing.assert_array_equal(spike_logs[tag].steps, series.steps, err_msg=tag)
+        np.testing.assert_allclose(spike_logs[tag].values, series.values, rtol=1e-5, err_msg=tag)
+    # The probe's records: those of a probe without the guard, but for the skipped step's update,
+    # which was not applied: its weights did not move (0, not the update it would have made). Its
+    # adam_rms is of the moments the update computed (TensorFlow computes it before the update).
+    _, unguarded = _probed_fit(x, y, tmp_path / "unguarded")
+    assert set(probed) == set(unguarded) and "adam_rms/out/kernel" in probed
+    for tag, series in unguarded.items():
+        assert list(probed[tag].steps) == list(series.steps) == list(range(STEPS)), tag
+        last = -1 if tag.startswith(("update_ratio/", "update_rms/")) else None
+        np.testing.assert_allclose(probed[tag].values[:last], series.values[:last], rtol=1e-6, err_msg=tag)
+        if last:
+            assert probed[tag].values[-1] == 0 and series.values[-1] > 0, tag
 
 
 @pytest.mark.parametrize("options", [dict(run_eagerly=True), dict(jit_compile=True)], ids=["eager", "xla"])
@@ -371,7 +441,7 @@ def test_a_missing_z_score_says_why():
     table[:, sampled_z] = np.nan  # as the device leaves them before 2 samples
     few = skipped_step(3, table, ("a/kernel", "a/bias"), None, sample_every=8)
     assert set(few.z_scores) == {"grad_norm"}
-    reason = "fewer than 2 samples yet (one every 8 accepted steps; 1 at this step)"
+    reason = "fewer than 2 samples yet (one every 8 steps, where its update is applied; 1 at this step)"
     assert reason in few.absent["z_update_ratio"]
     table[:, SKIP_COLUMNS.index("samples")] = 16
     table[:, sampled_z[:2]] = 1.0

@@ -191,6 +191,38 @@ def test_each_part_logs_its_own_rows(gan_fit):
     assert "skip_grad_norm/d_hidden/kernel" in logs["kgrad/discriminator"]["scalars"]
 
 
+def test_a_probed_step_judges_each_part_as_an_unprobed_one(gan_fit, gan_kit, tmp_path):
+    guard_alone, gan_alone, _, real, noise, log_dir = gan_fit  # `real`: with the spike planted
+    gan = gan_kit.make(gan_kit.fit_compiled)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16, spike_sample_every=1,
+                                 log_dir=tmp_path / "guard")
+    probe = kgrad.GradientProbe(str(tmp_path / "probe"), every_n_steps=1, histograms=False, overwrite=True)
+    gan.fit((real, noise), batch_size=gan_kit.batch, shuffle=False, verbose=0, callbacks=[guard, probe])
+    assert [(s.step, s.part) for s in guard.skipped_steps] == [(SPIKE, "discriminator")]
+    for kind in ("values", "z_scores"):  # every step a probed sample step: the samples alike
+        for name, per_weight in getattr(guard_alone.skipped_steps[0], kind).items():
+            for weight, value in per_weight.items():
+                np.testing.assert_allclose(getattr(guard.skipped_steps[0], kind)[name][weight], value,
+                                           rtol=1e-5, err_msg=f"{kind} {name} {weight}")
+    for model, optimizer in (("discriminator", "d_optimizer"), ("generator", "g_optimizer")):
+        kept = _state(getattr(gan, model), getattr(gan, optimizer))
+        for value, reference in zip(kept, _state(getattr(gan_alone, model), getattr(gan_alone, optimizer)),
+                                    strict=True):
+            np.testing.assert_array_equal(value, reference, err_msg=model)  # training unchanged
+    logs, alone = kgrad.read_logs(str(tmp_path / "guard")), kgrad.read_logs(str(log_dir))
+    for part in ("discriminator", "generator"):
+        scalars, expected = logs[f"kgrad/{part}"]["scalars"], alone[f"kgrad/{part}"]["scalars"]
+        assert set(scalars) == set(expected)
+        for tag, series in expected.items():
+            np.testing.assert_array_equal(scalars[tag].steps, series.steps, err_msg=tag)
+            np.testing.assert_allclose(scalars[tag].values, series.values, rtol=1e-5, err_msg=tag)
+    # The probe logs the skipped part's weights as kept (they did not move), the other's update.
+    probed = kgrad.read_logs(str(tmp_path / "probe"))
+    ratios = probed["discriminator/kgrad"]["scalars"]["update_ratio/d_hidden/kernel"]
+    assert list(ratios.steps) == list(range(STEPS)) and ratios.values[-1] == 0 and min(ratios.values[:-1]) > 0
+    assert probed["generator/kgrad"]["scalars"]["update_ratio/g_hidden/kernel"].values[-1] > 0
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["graph", "xla"])
 def test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part(compiled, gan_kit, capsys):
     batch = gan_kit.batch

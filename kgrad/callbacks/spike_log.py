@@ -16,8 +16,8 @@ from kgrad.logs.spike_events import SpikeEvents
 from kgrad.plan.spike_rule import SKIP_COLUMNS, SKIP_SLOTS, SKIP_VALUES
 
 #: Why a sampled value's z-score is absent before its weight has two samples.
-FEW_SAMPLES = ("fewer than 2 samples yet (one every {every} accepted steps; {count} at this step): "
-               "{value} is kept for accepted steps by sampling, as σ (n − 1) needs two")
+FEW_SAMPLES = ("fewer than 2 samples yet (one every {every} steps, where its update is applied; {count} at "
+               "this step): {value} is kept for applied updates by sampling, as σ (n − 1) needs two")
 #: Why a z-score is absent for some weights although the step had enough history.
 NO_SPREAD = ("its running statistics have fewer than 2 finite values, or σ 0, for {weights} "
              "(an update ratio of a weight that was 0 is not finite)")
@@ -34,7 +34,7 @@ class SkippedStep:
             second moment).
         z_scores: ``{value name: {weight path: z}}``: each value against the
             weight's running statistics (the gradient norm's window of
-            accepted steps; the others' samples, one every few accepted steps);
+            accepted steps; the others' samples, one every few steps);
             only where they exist (never 0 for a missing one).
         absent: ``{value name: reason}`` for what is not in ``values`` or ``z_scores``.
         part: The differentiated part (a model's own ``train_step``), or ``None``.

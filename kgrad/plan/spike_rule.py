@@ -72,7 +72,7 @@ class SpikeRule:
             report, as a NaN does.
         row_capacity: Rows of per-step values kept on the device between
             host reads (set by the guard from the epoch's length).
-        sample_every: s: one accepted step in s is a sample of the applied
+        sample_every: s: one step run in s is a sample of the applied
             update (`SAMPLED_VALUES`) for a skipped step's z-scores (``None``:
             ``max(1, window // 2)``, 64 for the default window: a sample step
             costs about one more step's optimizer pass, so a denser default
@@ -179,14 +179,18 @@ def sample_slots(rule):
 
 
 def sample_every(rule):
-    """s: one sample every s accepted steps (``spike_sample_every``; default ``max(1, N // 2)``).
+    """s: every s-th step run is a sample step (``spike_sample_every``; default ``max(1, N // 2)``).
 
+    A sample step whose update is skipped gives no sample: the samples measure applied
+    updates. Both backends count steps run, not accepted steps: JAX's host picks a sample
+    step's program without reading the device, which holds the count of accepted steps (a
+    read would sync every step; a sample branch inside every step costs every step).
     The default keeps the samples' cost near 1/64 of a sample step's on the default window
     (a sample step costs about one optimizer pass more; every 8 steps it made skipping cost
     1.20 of the guard on TensorFlow's benchmark MLP, 1.13 on JAX's). The S samples then
-    span S·s accepted steps (1,024 for the defaults), longer than the gradient norm's window:
+    span S·s steps (1,024 for the defaults), longer than the gradient norm's window:
     an update's ratio, angle and ``adam_rms`` drift slowly. A smaller s gives z-scores sooner
-    (after 2s accepted steps), against more recent samples, at more cost.
+    (after 2s steps), against more recent samples, at more cost.
 
     >>> [sample_every(SpikeRule(window=n)) for n in (128, 32, 3)]
     [64, 16, 1]
@@ -233,7 +237,7 @@ class SpikeSnapshot(typing.NamedTuple):
         tripped: Whether ``max_skips`` skips in a row have happened.
         weights: The weight paths of the tables' rows.
         adam_reason: Why ``adam_rms`` is absent (the optimizer keeps no second moment), or ``None``.
-        sample_every: s: one accepted step in s is sampled for the z-scores of `SAMPLED_VALUES`.
+        sample_every: s: one step run in s is sampled for the z-scores of `SAMPLED_VALUES`.
         sample_reason: Why those z-scores are absent where no samples are kept, or ``None``.
     """
 

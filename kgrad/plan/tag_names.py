@@ -116,7 +116,7 @@ PREFIXES = {
     "skip_z_grad_norm": "z-score of ‖dJ/dw‖ of weight `{name}` in a skipped step, against the "
                         "guard's window of accepted steps",
     **{f"skip_z_{value}": f"z-score of the {what} of weight `{{name}}` in a skipped step, against the "
-                          "samples of the applied update (one every spike_sample_every accepted steps)"
+                          "samples of the applied update (one every spike_sample_every steps)"
        for value, what in (("update_ratio", "‖Δw‖ / ‖w‖"), ("cos_grad_weight", "cos(dJ/dw, w)"),
                            ("adam_rms", "adam_rms"))},
 }

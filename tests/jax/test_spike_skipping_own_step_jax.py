@@ -25,6 +25,7 @@ from test_spike_skipping_own_step import (  # noqa: F401 (collected here, in the
     test_each_part_logs_its_own_rows,
     test_the_skipped_parts_values_equal_a_hand_reference,
     test_the_spiking_part_is_skipped_bit_for_bit_and_the_other_applied,
+    test_a_probed_step_judges_each_part_as_an_unprobed_one,
 )
 
 BATCH = 8  # tests/test_custom_train_step.py's

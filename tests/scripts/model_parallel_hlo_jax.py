@@ -101,7 +101,7 @@ def record_steps(log):
 
     def jit(fun, *args, **kwargs):
         jitted = real_jit(fun, *args, **kwargs)
-        if kwargs.get("donate_argnums") == 0:
+        if kwargs.get("donate_argnums") in (0, (0, 1)):  # a step: Keras', or the guard's (its spike buffers too)
             return _Recorded(jitted, getattr(fun, "__qualname__", type(fun).__name__), log)
         return jitted
 

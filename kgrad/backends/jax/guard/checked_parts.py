@@ -6,7 +6,8 @@ or Keras' own with its one part, with a `CheckedParts` active: each
 discriminator) is ``jax.value_and_grad`` (on a probed step, the probe's
 `PartCollection` call, which it wraps) and hands its loss and gradients to
 the guard: a clean step costs one sum of squares per tensor. Off probed steps
-Keras' step's update runs behind the check (`CheckedParts.behind_check`); a
+Keras' step's update runs behind the check (`CheckedParts.behind_check`; on
+probed ones with the spike rule too, by a select: `_probed_update`); a
 part of a model's own step is selected after the step (a later part sees the
 update as the step computed it), except for the spike rule, which decides
 each part inside its optimizer's update (`CheckedParts.judge_parts`). The
@@ -53,8 +54,7 @@ class CheckedParts:
         ignore_loss_scale_skips: A part whose loss a ``LossScaleOptimizer``
             scaled has only its loss checked: its overflowing gradients are how
             the scale is found (the optimizer skips those steps itself).
-        judges_spikes: The spike rule judges the parts: such a part's gradients are
-            still kept, as rows no check trips on (`kgrad.backends.jax.guard.overflow`).
+        judges_spikes: The spike rule judges the parts (a loss scaler's gradients: `overflow`).
 
     Attributes:
         names: Per part, ``"loss/<part>"`` and ``"weight_grad/<part>/<weight path>"`` per
@@ -80,8 +80,7 @@ class CheckedParts:
         self.part_judge = PartJudge(model)  # the own step's parts, see `judge_parts`
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
-        self._owned, self._owned_tensors = (), ()  # a loss scaler's rows and tensors (`overflow`)
-        self._update_scale = None  # 1 / Keras' step's loss scale
+        self._owned, self._update_scale = (), None  # a loss scaler's tensors (`overflow`); 1 / the last scale
 
     def __enter__(self):
         watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
@@ -160,7 +159,7 @@ class CheckedParts:
             name = role.name or owner.name
             scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name)
         checks_gradients = not (self._ignore_loss_scale_skips and skips_overflowed_steps(scaler))
-        owned = not checks_gradients and self._judges_spikes  # the spike rule's rows, never checked
+        owned = not checks_gradients and self._judges_spikes  # the spike rule's tensors, never checked
         if self._watch is not None:
             watch = WatchedPass(owner, self._watch, checks_gradients)
         if self._inner is not None:  # a probed step: the probe's pass checks the watched tensors too
@@ -172,18 +171,14 @@ class CheckedParts:
             gradients = as_returned(argnums, gradients)
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
-        if not role.update_behind_check:  # a part of a model's own step: judged where it is applied
-            checked = len(jax.tree_util.tree_leaves(gradients)) if checks_gradients or owned else 0
-            self.part_judge.add(part, len(self.tensors), checked, leaves, resolved.weights, resolved.paths,
-                                inverse_scale, owned)
-        else:
-            self._update_scale = inverse_scale
         kept = jax.tree_util.tree_leaves(gradients) if checks_gradients or owned else []
+        if not role.update_behind_check:  # a part of a model's own step: judged where it is applied
+            self.part_judge.add(part, len(self.tensors), len(kept), leaves, resolved.weights, resolved.paths,
+                                inverse_scale, owned)
         self._keep(part, role.logged_loss(result), result[0] if has_aux else result, kept, resolved.paths,
                    inverse_scale, watched)
-        if owned:  # its gradients are the last rows and tensors kept
-            self._owned += tuple(range(len(self.names) - len(kept), len(self.names)))
-            self._owned_tensors += tuple(range(len(self.tensors) - len(kept), len(self.tensors)))
+        self._update_scale = inverse_scale  # Keras' step's, for its update behind the check
+        self._owned += tuple(range(len(self.tensors) - len(kept), len(self.tensors))) if owned else ()
         return result, gradients
 
     def _keep(self, part, loss, value, gradients, paths, inverse_scale, watched):
@@ -210,7 +205,7 @@ class CheckedParts:
         """``(squares, counts)`` of every row of `names`, in order (the tensors behind one branch)."""
         if self._checked is not None and self._checked[0] == len(self._rows):
             return self._checked[1]
-        squares, counts = tensor_checks(self.tensors, self._owned_tensors)
+        squares, counts = tensor_checks(self.tensors, self._owned)
         pieces, start = [], 0
         for kind, item in self._rows:
             if kind == "rows":
@@ -233,8 +228,10 @@ class CheckedParts:
             if self.part_judge.judges(part):  # a part of a model's own step, judged by the spike rule
                 self._deciding = True
                 try:
-                    return self.part_judge.update(part, self.tensors, stateless_apply, optimizer_variables,
-                                                  grads, trainable_variables)
+                    probed_apply = self._probed_update(stateless_apply)
+                    return self.part_judge.update(part, self.tensors, probed_apply or stateless_apply,
+                                                  optimizer_variables, grads, trainable_variables,
+                                                  selected=probed_apply is not None)
                 finally:
                     self._deciding = False
             if self._behind_check is None or self._deciding or not self._update_behind_check:
@@ -259,19 +256,32 @@ class CheckedParts:
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
-            scale = self._update_scale
             skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes,
-                                           inverse_scale=scale)
-            sample = spike_rule.sample_measure(self._model, inverse_scale=scale) if sampling else None
+                                           inverse_scale=self._update_scale)
+            sample = None if not sampling else spike_rule.sample_measure(
+                self._model, inverse_scale=self._update_scale)
+        probed_apply = self._probed_update(stateless_apply)
         (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable_variables, compiled, skip_table,
-            sample=sample,
+            apply, probed_apply or stateless_apply, optimizer_variables, grads, trainable_variables,
+            compiled and probed_apply is None, skip_table, sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        overflowed = overflow.overflowed(squares, self._owned)
+        overflowed = overflow.overflowed(squares[len(squares) - (len(self.tensors) - 1):], self._owned)
         spiked = None if judged is None else (judged, table, sampled, overflowed)
         self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
+
+    def _probed_update(self, stateless_apply):
+        """On a probed step, ``stateless_apply`` noting its result for the probe, else ``None``.
+
+        The probe (which wraps this update) measures what the update computed:
+        the update then runs unconditionally and a select keeps the values of
+        before where it is skipped (as eagerly), not a ``lax.cond``, whose
+        skipped branch would not compute the optimizer's new moments. The probe
+        logs the weights the step kept (a skipped step's update ratio is 0, as
+        on TensorFlow) and the moments as computed (`PartCollection.computing`).
+        """
+        return None if self._inner is None else self._inner.computing(stateless_apply)
 
     def final_decision(self):
         """``(apply, ids of the values chosen, (judged, table, sample) or None)`` of the last update behind

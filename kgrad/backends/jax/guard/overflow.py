@@ -12,15 +12,16 @@ TensorFlow counterpart is `kgrad.backends.tensorflow.guard.overflow`.
 Example:
 
 >>> import jax.numpy as jnp
->>> bool(overflowed(jnp.array([1.0, jnp.inf]), [1])), overflowed(jnp.array([1.0]), ())
+>>> bool(overflowed(jnp.array([1.0, jnp.inf]), True)), overflowed(jnp.array([1.0]), False)
 (True, None)
 """
 
 import jax.numpy as jnp
 
 
-def overflowed(squares, owned):
-    """Whether a sum of squares of the ``owned`` rows is not finite (``None`` without such rows)."""
+def overflowed(gradient_squares, owned):
+    """Whether a loss scaler's gradients overflowed: a sum of squares of ``gradient_squares`` not
+    finite; ``None`` where the gradients are not ``owned`` (not a loss scaler's rows)."""
     if not owned:
         return None
-    return jnp.logical_not(jnp.all(jnp.isfinite(squares[jnp.asarray(list(owned))])))
+    return jnp.logical_not(jnp.all(jnp.isfinite(gradient_squares)))

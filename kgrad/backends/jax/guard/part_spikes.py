@@ -20,7 +20,7 @@ import functools
 
 import jax.numpy as jnp
 
-from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard import overflow, spikes as spike_rule
 
 
 class OwnStepPart:
@@ -91,11 +91,13 @@ class PartJudge:
         """Whether ``part`` (an `applied_part`) is judged: a part, and the spike rule on."""
         return part is not None and self._judging is not None
 
-    def update(self, part, tensors, stateless_apply, optimizer_variables, grads, trainable):
+    def update(self, part, tensors, stateless_apply, optimizer_variables, grads, trainable, selected=False):
         """``stateless_apply``'s ``(trainable, optimizer variables)``, or those given if ``part`` spikes.
 
         ``tensors``: `CheckedParts.tensors` (the part's loss and gradients among
         them); ``stateless_apply``: the optimizer's own, and its arguments.
+        ``selected``: the update runs and a select chooses, no ``lax.cond`` (a
+        probed step, whose probe measures the update as computed).
         """
         records, halt_updates, rule, compiled, sampling = self._judging
         spikes = records[part.number]
@@ -114,10 +116,11 @@ class PartJudge:
             self._model, part.optimizer, part.weights, part.inverse_scale
         )
         values, table, sampled = spike_rule.update_unless_skipped(
-            apply, stateless_apply, optimizer_variables, grads, trainable, compiled, skip_table, part.checked,
+            apply, stateless_apply, optimizer_variables, grads, trainable, compiled and not selected,
+            skip_table, part.checked,
             sample=measure,
         )
-        overflowed = jnp.logical_not(jnp.all(jnp.isfinite(squares))) if part.owned else None
+        overflowed = overflow.overflowed(squares, part.owned)
         self._decisions[part.number] = (judged, table, sampled, overflowed, apply)
         return values
 

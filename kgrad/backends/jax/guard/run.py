@@ -1,15 +1,15 @@
 """The guard of one JAX ``fit``, host side: its record, the kept batches, and the train function.
 
-`GuardRun` runs the guarded steps, keeps
-their `GuardRecord` (device arrays, passed from step to step, never read on
-a clean step: only the trip flag is, after each execution, as TensorFlow's
-guard reads it with the logs) and a reference to the batches of the latest
-execution (no copy), so that a trip can be replayed on its own batch. It is
-what `kgrad.NonFiniteGuard` asks (`kgrad.backends.interface.TrainingStep`,
-`GuardCheck`). Every guarded step, Keras' own or a model's own, probed or
-not, runs with a `kgrad.backends.jax.guard.checked_parts.CheckedParts`
-active, and the state of before is kept when a part was not finite.
+`GuardRun` runs the guarded steps, keeps their `GuardRecord` (device arrays, passed from step to
+step, never read on a clean step: only the trip flag is, after each execution, as TensorFlow's
+guard reads it with the logs) and a reference to the batches of the latest execution (no copy),
+so that a trip can be replayed on its own batch. It is what `kgrad.NonFiniteGuard` asks
+(`kgrad.backends.interface.TrainingStep`, `GuardCheck`). Every guarded step, Keras' own or a
+model's own, probed or not, runs with a `kgrad.backends.jax.guard.checked_parts.CheckedParts`
+active, and the state of before is kept when a part was not finite or (``skip_spikes``) spiked.
 """
+
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,8 @@ from kgrad.backends.common.own_step import has_own_train_step
 from kgrad.backends.jax.guard import part_spikes
 from kgrad.backends.jax.guard import spikes as spike_rule
 from kgrad.backends.jax.guard.checked_parts import CheckedParts
+from kgrad.backends.jax.guard.donated import donating
+from kgrad.backends.jax.guard.kept_batches import KeptBatches
 from kgrad.backends.jax.guard.sentinel import (
     dropped_after_trip, initial_record, may_apply, next_record, select_state,
 )
@@ -52,14 +54,14 @@ class GuardRun:
         self._part_spikes = config.spikes if own else None
         self._parts = ()  # the own step's parts' (name, weight paths, optimizer), once traced
         self._jit = step_jit(model)
+        self._lock = threading.Lock()  # a step's dispatch, or a host read of the record (`donating`)
         # The rows' names are known once the step is traced (a shape-only pass, `_discover`).
         self.names, self._weight_names = None, ()
-        self._plain = self._jit(self._guarded(self._step, behind_check=True), outputs=4)
-        # Every s-th step run measures its update for the spike rule's samples: a step of its own,
-        # as a branch in every step would cost every step (`spike_samples`).
+        self._plain = donating(self._jit, self._guarded(self._step, behind_check=True))
+        # Every s-th step run measures its update for the samples: a step of its own (`_is_sample_step`).
         self._sample_every = None if config.spikes is None else sample_every(config.spikes)
-        self._sampled = self._jit(self._guarded(self._step, behind_check=True, sampling=True), outputs=4)
-        self._probed = {}  # id(probed step) -> (probed step, its guarded step)
+        self._sampled = donating(self._jit, self._guarded(self._step, behind_check=True, sampling=True))
+        self._probed = {}  # (id(probed step), sampling) -> (probed step, its guarded step)
         self.train_function = TrainFunction(self.model, None, self.keras_train_function)
         self.train_function.guard = self
         self.latest_record = None
@@ -80,9 +82,9 @@ class GuardRun:
         """``(state, record, data) -> (logs, state, probe records, record)`` of ``step``, guarded.
 
         ``behind_check``: Keras' step's update runs behind the check
-        (`CheckedParts.behind_check`); not on a probed step, whose update
-        ratios are of the update as computed. ``sampling``: a sample step of the
-        spike rule (its update measured, `spike_samples`).
+        (`CheckedParts.behind_check`); a probed one only with the spike rule,
+        and by a select (`CheckedParts._probed_update`). ``sampling``: a
+        sample step of the spike rule (its update measured, `spike_samples`).
         """
         halt_updates = self.config.halt_updates
         compiled = self.model.jit_compile and not self.model.run_eagerly
@@ -138,11 +140,22 @@ class GuardRun:
         """One guarded step: ``(logs, state)``."""
         if self.names is None:
             self._discover(state, data)
-        sampled = self._sample_every is not None and self._runs % self._sample_every == 0
-        self._runs += 1
-        logs, state, _, self.record = (self._sampled if sampled else self._plain)(state, self.record, data)
+        step = self._sampled if self._is_sample_step() else self._plain
+        with self._lock:  # the record's buffers are donated: never while a host read holds them
+            logs, state, _, self.record = step(state, self.record, data)
         self._keep(data)
         return logs, state
+
+    def _is_sample_step(self):
+        """Whether the step about to run, plain or probed, is a sample step: every s-th step run.
+
+        By steps run on both backends (TensorFlow's `SpikeState.applied_update`): the host picks
+        the program without reading the device, which holds the count of accepted steps (a branch
+        in the one step instead costs every step, `spike_samples`). A skipped sample step gives none.
+        """
+        sampled = self._sample_every is not None and self._runs % self._sample_every == 0
+        self._runs += 1
+        return sampled
 
     def _initial_record(self):
         record = initial_record(len(self.names))
@@ -162,59 +175,42 @@ class GuardRun:
         if self._spikes is None or self.record is None:
             return None
         weights = tuple(name.partition("/")[2] for name in self._weight_names)
-        return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1],
-                                    self._sample_every)
+        with self._lock:
+            return self._reads.snapshot(None, self.record.spikes, weights, moment_rule(optimizer)[1],
+                                        self._sample_every)
 
     def read_part_spikes(self, number):
         """Host side: the `SpikeSnapshot` of part ``number`` of a model's own step."""
         if self.record is None:
             return None
         _, paths, optimizer = self._parts[number]
-        return self._reads.snapshot(
-            number, self.record.spikes[number], paths, moment_rule(optimizer)[1], self._sample_every
-        )
+        with self._lock:
+            return self._reads.snapshot(
+                number, self.record.spikes[number], paths, moment_rule(optimizer)[1], self._sample_every
+            )
 
     def run_probed(self, probed_step, state, data):
-        """One guarded probed step: ``(logs, state, {run: probe record})``."""
-        if self.config.spikes is not None:
-            raise ValueError(
-                "kgrad.NonFiniteGuard(skip_spikes=True) beside a kgrad.GradientProbe is not supported "
-                "on JAX yet: the probed steps would not be judged. Use one of the two, or the "
-                "TensorFlow backend."
-            )
+        """One guarded probed step, judged as a plain one: ``(logs, state, {run: probe record})``."""
         if self.names is None:
             self._discover(state, data)
-        kept = self._probed.get(id(probed_step))
-        if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once
-            step = self._jit(self._guarded(probed_step), outputs=4)
-            kept = self._probed[id(probed_step)] = (probed_step, step)
-        logs, state, probe_records, self.record = kept[1](state, self.record, data)
+        sampling = self._is_sample_step()
+        key = (id(probed_step), sampling)
+        kept = self._probed.get(key)
+        if kept is None or kept[0] is not probed_step:  # the guarded probed step, jitted once (each kind)
+            guarded = self._guarded(probed_step, behind_check=self._spikes is not None, sampling=sampling)
+            kept = self._probed[key] = (probed_step, donating(self._jit, guarded))
+        with self._lock:
+            logs, state, probe_records, self.record = kept[1](state, self.record, data)
         self._keep(data)
         return logs, state, probe_records
 
     def _keep(self, data):
-        """Keeps a reference to the step's batch (no copy) until the device says the step was clean.
-
-        Keras' JAX loop dispatches steps ahead of the device, and the guard
-        reads its flag in another thread (`async_safe`), possibly several
-        executions later: a batch is let go once its step's flag is computed
-        (``is_ready``, which does not wait) and clear, so the batch of a trip
-        is still here whenever it is read.
-        """
+        """Keeps the step's batch (`KeptBatches`: a trip's stays) and its flags, read without waiting."""
         self.guard_tripped = self.record.tripped
         self.skip_count = spike_rule.skip_counts(self.record.spikes, per_part=self._part_spikes is not None)
-        self._batches[self._batch] = (data, self.record.tripped)
-        self._batch += 1
-        # Oldest first, at most two flags read per step (a scalar each, already computed).
-        for batch in list(self._batches)[:2]:
-            tripped = self._batches[batch][1]
-            if batch >= self._batch - self.model.steps_per_execution or not tripped.is_ready():
-                break
-            if bool(tripped):  # the trip's batch (or one after it): kept
-                if self.config.halt_updates:  # later steps change nothing: stop as soon as seen
-                    self.model.stop_training = True
-                break
-            del self._batches[batch]
+        seen_trip = self._batches.keep(data, self.record.tripped, self.model.steps_per_execution)
+        if seen_trip and self.config.halt_updates:  # later steps change nothing: stop as soon as seen
+            self.model.stop_training = True
 
     # -- what the guard callback asks ---------------------------------------------------
 
@@ -222,14 +218,13 @@ class GuardRun:
         if self.names is not None:  # (not traced yet: the record starts with the first step)
             # Written, not read: the device's batch count restarts without a sync.
             self.record = self.record._replace(batch=jnp.asarray(0, jnp.int32))
-        self._batch, self._batches = 0, {}
+        self._batches.restart()
 
     def steps_run(self):
         return int(self.model.optimizer.iterations.numpy())
 
     def pipelines(self):
-        # The last finite probed step's summaries are read on TensorFlow only.
-        return {}
+        return {}  # the last finite probed step's summaries are read on TensorFlow only
 
     def guard_states(self):
         """``{None: self}``, and with a model's own step's parts judged for spikes, one `PartSpikes` each."""
@@ -242,7 +237,7 @@ class GuardRun:
         """``(data, None, batch index)`` of the tripped step (its random draws are in the kept state)."""
         batch = int(self.record.trip_batch)
         kept = self._batches.get(batch)
-        return None if kept is None else (kept[0], None, batch)
+        return None if kept is None else (kept, None, batch)
 
     def batch_not_kept(self):
         return "the batch of the tripped step was not kept"
@@ -251,11 +246,10 @@ class GuardRun:
     def reports_at_epoch_end(self):
         """Whether the guard reports a trip at the end of its epoch (on the main thread).
 
-        With ``action`` "stop" or "raise" every step after a trip keeps the
-        state of before it, so the report can wait for the epoch's end, where
-        Keras has put the trainer's state back into the model: the batch ends
-        only read the flag and may run asynchronously. ``"warn"`` replays
-        each trip while training goes on: its batch ends run in order.
+        With ``action`` "stop" or "raise" every step after a trip keeps the state of before it, so
+        the report can wait for the epoch's end, where Keras has put the trainer's state back into
+        the model: the batch ends only read the flag and may run asynchronously. ``"warn"``
+        replays each trip while training goes on: its batch ends run in order.
         """
         return self.config.halt_updates
 
@@ -263,7 +257,8 @@ class GuardRun:
 
     def read_report(self, last_summaries_for):
         """Host side: the `NonFiniteReport` of a tripped guard, or ``None`` (reads the record)."""
-        record = jax.device_get(self.record)
+        with self._lock:
+            record = jax.device_get(self.record)
         if not bool(record.tripped):
             return None
         squares = record.last_finite_squares
@@ -279,17 +274,17 @@ class GuardRun:
         if everything:
             self.record = None if self.names is None else self._initial_record()
             self._reads = spike_rule.SpikeReads()
-            self._runs = 0  # plain steps run: every `_sample_every`-th is a sample step
-            self._batch = 0
-            self._batches = {}
+            self._runs = 0  # steps run, plain and probed: every `_sample_every`-th is a sample step
+            self._batches = KeptBatches()
         else:
-            spikes = self.record.spikes
-            if self._part_spikes is not None:  # a streak that was reported: every part judged afresh
-                spikes = tuple(part_spikes.rearmed(part) for part in spikes)
-            elif spikes is not None:
-                spikes = part_spikes.rearmed(spikes)
-            self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
-            self._batches = {}  # what follows the trip is kept afresh
+            with self._lock:  # (its float buffers are the next step's to donate)
+                spikes = self.record.spikes
+                if self._part_spikes is not None:  # a streak that was reported: every part judged afresh
+                    spikes = tuple(part_spikes.rearmed(part) for part in spikes)
+                elif spikes is not None:
+                    spikes = part_spikes.rearmed(spikes)
+                self.record = self.record._replace(tripped=jnp.asarray(False), spikes=spikes)
+            self._batches.restart()  # what follows the trip is kept afresh
         self.guard_tripped = self.skip_count = None
 
 

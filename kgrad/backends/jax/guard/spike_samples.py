@@ -2,7 +2,7 @@
 
 The JAX counterpart of `kgrad.backends.tensorflow.guard.spike_samples`: a
 skipped step's update ratio, cos(g, w) and ``adam_rms`` are scored against
-samples of the update actually applied, one every ``s`` accepted steps
+samples of the update actually applied, one every ``s`` steps run
 (`kgrad.plan.spike_rule.sample_every`), ``S`` per weight
 (`kgrad.plan.spike_rule.sample_slots`), kept in the `SpikeRecord`'s
 ``samples``. The host runs every ``s``-th step as a sample step: a second
@@ -62,8 +62,8 @@ def update_values(gradients, old, new, rms):
 def with_sample(record, taken, sampled):
     """The record with ``sampled`` (``[weights, 3]``) kept as its next sample where ``taken``."""
     slot = record.sample_count % record.samples.shape[0]
+    record = record.with_row("samples", slot, jnp.where(taken, sampled, record.samples[slot]))
     return record._replace(
-        samples=record.samples.at[slot].set(jnp.where(taken, sampled, record.samples[slot])),
         sample_count=record.sample_count + taken.astype(jnp.int32),
     )
 

@@ -24,47 +24,25 @@ Example:
 True
 """
 
-import typing
-
 import jax
 import jax.numpy as jnp
 
 from kgrad.backends.jax.guard.sentinel import select_leaves
 from kgrad.backends.jax.guard import spike_samples
+from kgrad.backends.jax.guard.spike_record import SpikeRecord
 from kgrad.plan.spike_rule import (
     MIN_LOG_SIGMA, ROW_COLUMNS, SAMPLED_VALUES, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot, sample_slots,
 )
 
 
-class SpikeRecord(typing.NamedTuple):
-    """The spike rule's device arrays (`kgrad.backends.tensorflow.guard.spikes.SpikeState`'s variables)."""
-
-    window: jax.Array
-    accepted: jax.Array
-    streak: jax.Array
-    tripped: jax.Array
-    news: jax.Array
-    rows: jax.Array
-    row_count: jax.Array
-    skip_values: jax.Array
-    skip_steps: jax.Array
-    skip_count: jax.Array
-    samples: jax.Array
-    sample_count: jax.Array
-
-
 def initial_record(rule, weights):
     """The `SpikeRecord` before any step, for ``weights`` checked weight gradients."""
-    zero = jnp.asarray(0, jnp.int32)
-    return SpikeRecord(
-        window=jnp.zeros((rule.window, 2 + weights), jnp.float32), accepted=zero, streak=zero,
-        tripped=jnp.asarray(False), news=jnp.asarray(False),
-        rows=jnp.zeros((rule.row_capacity, len(ROW_COLUMNS)), jnp.float32), row_count=zero,
-        skip_values=jnp.zeros((SKIP_SLOTS, max(weights, 1), len(SKIP_COLUMNS)), jnp.float32),
-        skip_steps=jnp.full((SKIP_SLOTS,), -1, jnp.int32), skip_count=zero,
-        samples=jnp.zeros((sample_slots(rule), max(weights, 1), len(SAMPLED_VALUES)), jnp.float32),
-        sample_count=zero,
-    )
+    rows = max(weights, 1)
+    return SpikeRecord.zeros({
+        "window": (rule.window, 2 + weights), "rows": (rule.row_capacity, len(ROW_COLUMNS)),
+        "skip_values": (SKIP_SLOTS, rows, len(SKIP_COLUMNS)),
+        "samples": (sample_slots(rule), rows, len(SAMPLED_VALUES)),
+    }, skip_slots=SKIP_SLOTS)
 
 
 def judge(record, rule, loss, weight_squares):
@@ -106,24 +84,25 @@ def after_step(record, rule, judged, accepted, overflowed=None):
     if overflowed is not None:
         accepted = accepted & jnp.logical_not(overflowed)
     slot = record.accepted % rule.window
-    window = record.window.at[slot].set(jnp.where(accepted, values, record.window[slot]))
     streak = jnp.where(spike, record.streak + 1, jnp.where(accepted, 0, record.streak))
     row = jnp.stack([
         record.row_count.astype(jnp.float32), 1.0 - row_accepted.astype(jnp.float32), score,
         mean[0], std[0], mean[1], std[1],
     ])
+    record = record.with_row("window", slot, jnp.where(accepted, values, record.window[slot]))
+    record = record.with_row("rows", record.row_count, row)
     return record._replace(
-        window=window, accepted=record.accepted + accepted.astype(jnp.int32), streak=streak,
+        accepted=record.accepted + accepted.astype(jnp.int32), streak=streak,
         tripped=record.tripped | (streak >= rule.max_skips), news=record.news | spike,
-        rows=record.rows.at[record.row_count % rule.row_capacity].set(row), row_count=record.row_count + 1,
+        row_count=record.row_count + 1,
     )
 
 
 def with_skip(record, spike, table):
     """The record with ``table`` kept as the skip of the step of the next row where ``spike``."""
     slot = record.skip_count % SKIP_SLOTS
+    record = record.with_row("skip_values", slot, jnp.where(spike, table, record.skip_values[slot]))
     return record._replace(
-        skip_values=record.skip_values.at[slot].set(jnp.where(spike, table, record.skip_values[slot])),
         skip_steps=record.skip_steps.at[slot].set(
             jnp.where(spike, record.row_count, record.skip_steps[slot])
         ),

@@ -24,7 +24,8 @@ from kgrad.backends.jax.keras_internals import state_shardings
 
 
 def step_jit(model):
-    """``jit(step, outputs)``: ``step`` (state in first, out second of ``outputs``) jitted as Keras jits.
+    """``jit(step, outputs, donate_argnums=0)``: ``step`` (state in first, out second of ``outputs``)
+    jitted as Keras jits (the state donated; ``donate_argnums``: more).
 
     ``jit`` returns ``step`` itself when the model's steps do not run jitted.
     Made before ``fit`` runs: Keras' loop takes the variables' values out of
@@ -33,10 +34,10 @@ def step_jit(model):
     compiled = model.jit_compile and not model.run_eagerly
     state = (None, state_shardings(model))
 
-    def jit(step, outputs):
+    def jit(step, outputs, donate_argnums=0):
         if not compiled:
             return step
-        return jax.jit(step, donate_argnums=0, out_shardings=state + (None,) * (outputs - 2))
+        return jax.jit(step, donate_argnums=donate_argnums, out_shardings=state + (None,) * (outputs - 2))
 
     return jit
 

@@ -47,6 +47,8 @@ class PartCollection:
         self._pending = []  # (part, {id(weight value): index}, weight values, gradients) not applied yet
         self._records = {}  # part name -> (step, scalars, histograms)
         self._optimizers = candidate_optimizers(model)
+        self._computed = None  # the optimizer variables of the latest update as computed (`computing`)
+        self._applying = False  # inside a watched update
 
     def __enter__(self):
         watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
@@ -111,9 +113,18 @@ class PartCollection:
         iterations, accumulation = keras_internals.iterations_position(optimizer)
 
         def watched_stateless_apply(optimizer_variables, grads, trainable_variables):
-            new_trainable, new_optimizer_variables = stateless_apply(
-                optimizer_variables, grads, trainable_variables
-            )
+            if self._applying:  # inside an update (a guard measuring a skipped one): not the step's
+                return stateless_apply(optimizer_variables, grads, trainable_variables)
+            self._applying, self._computed = True, None
+            try:
+                new_trainable, new_optimizer_variables = stateless_apply(
+                    optimizer_variables, grads, trainable_variables
+                )
+            finally:
+                self._applying = False
+            # The optimizer's values are of the update as computed, also where a guard kept it out.
+            computed = new_optimizer_variables if self._computed is None else self._computed
+            self._computed = None
             applied = {id(value): k for k, value in enumerate(trainable_variables)}
             clipped = None
             if "optimizer" in self._config.instruments:
@@ -130,11 +141,11 @@ class PartCollection:
                     positions = [applied[id(value)] for value in before]
                     after = [new_trainable[k] for k in positions]
                     as_applied = None if clipped is None else [clipped[k] for k in positions]
-                    part.add_weights(before, gradients, after, optimizer, new_optimizer_variables, as_applied)
+                    part.add_weights(before, gradients, after, optimizer, computed, as_applied)
                     rows = part.rows
                     if skips_overflowed_steps(optimizer):
                         # Its scale was too large (not an explosion) when it did not advance its iterations.
-                        skipped = new_optimizer_variables[iterations] == optimizer_variables[iterations]
+                        skipped = computed[iterations] == optimizer_variables[iterations]
                         rows.add_scalar("global/loss_scale_skipped", skipped)
                     self._records[part.name] = (
                         optimizer_variables[iterations] // accumulation,  # Keras' `iterations`
@@ -144,6 +155,23 @@ class PartCollection:
             return new_trainable, new_optimizer_variables
 
         return watched_stateless_apply
+
+    def computing(self, stateless_apply):
+        """``stateless_apply``, its optimizer variables noted for the probe (a guard that may keep them out).
+
+        A guard that skips a spiking update returns the weights and optimizer
+        variables of before: the probe then logs the weights the step kept
+        (an update ratio of 0, as TensorFlow's probe logs a skipped step, whose
+        weights did not move), but the optimizer's values (``adam_rms``, ...)
+        of the moments the update computed, as TensorFlow computes them before
+        the update, not those of the step before.
+        """
+
+        def noted(optimizer_variables, grads, trainable_variables):
+            new_trainable, self._computed = stateless_apply(optimizer_variables, grads, trainable_variables)
+            return new_trainable, self._computed
+
+        return noted
 
     def records(self):
         """``{part name: (step, scalars, histograms)}`` of the parts whose weights were applied."""

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard import replicated, watched as guard_module
-from kgrad.backends.tensorflow.guard.spikes import own_step_update
+from kgrad.backends.tensorflow.guard.tape_update import own_step_update
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
 from kgrad.backends.tensorflow.summarize.loss_scale import inverse_loss_scale, scales_loss

@@ -149,11 +149,10 @@ class GuardState:
         may_apply = tf.cond(clean, lambda: tf.constant(True), not_clean)
         if self.spikes is not None:
             self.spikes.optimizer = spike_update[0]  # the part's own, for what the host says of Adam
-            judged = self._judge_spike(loss, unscale(half_squares), inverse_scale)  # no spike if overflowed
+            may_apply, judged, before = self._decide_spike(
+                loss, unscale(half_squares), inverse_scale, may_apply, halt_updates, overflowed
+            )
             spike = judged[1]
-            may_apply = tf.logical_and(may_apply, tf.logical_not(spike))
-            if halt_updates:
-                may_apply = tf.logical_and(may_apply, tf.logical_not(self.spikes.tripped))
         # Every applied step is a finite one (an overflowed sum is kept as
         # Inf, which the host reports as unknown).
         self.last_finite_half_squares.assign(
@@ -166,11 +165,11 @@ class GuardState:
         def update():
             if self.spikes is None:
                 apply()
-            else:  # sampled every few accepted steps, for the z-scores of a later skip
+            else:  # sampled every few steps run, for the z-scores of a later skip
                 optimizer, _, measured = spike_update[:3]
                 # Under several replicas (an update of every replica given): the cross-replica context.
-                self.spikes.applied_update(apply, optimizer, measured, inline=len(spike_update) > 3,
-                                           overflowed=overflowed, inverse_scale=inverse_scale)
+                self.spikes.applied_update(before[1], apply, optimizer, measured, len(spike_update) > 3,
+                                           overflowed, inverse_scale)
             return tf.no_op()
 
         def skipped():
@@ -178,10 +177,10 @@ class GuardState:
                 on_skip()
             if self.spikes is not None:
                 def record_skip():
-                    self.spikes.record_skip(judged, *spike_update, inverse_scale=inverse_scale)
+                    self.spikes.record_skip(judged, before[1], *spike_update, inverse_scale=inverse_scale)
                     return tf.no_op()
 
-                tf.cond(tf.logical_and(spike, tf.logical_not(self.spikes.tripped)), record_skip, tf.no_op)
+                tf.cond(tf.logical_and(spike, tf.logical_not(before[2])), record_skip, tf.no_op)
             return tf.no_op()
 
         # A branch of its own: the update is traced once (a large model's
@@ -189,17 +188,17 @@ class GuardState:
         # branches cost the MobileNet ~170 MB of peak memory).
         tf.cond(may_apply, update, skipped)
         self.applied = may_apply  # the step's decision, for the metrics (`metrics_before_step`)
-        if self.spikes is not None:
-            self.spikes.after_step(*judged, accepted=may_apply, overflowed=overflowed)
         return may_apply
 
-    def _judge_spike(self, loss, every_step_half_squares, inverse_scale):
-        """`SpikeState.judge` of the step, from the loss and the weight gradients' sums of squares."""
+    def _decide_spike(self, loss, every_step_half_squares, inverse_scale, may_apply, halt_updates,
+                      overflowed=None):
+        """`SpikeState.decide` of the step, from the loss and the weight gradients' sums of squares."""
         squares = 2.0 * self._spread(every_step_half_squares)
         loss = tf.cast(loss, tf.float32)
         if inverse_scale is not None:
             loss = loss * tf.cast(inverse_scale, tf.float32)
-        return self.spikes.judge(loss, tf.gather(squares, self._weight_rows))
+        weight_squares = tf.gather(squares, self._weight_rows)
+        return self.spikes.decide(loss, weight_squares, may_apply, halt_updates, overflowed)
 
     def _unscale_half_squares(self, inverse_scale):
         """``fn(half squares of the every-step tensors) -> those of the unscaled loss's tensors``."""

@@ -3,8 +3,8 @@
 A skipped step's gradient norm is scored against the spike window, which
 keeps every accepted step's gradient norms (the guard sums their squares
 every step anyway). Its update ratio, cos(g, w) and ``adam_rms`` need a pass
-over every parameter, so they are measured on one accepted step in
-``s`` only (`kgrad.plan.spike_rule.sample_every`) and kept in a window of
+over every parameter, so they are measured on one step run in ``s`` only,
+where its update is applied (`kgrad.plan.spike_rule.sample_every`), and kept in a window of
 ``S`` samples per weight (`kgrad.plan.spike_rule.sample_slots`): the same
 values as a skip's table, of the update actually applied.
 
@@ -21,7 +21,7 @@ more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken after
 
 Example (graph code, in the branch that applies the update)::
 
-    samples.sampled_update(accepted, apply, optimizer, measured)
+    samples.sampled_update(steps_run, apply, optimizer, measured)
 """
 
 import tensorflow as tf
@@ -83,22 +83,21 @@ class SampleWindow:
         )
         self.count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_sample_count")
 
-    def sampled_update(self, accepted, apply, optimizer, measured, inline=False, overflowed=None,
+    def sampled_update(self, steps_run, apply, optimizer, measured, inline=False, overflowed=None,
                        inverse_scale=None):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` accepted
-        steps.
+        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` steps run.
 
         Args:
-            accepted: Accepted steps before this one (the step is the sample where a multiple of ``every``).
+            steps_run: Steps run before this one (the step is the sample where a multiple of ``every``).
             apply: Runs the step's own update, unchanged.
             optimizer: The update's optimizer (for ``adam_rms``).
             measured: ``[(gradient, weight)]`` of the checked weight gradients.
             inline: Under several replicas (the cross-replica context): no nested function.
-            overflowed: Whether the loss scaler skips this update itself (then not a sample), or ``None``.
+            overflowed: Whether the loss scaler skips this update itself (then no sample), or ``None``.
             inverse_scale: 1 / the loss scale of ``measured``'s gradients, or ``None``.
         """
-        sample = tf.equal(accepted % self.every, 0)
-        if overflowed is not None:  # the next accepted step is the sample
+        sample = tf.equal(steps_run % self.every, 0)
+        if overflowed is not None:  # no update to measure: the next sample step is s steps on
             sample = tf.logical_and(sample, tf.logical_not(overflowed))
         weights = [weight for _, weight in measured]
 

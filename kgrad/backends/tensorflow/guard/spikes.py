@@ -22,6 +22,7 @@ from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, unscaled, update_values
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
@@ -54,15 +55,51 @@ class SpikeState:
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
-    def applied_update(self, apply, optimizer, measured, inline=False, overflowed=None, inverse_scale=None):
+    def applied_update(self, step, apply, optimizer, measured, inline=False, overflowed=None,
+                       inverse_scale=None):
         """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
 
-        ``overflowed``: the loss scaler skips this update itself (not sampled); ``inverse_scale``:
-        1 / the loss scale of ``measured``'s gradients (``None``: not scaled).
+        ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
+        as on JAX, whose host picks a sample step without reading the device
+        (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`); the rest `SampleWindow.sampled_update`'s.
         """
-        self.samples.sampled_update(
-            self.accepted, apply, optimizer, measured, inline, overflowed, inverse_scale
-        )
+        self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
+
+    def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
+        """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
+
+        `judge`, the decision, then `after_step`, as one call compiled by XLA
+        (where the step is not compiled already and no strategy spreads the
+        variables). Without XLA the rule is some 150 small ops, and
+        TensorFlow's executor hands many of them to its other threads: on the
+        benchmark MLP (2 cores) they cost 0.10 of the guard's step, against
+        0.006 with one inter-op thread; one compiled call is one op.
+
+        Args:
+            loss, weight_squares: As `judge`'s.
+            may_apply: Whether the guard's check lets the update run.
+            halt_updates: A trip of the rule (``max_skips``) stops later updates too.
+            overflowed: A loss scaler's gradients overflowed (`after_step`), or ``None``.
+
+        Returns:
+            ``apply``: the update runs (``may_apply`` and no spike); ``judged``:
+            what `judge` returned; ``before``: `accepted`, `row_count` and
+            `tripped` as they were before the step (the step's sample schedule,
+            its row, and whether its skip is kept).
+        """
+        def rule(loss, weight_squares, may_apply, overflowed):
+            before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
+            judged = self.judge(loss, weight_squares)
+            apply = tf.logical_and(may_apply, tf.logical_not(judged[1]))
+            if halt_updates:
+                apply = tf.logical_and(apply, tf.logical_not(before[2]))
+            self.after_step(*judged, accepted=apply, overflowed=overflowed)
+            return apply, judged, before
+
+        if in_xla() or tf.distribute.has_strategy():
+            return rule(loss, weight_squares, may_apply, overflowed)
+        compiled = tf.function(rule, jit_compile=True, autograph=False)
+        return compiled(tf.cast(loss, tf.float32), weight_squares, may_apply, overflowed)
 
     def judge(self, loss, weight_squares):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
@@ -110,10 +147,10 @@ class SpikeState:
 
         No branch: a clean step writes one window row (unchanged unless
         ``accepted``), the streak and one row of per-step values.
-        A step whose scaled gradients ``overflowed`` (the loss scaler skipped it) is not
-        accepted: out of the window, the streak as it was, not skipped in its row.
+        A step whose gradients ``overflowed`` (a loss scaler's: `overflow`) is out of the window
+        and the streak.
         """
-        row_accepted = accepted
+        row_accepted = accepted  # the row's `skipped`: whether the guard let the update run
         if overflowed is not None:
             accepted = tf.logical_and(accepted, tf.logical_not(overflowed))
         slot = self.accepted % self.rule.window
@@ -131,7 +168,7 @@ class SpikeState:
         scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, optimizer, applied, measured, apply_update=None, inverse_scale=None):
+    def record_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
 
         Under several replicas (``apply_update`` given, the cross-replica
@@ -144,17 +181,17 @@ class SpikeState:
         1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
         """
         if apply_update is not None:
-            self.measure_skip(judged, optimizer, applied, measured, apply_update, inverse_scale)
+            self.measure_skip(judged, row, optimizer, applied, measured, apply_update, inverse_scale)
             return
 
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
         def measure():
-            self.measure_skip(judged, optimizer, applied, measured, inverse_scale=inverse_scale)
+            self.measure_skip(judged, row, optimizer, applied, measured, inverse_scale=inverse_scale)
             return tf.constant(0)
 
         measure()
 
-    def measure_skip(self, judged, optimizer, applied, measured, apply_update=None, inverse_scale=None):
+    def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -163,13 +200,13 @@ class SpikeState:
 
         Args:
             judged: What `judge` returned: the per-weight norms, the window's means and σ from column 2.
+            row: The step's row (`decide`'s ``before``).
             optimizer: ``model.optimizer``.
             applied: ``[(gradient, weight)]``: the whole update, as the step applies it.
             measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
             apply_update: What applies ``applied`` (``None``: ``optimizer.apply_gradients``);
                 under several replicas, on every replica (`kgrad.backends.tensorflow.guard.replicated`).
-            inverse_scale: 1 / the loss scale of the gradients (``None``: not scaled). ``applied`` stays
-                scaled (the ``LossScaleOptimizer`` divides it out); ``measured`` is measured unscaled.
+            inverse_scale: 1 / the loss scale of ``measured`` (``None``: not scaled), measured unscaled.
         """
         measured = unscaled(measured, inverse_scale)
         weights = [weight for _, weight in applied]
@@ -200,7 +237,7 @@ class SpikeState:
         ], axis=1)
         slot = self.skip_count % SKIP_SLOTS
         scatter_nd_update(self.skip_values, [[slot]], [table])
-        scatter_nd_update(self.skip_steps, [[slot]], [self.row_count.read_value()])
+        scatter_nd_update(self.skip_steps, [[slot]], [row])
         self.skip_count.assign_add(1)
 
     def _adam_rms(self, optimizer, measured):
@@ -244,27 +281,3 @@ class SpikeState:
             self.row_count.assign(0)
             self.skip_count.assign(0)
             self.samples.count.assign(0)
-
-
-def own_step_update(name, optimizer, grads, variables, measured):
-    """`record_skip`'s ``(optimizer, the update's pairs, the checked pairs)`` of a `kgrad.ProbeTape`'s update.
-
-    ``measured``: the tape's ``(gradient, weight)`` pairs in its rows' order
-    (the weight gradients last to first, `kgrad.backends.tensorflow.guard.watched.watched_tensors`).
-
-    Raises:
-        ValueError: When this optimizer does not update every weight the tape
-            differentiated: the spike rule judges the tape's gradients as one step.
-    """
-    applied = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    updated = {id(v) for _, v in applied}
-    missing = [w.path for _, w in measured if id(w) not in updated]
-    if missing:
-        raise ValueError(
-            f"kgrad.NonFiniteGuard(skip_spikes=True): ProbeTape {name!r} differentiated weights that "
-            f"its optimizer's update does not include ({', '.join(missing)}), so a spiking step of "
-            "the tape cannot be skipped as one update. Received: an update of "
-            f"{len(applied)} weights. Apply each tape's gradients in one optimizer call, or pass "
-            "skip_spikes=False."
-        )
-    return optimizer, applied, measured
