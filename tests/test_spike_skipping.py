@@ -46,7 +46,8 @@ class _States(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if keras.backend.backend() == "jax":
             self.model.jax_state_sync()  # the step's state onto the variables, as a checkpoint does
-        optimizer, layer = self.model.optimizer, self.model.get_layer("out")
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)  # loss scaling's
+        layer = self.model.get_layer("out")
         indices = [optimizer._get_variable_index(w) for w in layer.weights]
         self.states.append(tuple(np.array(w) for w in layer.weights) + tuple(
             np.array(moments[i]) for moments in (optimizer._momentums, optimizer._velocities) for i in indices

@@ -102,15 +102,6 @@ class SpikeSkipping:
 
     def rule_for(self, model, steps_per_epoch):
         """The `SpikeRule` of this fit: rows for a whole epoch where its length is known."""
-        import keras
-
-        if isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer):
-            raise ValueError(
-                "kgrad.NonFiniteGuard(skip_spikes=True) does not support a LossScaleOptimizer yet: "
-                "its gradients overflow on purpose while it finds its scale. Received: "
-                f"optimizer={type(model.optimizer).__name__}. Train in float32 (or without "
-                "loss scaling), or pass skip_spikes=False."
-            )
         capacity = DEFAULT_ROW_CAPACITY
         if steps_per_epoch:
             capacity = min(int(steps_per_epoch) + 1, MAX_ROW_CAPACITY)

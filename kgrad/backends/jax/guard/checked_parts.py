@@ -31,7 +31,7 @@ from kgrad.backends.jax.capture.loss_scale import (
     skips_overflowed_steps,
     value_and_grad_noting_scale,
 )
-from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard import overflow, spikes as spike_rule
 from kgrad.backends.jax.guard.part_spikes import PartJudge
 from kgrad.backends.jax.guard.sentinel import may_apply, tensor_checks
 from kgrad.backends.jax.guard.watched import WatchedPass, decode
@@ -54,6 +54,7 @@ class CheckedParts:
         ignore_loss_scale_skips: A part whose loss a ``LossScaleOptimizer``
             scaled has only its loss checked: its overflowing gradients are how
             the scale is found (the optimizer skips those steps itself).
+        judges_spikes: The spike rule judges the parts (a loss scaler's gradients: `overflow`).
 
     Attributes:
         names: Per part, ``"loss/<part>"`` and ``"weight_grad/<part>/<weight path>"`` per
@@ -64,9 +65,10 @@ class CheckedParts:
         step: The ``iterations`` of the optimizer that applied the first part (``None``: none did).
     """
 
-    def __init__(self, model, trainable, inner=None, watch=None, ignore_loss_scale_skips=True):
+    def __init__(self, model, trainable, inner=None, watch=None, ignore_loss_scale_skips=True,
+                 judges_spikes=False):
         self._model, self._inner, self._watch = model, inner, watch
-        self._ignore_loss_scale_skips = ignore_loss_scale_skips
+        self._ignore_loss_scale_skips, self._judges_spikes = ignore_loss_scale_skips, judges_spikes
         self._rows = []  # ("tensors", count) or ("rows", (squares, counts)), in the order of `names`
         self._behind_check = None  # (record, halt_updates, spike rule, compiled), see `behind_check`
         self._checked = None  # (rows counted, checks) of the latest `checks`
@@ -78,6 +80,7 @@ class CheckedParts:
         self.part_judge = PartJudge(model)  # the own step's parts, see `judge_parts`
         self._optimizers = candidate_optimizers(model)
         self.names, self.tensors, self.step = [], [], None
+        self._owned, self._update_scale = (), None  # a loss scaler's tensors (`overflow`); 1 / the last scale
 
     def __enter__(self):
         watched = [(optimizer, functools.partial(self._watched, optimizer)) for optimizer in self._optimizers]
@@ -156,6 +159,7 @@ class CheckedParts:
             name = role.name or owner.name
             scaler, inverse_scale = loss_scale_of(call, values, has_aux, self._optimizers, name)
         checks_gradients = not (self._ignore_loss_scale_skips and skips_overflowed_steps(scaler))
+        owned = not checks_gradients and self._judges_spikes  # the spike rule's tensors, never checked
         if self._watch is not None:
             watch = WatchedPass(owner, self._watch, checks_gradients)
         if self._inner is not None:  # a probed step: the probe's pass checks the watched tensors too
@@ -167,12 +171,14 @@ class CheckedParts:
             gradients = as_returned(argnums, gradients)
         if self._first is None:
             self._first = {id(leaf) for leaf, index in zip(leaves, indices) if index is not None}
+        kept = jax.tree_util.tree_leaves(gradients) if checks_gradients or owned else []
         if not role.update_behind_check:  # a part of a model's own step: judged where it is applied
-            checked = len(jax.tree_util.tree_leaves(gradients)) if checks_gradients else 0
-            self.part_judge.add(part, len(self.tensors), checked, leaves, resolved.weights, resolved.paths)
-        self._keep(part, role.logged_loss(result), result[0] if has_aux else result,
-                   jax.tree_util.tree_leaves(gradients) if checks_gradients else [], resolved.paths,
+            self.part_judge.add(part, len(self.tensors), len(kept), leaves, resolved.weights, resolved.paths,
+                                inverse_scale, owned)
+        self._keep(part, role.logged_loss(result), result[0] if has_aux else result, kept, resolved.paths,
                    inverse_scale, watched)
+        self._update_scale = inverse_scale  # Keras' step's, for its update behind the check
+        self._owned += tuple(range(len(self.tensors) - len(kept), len(self.tensors))) if owned else ()
         return result, gradients
 
     def _keep(self, part, loss, value, gradients, paths, inverse_scale, watched):
@@ -199,7 +205,7 @@ class CheckedParts:
         """``(squares, counts)`` of every row of `names`, in order (the tensors behind one branch)."""
         if self._checked is not None and self._checked[0] == len(self._rows):
             return self._checked[1]
-        squares, counts = tensor_checks(self.tensors)
+        squares, counts = tensor_checks(self.tensors, self._owned)
         pieces, start = [], 0
         for kind, item in self._rows:
             if kind == "rows":
@@ -250,15 +256,18 @@ class CheckedParts:
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
-            skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes)
-            sample = spike_rule.sample_measure(self._model) if sampling else None
+            skip_table = functools.partial(spike_rule.table_if_new_spike, self._model, judged, record.spikes,
+                                           inverse_scale=self._update_scale)
+            sample = None if not sampling else spike_rule.sample_measure(
+                self._model, inverse_scale=self._update_scale)
         probed_apply = self._probed_update(stateless_apply)
         (trainable, optimizer_variables), table, sampled = spike_rule.update_unless_skipped(
             apply, probed_apply or stateless_apply, optimizer_variables, grads, trainable_variables,
             compiled and probed_apply is None, skip_table, sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        spiked = None if judged is None else (judged, table, sampled)
+        overflowed = overflow.overflowed(squares[len(squares) - (len(self.tensors) - 1):], self._owned)
+        spiked = None if judged is None else (judged, table, sampled, overflowed)
         self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
 

@@ -20,7 +20,7 @@ import functools
 
 import jax.numpy as jnp
 
-from kgrad.backends.jax.guard import spikes as spike_rule
+from kgrad.backends.jax.guard import overflow, spikes as spike_rule
 
 
 class OwnStepPart:
@@ -67,10 +67,15 @@ class PartJudge:
         a sample step, each part's update measured for its samples)."""
         self._judging = (records, halt_updates, rule, compiled, sampling)
 
-    def add(self, name, loss_index, checked, leaves, weights, paths):
-        """Notes a part (its loss at ``loss_index`` of the step's tensors, ``checked`` gradients after it)."""
+    def add(self, name, loss_index, checked, leaves, weights, paths, inverse_scale=None, owned=False):
+        """Notes a part (its loss at ``loss_index`` of the step's tensors, ``checked`` gradients after it).
+
+        ``inverse_scale``: 1 / its loss scale (``None``: none); ``owned``: its checked gradients
+        are a loss scaler's, which skips their overflow itself (`overflow`).
+        """
         ids = [id(leaf) for leaf in leaves]
         part = OwnStepPart(len(self.parts), name, loss_index, checked, ids, weights, paths[:checked])
+        part.inverse_scale, part.owned = inverse_scale, owned
         self.parts.append(part)
 
     def applied_part(self, optimizer, trainable_variables):
@@ -104,20 +109,23 @@ class PartJudge:
             veto = veto | jnp.any(jnp.stack([record.tripped for record in records]))
         skip_table = functools.partial(
             spike_rule.table_if_new_spike, self._model, judged, spikes, optimizer=part.optimizer,
-            weights=part.weights,
+            weights=part.weights, inverse_scale=part.inverse_scale,
         )
         apply = jnp.logical_not(veto)
-        measure = spike_rule.sample_measure(self._model, part.optimizer, part.weights) if sampling else None
+        measure = None if not sampling else spike_rule.sample_measure(
+            self._model, part.optimizer, part.weights, part.inverse_scale
+        )
         values, table, sampled = spike_rule.update_unless_skipped(
             apply, stateless_apply, optimizer_variables, grads, trainable, compiled and not selected,
             skip_table, part.checked,
             sample=measure,
         )
-        self._decisions[part.number] = (judged, table, sampled, apply)
+        overflowed = overflow.overflowed(squares, part.owned)
+        self._decisions[part.number] = (judged, table, sampled, overflowed, apply)
         return values
 
     def decisions(self):
-        """Per part: ``(judged, table, sample, apply)`` of its judged update."""
+        """Per part: ``(judged, table, sample, overflowed or None, apply)`` of its judged update."""
         return [self._decisions[part.number] for part in self.parts]
 
 
@@ -139,8 +147,8 @@ def require_every_part_applied(model, parts):
 def recorded(rule, records, decisions, step_applied):
     """Each part's `SpikeRecord` after the step (``step_applied``: no NaN kept the whole step out)."""
     return tuple(
-        spike_rule.record_step(rule, record, judged, table, sampled, applied & step_applied)
-        for record, (judged, table, sampled, applied) in zip(records, decisions)
+        spike_rule.record_step(rule, record, judged, table, sampled, overflowed, applied & step_applied)
+        for record, (judged, table, sampled, overflowed, applied) in zip(records, decisions)
     )
 
 

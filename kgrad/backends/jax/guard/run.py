@@ -70,8 +70,8 @@ class GuardRun:
     # -- running steps ------------------------------------------------------------------
 
     def _checked_parts(self, state):
-        ignore = self.config.ignore_loss_scale_skips
-        return CheckedParts(self.model, state[0], watch=self._watch, ignore_loss_scale_skips=ignore)
+        ignore, judges = self.config.ignore_loss_scale_skips, self.config.spikes is not None
+        return CheckedParts(self.model, state[0], None, self._watch, ignore, judges_spikes=judges)
 
     def _step(self, state, data, checked):
         with activated(checked):

@@ -174,21 +174,27 @@ def guard_apply(loss, gradients, record, step, update, operands, old_state, halt
     return state, next_record(record, squares, counts, apply, step), apply
 
 
-def tensor_checks(tensors):
+def tensor_checks(tensors, unchecked=()):
     """``(squares [n], counts [n, 2])``: each tensor's sum of squares, and its NaN/Inf counts.
 
     The exact counts are computed only when a sum is not finite (a
     ``lax.cond``): a sum that overflowed while every element is finite is a
-    clean step, whose update is applied.
+    clean step, whose update is applied. The tensors numbered in ``unchecked``
+    (a loss scaler's gradients, `kgrad.backends.jax.guard.overflow`) have their
+    sums only: their counts are 0, and they never make a step count its tensors.
     """
     tensors = [jnp.asarray(t).astype(jnp.float32) for t in tensors]
     squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
+    finite = jnp.isfinite(squares)
+    if unchecked:
+        checked = jnp.asarray([number not in unchecked for number in range(len(tensors))])
+        finite = finite | jnp.logical_not(checked)
     counts = jax.lax.cond(
-        jnp.all(jnp.isfinite(squares)),
+        jnp.all(finite),
         lambda: jnp.zeros((len(tensors), 2), jnp.int32),
         lambda: non_finite_counts(tensors),
     )
-    return squares, counts
+    return squares, counts if not unchecked else jnp.where(checked[:, None], counts, 0)
 
 
 def may_apply(counts, record, halt_updates):

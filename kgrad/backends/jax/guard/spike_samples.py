@@ -25,6 +25,9 @@ Example:
 
 import jax.numpy as jnp
 
+from kgrad.backends.common.moment_rules import inner_optimizer
+from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
 
 
 def norm(tensor):
@@ -83,3 +86,29 @@ def z_scores(samples, sample_count, values):
     std = jnp.sqrt(variance)
     known = (count >= 2) & (std > 0)
     return jnp.where(known, (values - mean) / jnp.where(known, std, 1.0), jnp.nan), filled.astype(jnp.float32)
+
+
+def unscaled(gradients, inverse_scale):
+    """``gradients`` of the true loss (float32, the loss scale divided out), or as given without one."""
+    if inverse_scale is None:
+        return gradients
+    return [jnp.asarray(g, jnp.float32) * inverse_scale for g in gradients]
+
+
+def adam_rms(optimizer, weights, gradients, state_after):
+    """``[weights]`` adam_rms from the optimizer's state after the would-be update (NaN without one)."""
+    moments = OptimizerMoments(optimizer, weights)
+    if moments.rule is None:
+        return jnp.full((len(weights),), jnp.nan, jnp.float32)
+    inner = inner_optimizer(optimizer)
+    applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
+    step = moments.step_after(state_after)
+    hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
+    rms = []
+    for number in range(len(weights)):
+        kept = moments.moments_after(number, state_after)
+        if kept is None:  # the optimizer does not update this weight
+            rms.append(jnp.float32(jnp.nan))
+            continue
+        rms.append(moment_statistics(moments.rule, applied[number], *kept, step, hyper, 6.0)[0])
+    return jnp.stack(rms)

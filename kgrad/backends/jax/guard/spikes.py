@@ -27,10 +27,7 @@ True
 import jax
 import jax.numpy as jnp
 
-from kgrad.backends.common.moment_rules import inner_optimizer
-from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.guard.sentinel import select_leaves
-from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
 from kgrad.backends.jax.guard import spike_samples
 from kgrad.backends.jax.guard.spike_record import SpikeRecord
 from kgrad.plan.spike_rule import (
@@ -74,17 +71,22 @@ def judge(record, rule, loss, weight_squares):
     return values, spike, jnp.where(jnp.any(judged), score, jnp.nan), mean, std
 
 
-def after_step(record, rule, judged, accepted):
+def after_step(record, rule, judged, accepted, overflowed=None):
     """The record after the step's decision: window row, streak, trip and the step's row.
 
     Steps are numbered by the rows: every step run since the fit began,
     skipped ones too (``optimizer.iterations`` does not count a skipped step).
+    A step whose scaled gradients ``overflowed`` (a loss scaler skipped it) is
+    not accepted: out of the window, the streak as it was, not skipped in its row.
     """
     values, spike, score, mean, std = judged
+    row_accepted = accepted
+    if overflowed is not None:
+        accepted = accepted & jnp.logical_not(overflowed)
     slot = record.accepted % rule.window
     streak = jnp.where(spike, record.streak + 1, jnp.where(accepted, 0, record.streak))
     row = jnp.stack([
-        record.row_count.astype(jnp.float32), 1.0 - accepted.astype(jnp.float32), score,
+        record.row_count.astype(jnp.float32), 1.0 - row_accepted.astype(jnp.float32), score,
         mean[0], std[0], mean[1], std[1],
     ])
     record = record.with_row("window", slot, jnp.where(accepted, values, record.window[slot]))
@@ -109,18 +111,21 @@ def with_skip(record, spike, table):
 
 
 def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer=None,
-               weights=None):
+               weights=None, inverse_scale=None):
     """``[weights, len(SKIP_COLUMNS)]``: the would-be update's per-weight values (``stateless_apply``).
 
     Each value's z-score: the gradient norm's against the window of ``spikes``
     (the `SpikeRecord`), the others' against its samples (`spike_samples`).
     ``optimizer`` and ``weights`` (its variables of ``trainable``): a part of a model's own
     step's (default: ``model.optimizer`` and ``model.trainable_variables``, Keras' step's).
+    ``inverse_scale``: 1 / the loss scale of ``gradients`` (``None``: not scaled); the
+    optimizer applies them as given, the values are of the true loss's.
     """
     optimizer = model.optimizer if optimizer is None else optimizer
     weights = model.trainable_variables if weights is None else weights
     new_trainable, new_optimizer = optimizer.stateless_apply(optimizer_variables, gradients, trainable)
-    rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
+    gradients = spike_samples.unscaled(gradients, inverse_scale)
+    rms = spike_samples.adam_rms(optimizer, weights, gradients, new_optimizer)
     sampled = spike_samples.update_values(gradients, trainable, new_trainable, rms)
     _, _, _, mean, std = judged
     norms = jnp.stack([spike_samples.norm(g) for g in gradients])
@@ -132,42 +137,24 @@ def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables,
     ], axis=1)
 
 
-def sample_measure(model, optimizer=None, weights=None):
+def sample_measure(model, optimizer=None, weights=None, inverse_scale=None):
     """``fn(gradients, old, new, new optimizer variables) -> [weights, 3]``: a sample of an applied update.
 
-    ``optimizer`` and ``weights``: as `skip_table`'s.
+    ``optimizer``, ``weights`` and ``inverse_scale``: as `skip_table`'s.
     """
     optimizer = model.optimizer if optimizer is None else optimizer
     weights = model.trainable_variables if weights is None else weights
 
     def measure(gradients, old, new, new_optimizer):
-        rms = _adam_rms(optimizer, weights, gradients, new_optimizer)
+        gradients = spike_samples.unscaled(gradients, inverse_scale)
+        rms = spike_samples.adam_rms(optimizer, weights, gradients, new_optimizer)
         return spike_samples.update_values(gradients, old, new, rms)
 
     return measure
 
 
-def _adam_rms(optimizer, weights, gradients, state_after):
-    """``[weights]`` adam_rms from the optimizer's state after the would-be update (NaN without one)."""
-    moments = OptimizerMoments(optimizer, weights)
-    if moments.rule is None:
-        return jnp.full((len(weights),), jnp.nan, jnp.float32)
-    inner = inner_optimizer(optimizer)
-    applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
-    step = moments.step_after(state_after)
-    hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
-    rms = []
-    for number in range(len(weights)):
-        kept = moments.moments_after(number, state_after)
-        if kept is None:  # the optimizer does not update this weight
-            rms.append(jnp.float32(jnp.nan))
-            continue
-        rms.append(moment_statistics(moments.rule, applied[number], *kept, step, hyper, 6.0)[0])
-    return jnp.stack(rms)
-
-
 def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_variables, optimizer=None,
-                       weights=None):
+                       weights=None, inverse_scale=None):
     """`skip_table` where the step spiked and the streak had not stopped training, else zeros.
 
     Call it inside the branch of a skipped update (the same ``lax.cond`` as the
@@ -179,7 +166,8 @@ def table_if_new_spike(model, judged, spikes, gradients, trainable, optimizer_va
     return jax.lax.cond(
         spike,
         lambda: skip_table(
-            model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights
+            model, judged, spikes, gradients, trainable, optimizer_variables, optimizer, weights,
+            inverse_scale,
         ),
         lambda: jnp.zeros(width, jnp.float32),
     )
@@ -222,14 +210,16 @@ def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, tr
     return select_leaves(apply, updated, kept), table, measured
 
 
-def record_step(rule, spikes, judged, table, sampled, accepted):
+def record_step(rule, spikes, judged, table, sampled, overflowed, accepted):
     """The record after the decision: ``table`` kept as a skip where the step newly spiked,
-    ``sampled`` (or ``None``: not a sample step) as a sample where the update was accepted, its row."""
+    ``sampled`` (or ``None``: not a sample step) as a sample where the update was accepted, its row.
+    ``overflowed`` (or ``None``): a loss scaler skipped the update itself (`after_step`)."""
     spike = judged[1] & jnp.logical_not(spikes.tripped)
     record = with_skip(spikes, spike, table)
     if sampled is not None:
-        record = spike_samples.with_sample(record, accepted, sampled)
-    return after_step(record, rule, judged, accepted)
+        taken = accepted if overflowed is None else accepted & jnp.logical_not(overflowed)
+        record = spike_samples.with_sample(record, taken, sampled)
+    return after_step(record, rule, judged, accepted, overflowed)
 
 
 def skip_counts(spikes, per_part):

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.guard import replicated, watched as guard_module
-from kgrad.backends.tensorflow.guard.spikes import own_step_update
+from kgrad.backends.tensorflow.guard.tape_update import own_step_update
 from kgrad.backends.tensorflow.differentiate import forward_state
 from kgrad.backends.tensorflow.differentiate.branching import join_sparse, split_sparse
 from kgrad.backends.tensorflow.summarize.loss_scale import inverse_loss_scale, scales_loss
@@ -43,9 +43,7 @@ class TapeCollection:
     """
 
     def __init__(self, model, plan, probe_now, pipeline_for, guard_state_for=None):
-        self._model = model
-        self._plan = plan
-        self._probe_now = probe_now
+        self._model, self._plan, self._probe_now = model, plan, probe_now
         self._pipeline_for = pipeline_for
         self._guard_state_for = guard_state_for
         self._optimizers = candidate_optimizers(model)
@@ -166,15 +164,16 @@ class TapeCollection:
         guard = self._plan.guard
         if guard.layers is not None:
             raise ValueError(
-                f"kgrad.NonFiniteGuard(layers=...) does not apply to a model with its own "
-                f"train_step (model '{self._model.name}'): there the guard checks what each "
-                f"kgrad.ProbeTape captures. Received: layers={guard.layers!r}. Pass the layers "
-                "to the ProbeTapes instead (kgrad.ProbeTape(model, layers=...))."
-            )
+                f"kgrad.NonFiniteGuard(layers=...) does not apply to a model with its own train_step "
+                f"(model '{self._model.name}'): there the guard checks what each kgrad.ProbeTape captures. "
+                f"Received: layers={guard.layers!r}. Pass the layers to the ProbeTapes instead "
+                "(kgrad.ProbeTape(model, layers=...)).")
         watched, on_trip_only = guard_module.watched_tensors(
             guard, tape.model, tape.probe, target, None, gradients, weights, None
         )
-        state = self._guard_state_for(name, [n for n, _ in watched], on_trip_only, guard.spikes)
+        names = [n for n, _ in watched]
+        owned = guard_module.scaler_owned(guard, tape.model, names)  # a LossScaleOptimizer's rows
+        state = self._guard_state_for(name, names, on_trip_only, guard.spikes, owned)
         self._guard_states.append(state)
         measured = [(g, w) for g, w in zip(gradients, weights) if g is not None][::-1]  # rows' order
         self._checks.append((name, weights, state, [tensor for _, tensor in watched], scaler, measured))

@@ -295,6 +295,6 @@ class ProbingStep:
             self._pipeline_for_tape, self._guard_state_for_tape,
         )
 
-    def _guard_state_for_tape(self, name, names, on_trip_only, spikes=None):
-        self._running.tape_guard_states[name] = self._guard_states.get(name, names, on_trip_only, spikes)
+    def _guard_state_for_tape(self, name, *key):  # `SharedGuardStates.get`'s names, on_trip_only, ...
+        self._running.tape_guard_states[name] = self._guard_states.get(name, *key)
         return self._running.tape_guard_states[name]

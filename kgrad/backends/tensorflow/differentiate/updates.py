@@ -72,8 +72,9 @@ def guarded_update(model, plan, traced, tape, loss, weights, probe_now, step, x,
         prediction_gradient if keras_internals.compile_loss(model) is not None else None,
         gradients, weights, _guard_layer_names(model, plan),
     )
+    names = [name for name, _ in watched]
     current.guard_state = shared_guard_state(
-        None, [name for name, _ in watched], on_trip_only, plan.guard.spikes
+        None, names, on_trip_only, plan.guard.spikes, guard_module.scaler_owned(plan.guard, model, names)
     )
     summaries = (tf.zeros([0]), tf.zeros([0, 1, 3]))
     if plan.probe is not None:

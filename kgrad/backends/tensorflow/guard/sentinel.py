@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.guard import replicated
+from kgrad.backends.tensorflow.guard import overflow, replicated
 from kgrad.backends.tensorflow.guard.spikes import SpikeState
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
@@ -24,11 +24,13 @@ class GuardState:
             tripped step only (see `watched_tensors`).
         spikes: The `kgrad.plan.spike_rule.SpikeRule` of a guard that skips
             spikes (its `SpikeState` is ``self.spikes``), or ``None``.
+        scaler_owned: Names whose overflow a ``LossScaleOptimizer`` skips itself (`overflow`).
     """
 
-    def __init__(self, names, on_trip_only=(), spikes=None):
+    def __init__(self, names, on_trip_only=(), spikes=None, scaler_owned=()):
         self.names = tuple(names)
         self.on_trip_only = frozenset(on_trip_only)
+        self.scaler_owned = frozenset(scaler_owned)
         count = len(self.names)
         self.tripped = state_variable(False, "kgrad_guard_tripped")
         self.trip_step = state_variable(tf.constant(-1, tf.int64), "kgrad_guard_step")
@@ -109,12 +111,14 @@ class GuardState:
         the global batch's, and ``apply``, ``on_skip`` run on every replica.
         """
         unscale = self._unscale_half_squares(inverse_scale)
-        clean = tf.reduce_all(tf.math.is_finite(half_squares))
+        every_step = [name for name in self.names if name not in self.on_trip_only]
+        finite, overflowed = overflow.finite_and_overflowed(half_squares, every_step, self.scaler_owned)
+        clean = tf.reduce_all(finite)
         if halt_updates:
             clean = tf.logical_and(clean, tf.logical_not(self.tripped))
 
         def locate():
-            found = counts()
+            found = overflow.without_owned(counts(), self.names, self.scaler_owned)
             really_bad = tf.reduce_any(found > 0)
 
             def record_trip():
@@ -146,7 +150,7 @@ class GuardState:
         if self.spikes is not None:
             self.spikes.optimizer = spike_update[0]  # the part's own, for what the host says of Adam
             may_apply, judged, before = self._decide_spike(
-                loss, unscale(half_squares), inverse_scale, may_apply, halt_updates
+                loss, unscale(half_squares), inverse_scale, may_apply, halt_updates, overflowed
             )
             spike = judged[1]
         # Every applied step is a finite one (an overflowed sum is kept as
@@ -164,7 +168,8 @@ class GuardState:
             else:  # sampled every few steps run, for the z-scores of a later skip
                 optimizer, _, measured = spike_update[:3]
                 # Under several replicas (an update of every replica given): the cross-replica context.
-                self.spikes.applied_update(before[1], apply, optimizer, measured, inline=len(spike_update) > 3)
+                self.spikes.applied_update(before[1], apply, optimizer, measured, len(spike_update) > 3,
+                                           overflowed, inverse_scale)
             return tf.no_op()
 
         def skipped():
@@ -172,7 +177,7 @@ class GuardState:
                 on_skip()
             if self.spikes is not None:
                 def record_skip():
-                    self.spikes.record_skip(judged, before[1], *spike_update)
+                    self.spikes.record_skip(judged, before[1], *spike_update, inverse_scale=inverse_scale)
                     return tf.no_op()
 
                 tf.cond(tf.logical_and(spike, tf.logical_not(before[2])), record_skip, tf.no_op)
@@ -185,14 +190,15 @@ class GuardState:
         self.applied = may_apply  # the step's decision, for the metrics (`metrics_before_step`)
         return may_apply
 
-    def _decide_spike(self, loss, every_step_half_squares, inverse_scale, may_apply, halt_updates):
+    def _decide_spike(self, loss, every_step_half_squares, inverse_scale, may_apply, halt_updates,
+                      overflowed=None):
         """`SpikeState.decide` of the step, from the loss and the weight gradients' sums of squares."""
         squares = 2.0 * self._spread(every_step_half_squares)
         loss = tf.cast(loss, tf.float32)
         if inverse_scale is not None:
             loss = loss * tf.cast(inverse_scale, tf.float32)
         weight_squares = tf.gather(squares, self._weight_rows)
-        return self.spikes.decide(loss, weight_squares, may_apply, halt_updates)
+        return self.spikes.decide(loss, weight_squares, may_apply, halt_updates, overflowed)
 
     def _unscale_half_squares(self, inverse_scale):
         """``fn(half squares of the every-step tensors) -> those of the unscaled loss's tensors``."""
@@ -272,12 +278,12 @@ class SharedGuardStates:
         self._model = model
         self._states = {}
 
-    def get(self, tape_name, names, on_trip_only, spikes=None):
+    def get(self, tape_name, names, on_trip_only, spikes=None, scaler_owned=()):
         """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
-        key = (tape_name, tuple(names), frozenset(on_trip_only), spikes)
+        key = (tape_name, tuple(names), frozenset(on_trip_only), spikes, frozenset(scaler_owned))
         if key not in self._states:
             self._states[key] = replicas.create_variables(
-                self._model, lambda: GuardState(names, on_trip_only, spikes)
+                self._model, lambda: GuardState(names, on_trip_only, spikes, scaler_owned)
             )
         return self._states[key]
 

@@ -52,6 +52,15 @@ def update_values(measured, old, new, rms):
     return tf.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
 
 
+def unscaled(measured, inverse_scale):
+    """``measured`` (``[(gradient, weight)]``) with float32 gradients of the true loss, or as it is
+    where ``inverse_scale`` (1 / the loss scale) is ``None``. Graph code: in the branch that measures."""
+    if inverse_scale is None:
+        return measured
+    inverse_scale = tf.cast(inverse_scale, tf.float32)
+    return [(tf.cast(tf.convert_to_tensor(g), tf.float32) * inverse_scale, w) for g, w in measured]
+
+
 def noinline(fn):
     """``fn`` as one function-call op (TensorFlow visits every op of a branch not taken)."""
     return tf.function(fn, autograph=False, experimental_attributes={"_noinline": True})
@@ -74,7 +83,8 @@ class SampleWindow:
         )
         self.count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_sample_count")
 
-    def sampled_update(self, steps_run, apply, optimizer, measured, inline=False):
+    def sampled_update(self, steps_run, apply, optimizer, measured, inline=False, overflowed=None,
+                       inverse_scale=None):
         """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` steps run.
 
         Args:
@@ -83,15 +93,22 @@ class SampleWindow:
             optimizer: The update's optimizer (for ``adam_rms``).
             measured: ``[(gradient, weight)]`` of the checked weight gradients.
             inline: Under several replicas (the cross-replica context): no nested function.
+            overflowed: Whether the loss scaler skips this update itself (then no sample), or ``None``.
+            inverse_scale: 1 / the loss scale of ``measured``'s gradients, or ``None``.
         """
         sample = tf.equal(steps_run % self.every, 0)
+        if overflowed is not None:  # no update to measure: the next sample step is s steps on
+            sample = tf.logical_and(sample, tf.logical_not(overflowed))
         weights = [weight for _, weight in measured]
 
         def snapshot():
-            return [tf.identity(weight) for weight in weights], self._adam_rms(optimizer, measured)
+            return [tf.identity(weight) for weight in weights], self._adam_rms(
+                optimizer, unscaled(measured, inverse_scale)
+            )
 
         def measure(before, rms):
-            table = update_values(measured, [flat(old) for old in before], [flat(w) for w in weights], rms)
+            old, new = [flat(old) for old in before], [flat(w) for w in weights]
+            table = update_values(unscaled(measured, inverse_scale), old, new, rms)
             scatter_nd_update(self.values, [[self.count % self.slots]], [table])
             self.count.assign_add(1)
             return tf.constant(0)

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
-from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, update_values
+from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, unscaled, update_values
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
@@ -54,16 +54,17 @@ class SpikeState:
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
         self.samples = SampleWindow(rule, weights, self._adam_rms)
 
-    def applied_update(self, step, apply, optimizer, measured, inline=False):
+    def applied_update(self, step, apply, optimizer, measured, inline=False, overflowed=None,
+                       inverse_scale=None):
         """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
 
         ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
         as on JAX, whose host picks a sample step without reading the device
-        (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`).
+        (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`); the rest `SampleWindow.sampled_update`'s.
         """
-        self.samples.sampled_update(step, apply, optimizer, measured, inline)
+        self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
 
-    def decide(self, loss, weight_squares, may_apply, halt_updates):
+    def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
 
         `judge`, the decision, then `after_step`, before the update's branch:
@@ -75,6 +76,7 @@ class SpikeState:
             loss, weight_squares: As `judge`'s.
             may_apply: Whether the guard's check lets the update run.
             halt_updates: A trip of the rule (``max_skips``) stops later updates too.
+            overflowed: A loss scaler's gradients overflowed (`after_step`), or ``None``.
 
         Returns:
             ``apply``: the update runs (``may_apply`` and no spike); ``judged``:
@@ -87,7 +89,7 @@ class SpikeState:
         apply = tf.logical_and(may_apply, tf.logical_not(judged[1]))
         if halt_updates:
             apply = tf.logical_and(apply, tf.logical_not(before[2]))
-        self.after_step(*judged, accepted=apply)
+        self.after_step(*judged, accepted=apply, overflowed=overflowed)
         return apply, judged, before
 
     def judge(self, loss, weight_squares):
@@ -128,7 +130,7 @@ class SpikeState:
         score = tf.where(tf.reduce_any(judged), score, float("nan"))
         return values, spike, score, mean, std
 
-    def after_step(self, values, spike, score, mean, std, accepted):
+    def after_step(self, values, spike, score, mean, std, accepted, overflowed=None):
         """Graph code after the decision: the window, the streak, the trip and the step's row.
 
         Steps are numbered by the rows: every step run since the fit began,
@@ -136,7 +138,12 @@ class SpikeState:
 
         No branch: a clean step writes one window row (unchanged unless
         ``accepted``), the streak and one row of per-step values.
+        A step whose gradients ``overflowed`` (a loss scaler's: `overflow`) is out of the window
+        and the streak.
         """
+        row_accepted = accepted  # the row's `skipped`: whether the guard let the update run
+        if overflowed is not None:
+            accepted = tf.logical_and(accepted, tf.logical_not(overflowed))
         slot = self.accepted % self.rule.window
         old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
         scatter_nd_update(self.window, [[slot]], [tf.where(accepted, values, old)])
@@ -146,13 +153,13 @@ class SpikeState:
         self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
         self.news.assign(tf.logical_or(self.news, spike))
         row = tf.stack([
-            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(accepted, tf.float32), score,
+            tf.cast(self.row_count, tf.float32), 1.0 - tf.cast(row_accepted, tf.float32), score,
             mean[0], std[0], mean[1], std[1],
         ])
         scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, row, optimizer, applied, measured, apply_update=None):
+    def record_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
 
         Under several replicas (``apply_update`` given, the cross-replica
@@ -165,17 +172,17 @@ class SpikeState:
         1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
         """
         if apply_update is not None:
-            self.measure_skip(judged, row, optimizer, applied, measured, apply_update)
+            self.measure_skip(judged, row, optimizer, applied, measured, apply_update, inverse_scale)
             return
 
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
         def measure():
-            self.measure_skip(judged, row, optimizer, applied, measured)
+            self.measure_skip(judged, row, optimizer, applied, measured, inverse_scale=inverse_scale)
             return tf.constant(0)
 
         measure()
 
-    def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None):
+    def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
         The update the step would have made is applied, measured and undone:
@@ -190,7 +197,9 @@ class SpikeState:
             measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
             apply_update: What applies ``applied`` (``None``: ``optimizer.apply_gradients``);
                 under several replicas, on every replica (`kgrad.backends.tensorflow.guard.replicated`).
+            inverse_scale: 1 / the loss scale of ``measured`` (``None``: not scaled), measured unscaled.
         """
+        measured = unscaled(measured, inverse_scale)
         weights = [weight for _, weight in applied]
         before = [tf.identity(weight) for weight in weights]
         state = [tf.identity(variable) for variable in optimizer.variables]
@@ -263,27 +272,3 @@ class SpikeState:
             self.row_count.assign(0)
             self.skip_count.assign(0)
             self.samples.count.assign(0)
-
-
-def own_step_update(name, optimizer, grads, variables, measured):
-    """`record_skip`'s ``(optimizer, the update's pairs, the checked pairs)`` of a `kgrad.ProbeTape`'s update.
-
-    ``measured``: the tape's ``(gradient, weight)`` pairs in its rows' order
-    (the weight gradients last to first, `kgrad.backends.tensorflow.guard.watched.watched_tensors`).
-
-    Raises:
-        ValueError: When this optimizer does not update every weight the tape
-            differentiated: the spike rule judges the tape's gradients as one step.
-    """
-    applied = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    updated = {id(v) for _, v in applied}
-    missing = [w.path for _, w in measured if id(w) not in updated]
-    if missing:
-        raise ValueError(
-            f"kgrad.NonFiniteGuard(skip_spikes=True): ProbeTape {name!r} differentiated weights that "
-            f"its optimizer's update does not include ({', '.join(missing)}), so a spiking step of "
-            "the tape cannot be skipped as one update. Received: an update of "
-            f"{len(applied)} weights. Apply each tape's gradients in one optimizer call, or pass "
-            "skip_spikes=False."
-        )
-    return optimizer, applied, measured

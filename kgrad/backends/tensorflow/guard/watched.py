@@ -69,7 +69,10 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
         watched += [(f"activation/{name}", tensor) for name, tensor in activations]
     watched.append(("loss/loss", loss))
     if config.ignore_loss_scale_skips and _uses_loss_scaling(model):
-        # Inf gradients are the loss scaler's signal; it skips those steps.
+        # Inf gradients are the loss scaler's signal; it skips those steps. The spike rule
+        # still judges the weight gradients: rows the guard never checks (`scaler_owned`).
+        if config.spikes is not None:
+            watched += _weight_gradients(model, gradients, weights)
         return watched, ()
     on_trip_only = []
     if captures("prediction_gradient") and prediction_gradient is not None:
@@ -91,11 +94,31 @@ def watched_tensors(config, model, probe, loss, prediction_gradient, gradients, 
             if probe.gradients[name] is not None  # unknown: see ProbeResult.gradients
         ]
     if captures("weight_gradients"):
-        for weight, gradient in reversed(list(zip(weights, gradients))):
-            if gradient is not None:
-                path = weight.path.removeprefix(f"{model.name}/")
-                watched.append((f"weight_grad/{path}", tf.convert_to_tensor(gradient)))
+        watched += _weight_gradients(model, gradients, weights)
     return watched, tuple(on_trip_only)
+
+
+def scaler_owned(config, model, names):
+    """The names among ``names`` whose NaN and Inf are the loss scaler's, not the guard's.
+
+    With spike skipping under a ``LossScaleOptimizer`` (and ``ignore_loss_scale_skips``), the
+    weight gradients are rows of the spike rule that no check trips on: scaled gradients that
+    overflow are how the optimizer finds its scale; it skips that step's update itself, and
+    the spike rule neither judges it nor lets it into its window.
+    """
+    if config.spikes is None or not (config.ignore_loss_scale_skips and _uses_loss_scaling(model)):
+        return ()
+    return tuple(name for name in names if name.startswith("weight_grad/"))
+
+
+def _weight_gradients(model, gradients, weights):
+    """``[(name, gradient)]`` of the weight gradients, last to first (backward order)."""
+    watched = []
+    for weight, gradient in reversed(list(zip(weights, gradients))):
+        if gradient is not None:
+            path = weight.path.removeprefix(f"{model.name}/")
+            watched.append((f"weight_grad/{path}", tf.convert_to_tensor(gradient)))
+    return watched
 
 
 def _leaves_once_per_graph(structure_fn):
