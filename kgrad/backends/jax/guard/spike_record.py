@@ -38,6 +38,9 @@ COUNTERS = ("accepted", "streak", "tripped", "news", "row_count", "skip_count", 
 
 _BOOLEANS = frozenset({"tripped", "news"})
 
+#: Where the count of skipped steps is in the int vector (read on the host, `SpikeReads.news`).
+SKIP_COUNT = COUNTERS.index("skip_count")
+
 
 class Layout(typing.NamedTuple):
     """Where each field lies: the float fields' shapes (`FLOAT_FIELDS` order), the skip slots."""
