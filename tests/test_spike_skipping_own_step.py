@@ -277,7 +277,8 @@ def _fit_logging_reads(gan_kit, monkeypatch, spike):
         real[READS_SPIKE * batch : (READS_SPIKE + 1) * batch] *= 1000.0
     gan = gan_kit.make(gan_kit.fit_compiled)
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
-    gan.fit((real, noise), batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[EventLog(), guard])
+    gan.fit((real, noise), batch_size=batch, epochs=2, shuffle=False, verbose=0,
+            callbacks=[EventLog(), guard])
     points, last = [], None
     for event in events:
         if event == ("read",):

@@ -88,7 +88,8 @@ class SpikeRule:
 
     def __post_init__(self):
         if self.sample_every is None:
-            object.__setattr__(self, "sample_every", max(1, self.window // 2) if _positive_int(self.window) else 1)
+            every = max(1, self.window // 2) if _positive_int(self.window) else 1
+            object.__setattr__(self, "sample_every", every)
         for name in ("sigmas", "window", "max_skips", "row_capacity", "sample_every"):
             value = getattr(self, name)
             kind = (int, float) if name == "sigmas" else (int,)

@@ -101,7 +101,8 @@ def record_steps(log):
 
     def jit(fun, *args, **kwargs):
         jitted = real_jit(fun, *args, **kwargs)
-        if kwargs.get("donate_argnums") in (0, (0, 1)):  # a step: Keras', or the guard's (its spike buffers too)
+        # A step: Keras' (the state donated), or the guard's (its spike buffers too).
+        if kwargs.get("donate_argnums") in (0, (0, 1)):
             return _Recorded(jitted, getattr(fun, "__qualname__", type(fun).__name__), log)
         return jitted
 

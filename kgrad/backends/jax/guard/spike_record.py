@@ -80,7 +80,9 @@ class SpikeRecord:
         shapes = tuple(tuple(shapes.get(name, (0, 0))) for name in FLOAT_FIELDS)
         layout = Layout(shapes, skip_slots)
         values = jnp.zeros((sum(math.prod(shape) for shape in shapes),), jnp.float32)
-        counts = jnp.concatenate([jnp.zeros((len(COUNTERS),), jnp.int32), jnp.full((skip_slots,), -1, jnp.int32)])
+        counts = jnp.concatenate([
+            jnp.zeros((len(COUNTERS),), jnp.int32), jnp.full((skip_slots,), -1, jnp.int32),
+        ])
         return cls(layout, values, counts)
 
     def tree_flatten(self):
@@ -110,8 +112,9 @@ class SpikeRecord:
                 flat = jnp.reshape(changes[name], (-1,)).astype(jnp.float32)
                 values = jax.lax.dynamic_update_slice(values, flat, (start,))
         if any(name in changes for name in (*COUNTERS, "skip_steps")):
-            scalars = [jnp.asarray(changes[name] if name in changes else getattr(self, name)).astype(jnp.int32)
+            scalars = [jnp.asarray(changes[name] if name in changes else getattr(self, name))
                        for name in COUNTERS]
+            scalars = [scalar.astype(jnp.int32) for scalar in scalars]
             steps = changes.get("skip_steps", self.skip_steps)
             counts = jnp.concatenate([jnp.stack(scalars), jnp.asarray(steps, jnp.int32)])
         return SpikeRecord(self.layout, values, counts)
@@ -123,7 +126,8 @@ class SpikeRecord:
         width = math.prod(shape[1:])
         flat = jnp.reshape(row, (-1,)).astype(jnp.float32)
         offset = start + (index % shape[0]) * width
-        return SpikeRecord(self.layout, jax.lax.dynamic_update_slice(self.values, flat, (offset,)), self.counts)
+        values = jax.lax.dynamic_update_slice(self.values, flat, (offset,))
+        return SpikeRecord(self.layout, values, self.counts)
 
     def without_values(self):
         """The record without its float buffer (`split_values`)."""
