@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import keras
 
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
+from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
 from kgrad.plan.tag_names import MOMENT_NAMES
 
 ROW = len(MOMENT_NAMES)
@@ -73,13 +74,15 @@ def careful_summary_on_device(values, bucket_count, needed):
         (jnp.where(finite, values, -jnp.inf), -jnp.inf, jnp.maximum),
     )
     scale = jnp.where(scale > 0, scale, 1.0)
-    scaled = jnp.where(finite, values / scale, 0.0)
-    total, squares = reduce_in_one_pass((scaled, 0.0, jnp.add), (jnp.square(scaled), 0.0, jnp.add))
+    # The values over their largest magnitude summed (no overflow), and their norm, in one read: read
+    # by two sums, ``values / scale`` was written out whole first.
+    total, *squares = reduce_in_one_pass((jnp.where(finite, values / scale, 0.0), 0.0, jnp.add),
+                                         *norm_parts(jnp.where(finite, values, 0.0)))
     divisor = jnp.maximum(finite_count, 1).astype(jnp.float32)
     mean = total / divisor * scale
     any_finite = finite_count > 0
     row = [jnp.float32(jnp.nan)] * ROW
-    norm = jnp.sqrt(squares) * scale
+    norm = norm_from_sums(*squares)
     row[_NORM] = jnp.where(nan_count > 0, jnp.nan, jnp.where(finite_count < values.size, jnp.inf, norm))
     row[_MEAN] = mean
     if _STD in needed:
@@ -110,25 +113,3 @@ def non_finite_counts_on_device(tensors):
     tensors = [jax.lax.stop_gradient(tensor) for tensor in tensors]
     return jnp.stack([jnp.stack(reduce_in_one_pass((jnp.isnan(t), 0, jnp.add), (jnp.isinf(t), 0, jnp.add)))
                       for t in tensors])
-
-
-def reduce_in_one_pass(*parts):
-    """``(operand, start, combine)`` parts (one shape) reduced over every axis in one pass.
-
-    One reduction of several operands: as one reduction each, XLA's CPU
-    backend wrote each mask or masked copy out whole first, and gave a
-    branch never run on a clean step (the guard's NaN and Inf counts, the
-    exact path) scratch arrays the size of its tensors: 12% of Keras' step's
-    memory per device for the guard (tests/jax/test_model_parallel_hlo_jax.py).
-    A boolean mask is counted in int32: a float32 count stops growing at
-    2**24 elements.
-    """
-    # Statistics, not differentiated (a reduction of several operands has no derivative rule).
-    operands = tuple(jax.lax.stop_gradient(x.astype(jnp.int32) if x.dtype == jnp.bool_ else x)
-                     for x, _, _ in parts)
-    starts = tuple(jnp.asarray(start, x.dtype) for (_, start, _), x in zip(parts, operands))
-
-    def combined(left, right):
-        return tuple(combine(a, b) for (_, _, combine), a, b in zip(parts, left, right))
-
-    return jax.lax.reduce(operands, starts, combined, tuple(range(operands[0].ndim)))

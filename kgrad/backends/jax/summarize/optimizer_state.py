@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.jax import keras_internals
-from kgrad.backends.jax.summarize.on_device import reduce_in_one_pass
+from kgrad.backends.jax.summarize.one_pass import reduce_in_one_pass
 
 # The state each rule reads, per weight: Keras' lists, by `keras_internals.slots`' names.
 _STATE = {
