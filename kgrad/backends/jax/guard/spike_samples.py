@@ -27,36 +27,40 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
-from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, moment_statistics
+from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
+from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, adam_scaled, rms_from_squares
 
 
-def norm(tensor):
-    """The L2 norm of ``tensor``, in float32, reduced over every axis where it lies.
+def measured_update(gradients, old, new, scaled_gradients):
+    """``([weights] gradient norms, [weights, 3] update ratio, cos(g, w), adam_rms)`` of ``old`` → ``new``.
 
-    No ``ravel``: reshaping a weight split over devices (`ModelParallel`) gathers it whole
-    onto every device; a reduction over all its axes sums each device's part, then the parts.
-    """
-    return jnp.sqrt(jnp.sum(jnp.square(tensor.astype(jnp.float32))))
-
-
-def dot(a, b):
-    """The sum of ``a * b`` in float32, over every axis (no ``ravel``, as `norm`)."""
-    return jnp.sum(a.astype(jnp.float32) * b.astype(jnp.float32))
-
-
-def update_values(gradients, old, new, rms):
-    """``[weights, 3]``: update ratio, cos(g, w) and ``rms`` of the update ``old`` → ``new``.
+    Each weight's totals (its norm, its change's, its gradient's, g · w and
+    the squares of ``adam_rms``'s tensor) are one reduction over every axis
+    where the weight lies: the would-be update is computed as it is read,
+    nothing the size of a weight is written (`docs/sharded.md`), and under
+    ``ModelParallel`` each device sums its part, then an all-reduce of the
+    totals (no ``ravel``, which gathers a split weight). The norms cannot
+    overflow (`kgrad.backends.jax.summarize.one_pass`): a spiking step's
+    gradient is where a plain sum of squares would.
 
     Args:
         gradients: The update's gradients, one per weight.
         old: Each weight before the update; ``new``: after it.
-        rms: ``[weights]`` ``adam_rms`` of the update (NaN without a second moment).
+        scaled_gradients: `adam_scaled_gradients`: each weight's tensor whose RMS is ``adam_rms``, or
+            ``None`` (then NaN: no second moment).
     """
-    weight_norms = jnp.stack([norm(w) for w in old])
-    update_norms = jnp.stack([norm(a.astype(jnp.float32) - b.astype(jnp.float32)) for a, b in zip(new, old)])
-    dots = jnp.stack([dot(g, w) for g, w in zip(gradients, old)])
-    grad_norms = jnp.stack([norm(g) for g in gradients])
-    return jnp.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
+    gradient_norms, rows = [], []
+    for gradient, before, after, scaled in zip(gradients, old, new, scaled_gradients):
+        gradient, before = gradient.astype(jnp.float32), before.astype(jnp.float32)
+        change = after.astype(jnp.float32) - before
+        rms_part = () if scaled is None else ((jnp.square(scaled), 0.0, jnp.add),)
+        totals = reduce_in_one_pass(*norm_parts(before), *norm_parts(change), *norm_parts(gradient),
+                                    (gradient * before, 0.0, jnp.add), *rms_part)
+        weight_norm, update_norm, gradient_norm = (norm_from_sums(*totals[k:k + 3]) for k in (0, 3, 6))
+        rms = jnp.float32(jnp.nan) if scaled is None else rms_from_squares(totals[10], scaled.shape)
+        gradient_norms.append(gradient_norm)
+        rows.append(jnp.stack([update_norm / weight_norm, totals[9] / (gradient_norm * weight_norm), rms]))
+    return jnp.stack(gradient_norms), jnp.stack(rows).reshape(len(rows), 3)
 
 
 def with_sample(record, taken, sampled):
@@ -95,20 +99,22 @@ def unscaled(gradients, inverse_scale):
     return [jnp.asarray(g, jnp.float32) * inverse_scale for g in gradients]
 
 
-def adam_rms(optimizer, weights, gradients, state_after):
-    """``[weights]`` adam_rms from the optimizer's state after the would-be update (NaN without one)."""
+def adam_scaled_gradients(optimizer, weights, gradients, state_after):
+    """Per weight, the tensor whose RMS is its ``adam_rms`` after the would-be update, or ``None``.
+
+    ``None`` for every weight of an optimizer without a second moment, and
+    for a weight the optimizer does not update: its ``adam_rms`` is NaN.
+    """
     moments = OptimizerMoments(optimizer, weights)
     if moments.rule is None:
-        return jnp.full((len(weights),), jnp.nan, jnp.float32)
+        return [None] * len(weights)
     inner = inner_optimizer(optimizer)
     applied = keras_internals.clip_gradients(inner, [jnp.asarray(g, jnp.float32) for g in gradients])
     step = moments.step_after(state_after)
     hyper = [jnp.float32(getattr(inner, name)) for name in ("beta_1", "beta_2", "epsilon")]
-    rms = []
+    scaled = []
     for number in range(len(weights)):
-        kept = moments.moments_after(number, state_after)
-        if kept is None:  # the optimizer does not update this weight
-            rms.append(jnp.float32(jnp.nan))
-            continue
-        rms.append(moment_statistics(moments.rule, applied[number], *kept, step, hyper, 6.0)[0])
-    return jnp.stack(rms)
+        kept = moments.moments_after(number, state_after)  # (m, v, AMSGrad's max) or None
+        scaled.append(None if kept is None else adam_scaled(moments.rule, applied[number], *kept[1:], step,
+                                                             hyper))
+    return scaled

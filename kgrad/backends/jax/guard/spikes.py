@@ -126,10 +126,9 @@ def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables,
     weights = model.trainable_variables if weights is None else weights
     new_trainable, new_optimizer = optimizer.stateless_apply(optimizer_variables, gradients, trainable)
     gradients = spike_samples.unscaled(gradients, inverse_scale)
-    rms = spike_samples.adam_rms(optimizer, weights, gradients, new_optimizer)
-    sampled = spike_samples.update_values(gradients, trainable, new_trainable, rms)
+    scaled = spike_samples.adam_scaled_gradients(optimizer, weights, gradients, new_optimizer)
+    norms, sampled = spike_samples.measured_update(gradients, trainable, new_trainable, scaled)
     _, _, _, mean, std = judged
-    norms = jnp.stack([spike_samples.norm(g) for g in gradients])
     known = std[2:] > 0
     z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)
     z_sampled, samples = spike_samples.z_scores(spikes.samples, spikes.sample_count, sampled)
@@ -148,8 +147,8 @@ def sample_measure(model, optimizer=None, weights=None, inverse_scale=None):
 
     def measure(gradients, old, new, new_optimizer):
         gradients = spike_samples.unscaled(gradients, inverse_scale)
-        rms = spike_samples.adam_rms(optimizer, weights, gradients, new_optimizer)
-        return spike_samples.update_values(gradients, old, new, rms)
+        scaled = spike_samples.adam_scaled_gradients(optimizer, weights, gradients, new_optimizer)
+        return spike_samples.measured_update(gradients, old, new, scaled)[1]
 
     return measure
 

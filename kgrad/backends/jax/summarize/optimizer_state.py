@@ -103,8 +103,26 @@ class OptimizerMoments:
                 rows.add_scalar(f"grad_outlier_fraction/{path}", outliers)
 
 
-def _rms(tensor):
-    return jnp.sqrt(jnp.mean(jnp.square(tensor)))
+def adam_scaled(rule, gradient, second, second_max, step, hyper):
+    """The gradient over Adam's denominator, √v̂ + ε: the tensor whose RMS is ``adam_rms``.
+
+    ``rule``, ``second``, ``second_max``, ``step`` and ``hyper`` as in `moment_statistics`.
+    """
+    beta_2, epsilon = hyper[1], hyper[2]
+    if rule == "adamax":
+        return gradient / (second.astype(jnp.float32) + epsilon)
+    second = second.astype(jnp.float32)
+    second_correction = 1.0 - jnp.power(beta_2, step)
+    if rule == "nadam":
+        return gradient / (jnp.sqrt(second / second_correction) + epsilon)
+    denominator = second if second_max is None else second_max.astype(jnp.float32)
+    return gradient * jnp.sqrt(second_correction) / (jnp.sqrt(denominator) + epsilon)
+
+
+def rms_from_squares(squares, shape):
+    """``adam_rms`` from the sum of the squares of `adam_scaled` (NaN for an empty weight: no mean)."""
+    size = math.prod(shape) or jnp.nan
+    return jnp.sqrt(squares / size)
 
 
 def moment_statistics(rule, gradient, first, second, second_max, step, hyper, sigmas):
@@ -128,18 +146,13 @@ def moment_statistics(rule, gradient, first, second, second_max, step, hyper, si
     >>> round(float(rms), 4), float(outliers)
     (1.0, 0.0)
     """
-    beta_1, beta_2, epsilon = hyper
+    scaled = adam_scaled(rule, gradient, second, second_max, step, hyper)
     if rule == "adamax":
-        return _rms(gradient / (second.astype(jnp.float32) + epsilon)), None
+        return rms_from_squares(jnp.sum(jnp.square(scaled)), scaled.shape), None
+    beta_1, beta_2, _ = hyper
     first, second = first.astype(jnp.float32), second.astype(jnp.float32)
-    second_correction = 1.0 - jnp.power(beta_2, step)
-    if rule == "nadam":
-        scaled = gradient / (jnp.sqrt(second / second_correction) + epsilon)
-    else:
-        denominator = second if second_max is None else second_max.astype(jnp.float32)
-        scaled = gradient * jnp.sqrt(second_correction) / (jnp.sqrt(denominator) + epsilon)
     first_hat = first / (1.0 - jnp.power(beta_1, step))
-    second_hat = second / second_correction
+    second_hat = second / (1.0 - jnp.power(beta_2, step))
     variance = second_hat - jnp.square(first_hat)
     # Where v̂ ≤ m̂² (one step of history: equal up to rounding) there is no
     # spread to measure against: not an outlier.
@@ -148,4 +161,4 @@ def moment_statistics(rule, gradient, first, second, second_max, step, hyper, si
     # One reduction of both: as one each, XLA's CPU backend wrote the outlier mask out whole first.
     squares, outliers = reduce_in_one_pass((jnp.square(scaled), 0.0, jnp.add), (outlier, 0, jnp.add))
     size = math.prod(scaled.shape) or jnp.nan  # (an empty weight has no mean: NaN, as before)
-    return jnp.sqrt(squares / size), outliers.astype(jnp.float32) / size
+    return rms_from_squares(squares, scaled.shape), outliers.astype(jnp.float32) / size
