@@ -17,7 +17,7 @@ from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.instrumented import Listener
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.on_device import reducible
-from kgrad.backends.jax.summarize.one_pass import norm_in_one_pass
+from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
 from kgrad.plan.tag_names import GRAD_NORM_TAG
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
@@ -132,10 +132,13 @@ def add_weight_rows(rows, config, paths, before, gradients, after, inverse_scale
         gradient_norms.append(row[0])
         rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
         if weight_tags_written(config.statistics, gradient, has_matrix):
-            # Each in one read (`one_pass`): with two, the change and the weight over its largest
-            # magnitude were written out whole, the size of the weights.
-            norm = norm_in_one_pass(reducible(weight))
-            change = norm_in_one_pass(reducible(updated.astype(jnp.float32) - weight.astype(jnp.float32)))
+            # Both norms in one read of the weight before and after (`one_pass`): with a read each
+            # and a max pass first, the change and the weight over its largest magnitude were
+            # written out whole, the size of the weights.
+            before_update = reducible(weight.astype(jnp.float32))
+            moved = reducible(updated.astype(jnp.float32)) - before_update
+            totals = reduce_in_one_pass(*norm_parts(before_update), *norm_parts(moved))
+            norm, change = norm_from_sums(*totals[:3]), norm_from_sums(*totals[3:])
             rows.add_scalar(f"weight_norm/{path}", norm)
             # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
             ratio = jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0)

@@ -12,7 +12,7 @@ needs no first pass for the largest magnitude: Blue's algorithm, three sums
 of squares over fixed magnitude ranges (the small ones scaled up, the large
 ones scaled down, by powers of two), combined at the end. Under
 ``keras.distribution.ModelParallel`` this took the probed step's
-temporaries per device from 316 KB to 272 KB (`docs/sharded.md`, "What it
+temporaries per device from 316 KB to 263 KB (`docs/sharded.md`, "What it
 costs"): the norm of a weight and of its change no longer write the tensor
 divided by its largest magnitude.
 
