@@ -7,10 +7,11 @@ tensor. A value read by two reductions (``x / max|x|`` for the norm of
 ``x`` and for its sum) was written out too. One reduction of several
 operands (`reduce_in_one_pass`) is fused with what makes its operands.
 
-`norm_in_one_pass` is an L2 norm that neither overflows nor underflows and
-needs no first pass for the largest magnitude: Blue's algorithm, three sums
-of squares over fixed magnitude ranges (the small ones scaled up, the large
-ones scaled down, by powers of two), combined at the end. Under
+`norm_parts` and `norm_from_sums` make an L2 norm that neither overflows
+nor underflows and needs no first pass for the largest magnitude: Blue's
+algorithm, three sums of squares over fixed magnitude ranges (the small
+ones scaled up, the large ones scaled down, by powers of two), combined at
+the end. Their three sums join the other totals of the same read. Under
 ``keras.distribution.ModelParallel`` this took the probed step's
 temporaries per device from 316 KB to 263 KB (`docs/sharded.md`, "What it
 costs"): the norm of a weight and of its change no longer write the tensor
@@ -19,11 +20,10 @@ divided by its largest magnitude.
 Example:
 
 >>> import jax.numpy as jnp
->>> f"{float(norm_in_one_pass(jnp.array([3e30, 4e30]))):.4g}"  # 3e30² overflows float32
-'5e+30'
->>> [int(total) for total in reduce_in_one_pass((jnp.array([0.0, 2.0]) == 0, 0, jnp.add),
-...                                              (jnp.array([0.0, 2.0]), 0.0, jnp.add))]
-[1, 2]
+>>> x = jnp.array([3e30, 0.0, -4e30])
+>>> zeros, *sums = reduce_in_one_pass((x == 0, 0, jnp.add), *norm_parts(x))
+>>> int(zeros), f"{float(norm_from_sums(*sums)):.4g}"  # (3e30)² overflows float32
+(1, '5e+30')
 """
 
 import jax
@@ -78,12 +78,16 @@ def norm_parts(x):
 def norm_from_sums(small_sum, middle_sum, large_sum):
     """The L2 norm from the three totals of `norm_parts` (Blue's combination, as in Algorithm 978).
 
+    Inf in the tensor gives Inf, NaN gives NaN, as a plain norm would.
+
     Example:
 
     >>> import jax.numpy as jnp
-    >>> sums = [jnp.sum(part) for part, _, _ in norm_parts(jnp.array([3e-30, 4e-30]))]
-    >>> f"{float(norm_from_sums(*sums)):.4g}"  # 3e-30² underflows float32
-    '5e-30'
+    >>> for x in ([3.0, 4.0], [3e-30, 4e-30], [1e30, jnp.inf]):  # (3e-30)² underflows float32
+    ...     print(f"{float(norm_from_sums(*reduce_in_one_pass(*norm_parts(jnp.array(x))))):.4g}")
+    5
+    5e-30
+    inf
     """
     middle_counts = (middle_sum > 0) | jnp.isnan(middle_sum)
     # Large values present: the small ones are below float32's resolution beside them.
@@ -96,19 +100,3 @@ def norm_from_sums(small_sum, middle_sum, large_sum):
                            root_small)
     return jnp.where(large_sum > 0, with_large, jnp.where(small_sum > 0, with_small, root_middle))
 
-
-def norm_in_one_pass(x):
-    """The L2 norm of ``x`` (float32), over every axis, in one read: no overflow, no underflow, no max pass.
-
-    Inf in ``x`` gives Inf, NaN gives NaN, as a plain norm would. Under a
-    ``keras.distribution`` the sums are per-shard partial results and an
-    all-reduce of three numbers.
-
-    Example:
-
-    >>> import jax.numpy as jnp
-    >>> tensors = [jnp.array([3.0, 4.0]), jnp.array([3e-30, 4e-30]), jnp.array([1e30, jnp.inf])]
-    >>> [f"{float(norm_in_one_pass(x)):.4g}" for x in tensors]
-    ['5', '5e-30', 'inf']
-    """
-    return norm_from_sums(*reduce_in_one_pass(*norm_parts(x)))
