@@ -14,6 +14,14 @@ more and names the JAX primitive and the line of
 the model's code that made the first NaN/Inf; its words go in the report's
 ``replay_note``. Nothing is applied: the model's variables are only read.
 
+With several JAX processes (``jax.distributed``) every process trips at the
+same step (they read the same replicated flag) and runs the replay together,
+as one program over the mesh: the batch is the global array Keras fed the
+step (`_global` makes one from each process's part of a batch given to
+`kgrad.replay_step`), the weights are the sharded ones kept, and only counts
+and ranges reduced on the devices, replicated, come back to each host
+(`kgrad.backends.jax.guard.device_reads`); each process applies the same rules.
+
 A model with its own ``train_step`` is replayed part by part (`replay_own_step`):
 the step runs once more, eagerly, with a `_ReplayedParts` active, each
 `kgrad.value_and_grad` call (a part) differentiating its function in the
@@ -62,13 +70,14 @@ def replay_fields(model, batch, seeds_after=None):
         finite), and the primitive and source line ``checkify`` names.
     """
     del seeds_after
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            f"not replayed with {jax.process_count()} JAX processes: the replay reads the step's batch and "
-            "weights on this host, and each process holds only its part of them")
+    processes = jax.process_count()
     if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
+        if processes > 1:
+            raise NotImplementedError(
+                f"not replayed with {processes} JAX processes: kgrad replays a model's own train_step "
+                "eagerly, part by part, and has that replay for one process only")
         return replay_own_step(model, batch)
-    x, y, sample_weight = (_as_fed(part) for part in unpack_batch(batch))
+    x, y, sample_weight = (_global(_as_fed(part)) for part in unpack_batch(batch))
     born = trace.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
@@ -92,12 +101,33 @@ def _as_fed(structure):
     return None if structure is None else keras.tree.map_structure(cast, structure)
 
 
+def _global(structure):
+    """With several processes and a ``keras.distribution``: each host array, this process's part of the
+    global batch, as one global array laid out as Keras lays out the batch (``fit`` feeds its steps so).
+
+    The guard keeps the step's batch as Keras fed it, already global; `kgrad.replay_step` may be given
+    each process's part, as ``fit`` is.
+    """
+    distribution = keras.distribution.distribution()
+    if structure is None or distribution is None or jax.process_count() == 1:
+        return structure
+
+    def place(leaf):
+        if leaf is None or isinstance(leaf, jax.Array):
+            return leaf
+        leaf = np.asarray(leaf)
+        layout = distribution.get_data_layout(leaf.shape).backend_layout
+        return jax.make_array_from_process_local_data(layout, leaf)
+
+    return keras.tree.map_structure(place, structure)
+
+
 def _checkify_note(model, x, y, sample_weight, jit):
     """What ``jax.experimental.checkify`` (float checks) says of the same pass, or ``None``."""
     try:
-        step, trainable = trace.checked_function(model, x, y, sample_weight)
+        step, trainable, given = trace.checked_function(model, x, y, sample_weight)
         checked = checkify.checkify(jax.jit(step) if jit else step, errors=checkify.float_checks)
-        error, _ = checked(trainable)
+        error, _ = checked(trainable, given)
         message = error.get()
         if message is None:
             return None
