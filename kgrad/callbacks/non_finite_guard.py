@@ -132,13 +132,9 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 f"dump_dir={dump_dir!r} of type {type(dump_dir).__name__}. Example: dump_dir='nan_dump'."
             )
         self.action = action
-        self.config = GuardConfig(
-            layers=layers,
-            watch=watch,
-            ignore_loss_scale_skips=ignore_loss_scale_skips,
-            halt_updates=action != "warn",
-            dump_dir=None if dump_dir is None else os.fspath(dump_dir),
-        )
+        dump_dir = None if dump_dir is None else os.fspath(dump_dir)
+        self.config = GuardConfig(layers=layers, watch=watch, ignore_loss_scale_skips=ignore_loss_scale_skips,
+                                  halt_updates=action != "warn", dump_dir=dump_dir)
         self.report = None
         self.reports = []
         if not isinstance(replay, bool):
@@ -147,7 +143,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
                                       spike_warmup=spike_warmup, max_skips=max_skips,
                                       spike_sample_every=spike_sample_every)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
+        self.dump_dir = dump_dir
         self.replay = replay
         self._sinks = SinkSet(checked_sinks(sinks), "NonFiniteGuard")
         self._step = None

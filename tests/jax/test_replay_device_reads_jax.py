@@ -1,4 +1,4 @@
-"""The JAX replay's counts and ranges made on the device (`kgrad.backends.jax.guard.device_reads`), against NumPy."""
+"""The JAX replay's counts and ranges made on the device (`device_reads`), against NumPy."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -37,8 +37,10 @@ def test_measured_counts_and_ranges_as_numpy_does():
 
 
 def test_the_rules_name_the_same_weight_and_input_from_measures_as_from_arrays():
-    weights = [("a/kernel", np.ones((2, 2), np.float32)), ("b/kernel", np.array([1.0, np.inf], np.float32))]
-    from_device = [(path, one) for (path, _), one in zip(weights, measured([values for _, values in weights]))]
+    weights = [("a/kernel", np.ones((2, 2), np.float32)),
+               ("b/kernel", np.array([1.0, np.inf], np.float32))]
+    measures = measured([values for _, values in weights])
+    from_device = [(path, one) for (path, _), one in zip(weights, measures)]
     assert locate.in_weights(from_device) == locate.in_weights(weights)
     assert locate.in_weights(from_device)["born_at"] == "b/kernel"
     inputs = {"left": np.zeros((2, 1), np.float32), "right": np.array([[np.nan], [-2.0]], np.float32)}
