@@ -82,7 +82,8 @@ def replay_fields(model, batch, seeds_after=None):
     if born is not None:
         return born, None
     operations = selection.resolve_layers(model, "all")
-    jit = model.jit_compile and not model.run_eagerly
+    # With several processes the replay is one program over the mesh, jitted (as tested) whatever fit ran.
+    jit = (model.jit_compile and not model.run_eagerly) or processes > 1
     calls, arrays = trace.trace_step(model, operations, x, y, sample_weight, jit=jit)
     paths = [model_relative_path(model, weight) for weight in model.trainable_variables]
     born = trace.located(model, calls, arrays, paths)
@@ -102,20 +103,21 @@ def _as_fed(structure):
 
 
 def _global(structure):
-    """With several processes and a ``keras.distribution``: each host array, this process's part of the
-    global batch, as one global array laid out as Keras lays out the batch (``fit`` feeds its steps so).
+    """``structure``'s leaves as global arrays, with several processes and a ``keras.distribution``.
 
-    The guard keeps the step's batch as Keras fed it, already global; `kgrad.replay_step` may be given
-    each process's part, as ``fit`` is.
+    Each leaf held by this process alone is its part of the global batch,
+    laid out as Keras lays out a batch it feeds a step. The guard keeps the
+    step's batch as Keras fed it, already global; `kgrad.replay_step` may be
+    given each process's part, as ``fit`` is.
     """
     distribution = keras.distribution.distribution()
     if structure is None or distribution is None or jax.process_count() == 1:
         return structure
 
     def place(leaf):
-        if leaf is None or isinstance(leaf, jax.Array):
-            return leaf
-        leaf = np.asarray(leaf)
+        if leaf is None or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):
+            return leaf  # already global
+        leaf = np.asarray(leaf)  # this process's part (its own devices' arrays included)
         layout = distribution.get_data_layout(leaf.shape).backend_layout
         return jax.make_array_from_process_local_data(layout, leaf)
 
