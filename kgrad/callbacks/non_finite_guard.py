@@ -73,7 +73,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
         dump_dir: If given, a tripped step's batch (``step_<step>.npz``) and
             the model at the last finite weights (``step_<step>.keras``) are
             written there, and the report prints the three lines of Python
-            that replay the step from them.
+            that replay the step from them (refused with several JAX
+            processes, where no process holds the whole model).
         replay: Whether a trip is replayed to locate where the NaN was born.
         sinks: Trackers that also get each report and, with ``log_dir``, the HTML report of
             ``log_dir`` at the trip (`kgrad.WandbSink`...; see `kgrad.GradientProbe`).
@@ -125,27 +126,24 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 "`ignore_loss_scale_skips` must be True or False. Received: "
                 f"ignore_loss_scale_skips={ignore_loss_scale_skips!r}."
             )
-        self.action = action
-        self.config = GuardConfig(
-            layers=layers,
-            watch=watch,
-            ignore_loss_scale_skips=ignore_loss_scale_skips,
-            halt_updates=action != "warn",
-        )
-        self.report = None
-        self.reports = []
-        if not isinstance(replay, bool):
-            raise TypeError(f"`replay` must be True or False. Received: replay={replay!r}.")
         if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
             raise TypeError(
                 "`dump_dir` must be None or a folder path (str or os.PathLike). Received: "
                 f"dump_dir={dump_dir!r} of type {type(dump_dir).__name__}. Example: dump_dir='nan_dump'."
             )
+        self.action = action
+        dump_dir = None if dump_dir is None else os.fspath(dump_dir)
+        self.config = GuardConfig(layers=layers, watch=watch, ignore_loss_scale_skips=ignore_loss_scale_skips,
+                                  halt_updates=action != "warn", dump_dir=dump_dir)
+        self.report = None
+        self.reports = []
+        if not isinstance(replay, bool):
+            raise TypeError(f"`replay` must be True or False. Received: replay={replay!r}.")
         self._spikes = spike_skipping(skip_spikes, spike_sigmas=spike_sigmas, spike_window=spike_window,
                                       spike_warmup=spike_warmup, max_skips=max_skips,
                                       spike_sample_every=spike_sample_every)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.dump_dir = None if dump_dir is None else os.fspath(dump_dir)
+        self.dump_dir = dump_dir
         self.replay = replay
         self._sinks = SinkSet(checked_sinks(sinks), "NonFiniteGuard")
         self._step = None

@@ -2,11 +2,13 @@
 
 One pair of processes of tests/scripts/multi_process_jax.py (coordinator on
 127.0.0.1), three fits: a probed one, a guarded one with a NaN in the data
-that only process 1 holds, and a long probed one during which the test kills
-process 1. Only process 0 writes; both read back only what they hold (JAX
-refuses to read an array that spans another process's devices); the values
-are those of one process with the whole batch (this process, one device);
-`kgrad report` and the tab's plugin read process 0's logs.
+that only process 1 holds (its trip replayed by both processes together, and
+`kgrad.replay_step` of a batch that overflows a layer), and a long probed one
+during which the test kills process 1. Only process 0 writes; both read back
+only what they hold (JAX refuses to read an array that spans another process's
+devices); the values and the replays' findings are those of one process with
+the whole batch (this process, one device); `kgrad report` and the tab's
+plugin read process 0's logs.
 """
 
 import json
@@ -97,6 +99,11 @@ def records(path):
         return json.load(file)
 
 
+def _json(value):
+    """``value`` as it reads back from JSON (tuples as lists)."""
+    return json.loads(json.dumps(value))
+
+
 def test_the_values_are_one_processs(run):
     out, _, _ = run
     first, second = records(out / "records_0.json"), records(out / "records_1.json")
@@ -156,7 +163,15 @@ def test_the_tab_serves_the_run_with_process_0s_values(run):
         np.testing.assert_allclose(row, [r["scalars"][f"grad_norm/{layer}"] for r in written], rtol=1e-6)
 
 
-def test_a_guard_trip_stops_both_and_process_0_writes_the_report(run):
+@pytest.fixture(scope="module")
+def after_step_0():
+    """One process's model after the guarded fit's step 0 on its whole batch: the state the guard kept."""
+    model = multi_process_jax.build(None)
+    model.fit(multi_process_jax.features[:8], multi_process_jax.labels[:8], batch_size=8, verbose=0)
+    return model
+
+
+def test_a_guard_trip_stops_both_and_process_0_writes_the_report(run, after_step_0):
     out, _, _ = run
     reports = [records(out / f"guard_{process}.json") for process in (0, 1)]
     # Both stopped at the NaN's step, without its update (the NaN is in process 1's half of the batch).
@@ -169,8 +184,19 @@ def test_a_guard_trip_stops_both_and_process_0_writes_the_report(run):
     # NaN gradients), all of down's kernel (64 x 8) and bias (8); up's bias gets 0s, no NaN.
     assert written["non_finite"] == [["loss/loss", 1, 0], ["weight_grad/up/kernel", 64, 0],
                                      ["weight_grad/down/kernel", 512, 0], ["weight_grad/down/bias", 8, 0]]
-    # The replay would read the batch and the weights on one host: it says why it did not run.
-    assert "not replayed with 2 JAX processes" in written["replay_note"]
+
+    # The replay ran on both processes together, each batch and weight where it lies, and names what
+    # one process replaying the same step (the weights after step 0, the whole batch) names.
+    bad = multi_process_jax.features.copy()
+    bad[multi_process_jax.NAN_AT] = np.nan
+    one = kgrad.replay_step(after_step_0, (bad[8:], multi_process_jax.labels[8:]), step=1)
+    assert (one.born_in, one.born_at) == ("data", "input")
+    for field in multi_process_jax.BORN:
+        assert written[field] == reports[0][field] == _json(getattr(one, field)), field
+    # A dump would hold the whole model and batch, which no process holds: refused before any step
+    # (test_only_process_0_writes: no dump folder).
+    assert "NonFiniteGuard(dump_dir=" in reports[0]["dump_refusal"]
+    assert "with 2 JAX processes" in reports[0]["dump_refusal"]
 
 
 def test_a_killed_process_leaves_process_0s_logs_readable_up_to_its_last_step(run):
@@ -182,3 +208,20 @@ def test_a_killed_process_leaves_process_0s_logs_readable_up_to_its_last_step(ru
     steps = scalars["global/grad_norm"].steps.tolist()
     assert steps[: last + 1] == list(range(last + 1)) and steps == list(range(len(steps)))
     assert np.isfinite(scalars["global/grad_norm"].values).all()
+
+
+def test_the_replay_of_several_processes_names_the_layer_one_process_names(run, after_step_0):
+    """`kgrad.replay_step` of a step whose Inf is born in a layer, run by both processes on their halves."""
+    out, _, _ = run
+    reports = [records(out / f"guard_{process}.json")["replay_step"] for process in (0, 1)]
+    assert reports[0] == reports[1]
+    one = kgrad.replay_step(after_step_0, (multi_process_jax.OVERFLOW, multi_process_jax.labels[:8]))
+    split = reports[0]
+    assert (one.born_in, one.born_at, one.born_type) == ("forward", "up", "Dense")
+    same = ("born_in", "born_at", "born_type", "born_path", "born_inside", "born_input_range", "replayed")
+    for field in same:
+        assert split[field] == _json(getattr(one, field)), field
+    # How many of the example's 64 outputs of `up` overflow depends on the order of its float32 sums,
+    # which the split kernel (its 32 inputs over the devices) changes: some do, all of them Inf.
+    assert 0 < split["born_inf_count"] <= 64 and 0 < one.born_inf_count <= 64
+    assert split["born_nan_count"] == one.born_nan_count == 0

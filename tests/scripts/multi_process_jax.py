@@ -13,7 +13,10 @@ it did:
    go to ``OUT_DIR/records_<id>.json``.
 2. ``guard``: a `kgrad.NonFiniteGuard` logging to ``OUT_DIR/guard_<id>``; a NaN in
    an example of step 1 that only process 1 holds. The report and the steps each
-   process ran go to ``OUT_DIR/guard_<id>.json``.
+   process ran go to ``OUT_DIR/guard_<id>.json``, with `kgrad.replay_step` of the
+   guard's model (the state of before the trip) on `OVERFLOW`, each process its half:
+   its NaN/Inf is born inside a layer, not in the data; and what a guard with a
+   ``dump_dir`` says (it refuses to gather the model and the batch).
 3. ``long``: a probed fit that runs until the test kills a process, writing to
    ``OUT_DIR/long_<id>``; it prints ``step N`` after each step.
 """
@@ -39,6 +42,12 @@ from model_parallel_values_jax import features, float_model as build, labels  # 
 GLOBAL_BATCH = 8
 #: The guard's NaN: step 1, example 6 of its global batch (in process 1's half).
 NAN_AT = (1 * GLOBAL_BATCH + 6, 3)
+#: A global batch whose example 6 (process 1's half) overflows the first layer: an Inf born in `up`.
+OVERFLOW = features[:GLOBAL_BATCH].copy()
+OVERFLOW[6] = 3e38
+#: The fields of a replay's report that the test compares with one process's.
+BORN = ("born_in", "born_at", "born_type", "born_path", "born_inside", "born_nan_count", "born_inf_count",
+        "born_input_range", "replayed", "replay_note")
 
 
 def probe(log_dir=None, on_probe=None):
@@ -90,9 +99,19 @@ def main(process, port, out):
     model.fit(half(bad, process), half(labels, process), batch_size=GLOBAL_BATCH // 2, shuffle=False,
               verbose=0, callbacks=[guard])
     report = guard.report
+    replayed = kgrad.replay_step(model, (half(OVERFLOW, process), half(labels[:GLOBAL_BATCH], process)))
+    try:  # a dump would gather the model and the batch on one host: refused before the first step
+        model.fit(half(bad, process), half(labels, process), batch_size=GLOBAL_BATCH // 2, verbose=0,
+                  callbacks=[kgrad.NonFiniteGuard(dump_dir=os.path.join(out, "dump"))])
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
     with open(os.path.join(out, f"guard_{process}.json"), "w") as file:
-        json.dump({"iterations": int(model.optimizer.iterations), "step": report.step,
-                   "tensor": report.tensor, "born_in": report.born_in, "born_at": report.born_at}, file)
+        json.dump({
+            "iterations": int(model.optimizer.iterations), "step": report.step, "tensor": report.tensor,
+            **{field: getattr(report, field) for field in BORN},
+            "replay_step": {field: getattr(replayed, field) for field in BORN}, "dump_refusal": refusal,
+        }, file)
     print("guard done", flush=True)
 
     model = build(model_parallel())

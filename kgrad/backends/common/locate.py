@@ -12,7 +12,9 @@ backward pass from the loss down (the first call whose dJ/d(input) is
 non-finite while dJ/d(output) is finite), then the weight gradients.
 
 `counts` and `finite_range` read host arrays of every floating dtype,
-bfloat16 included (NumPy gives it ``dtype.kind == "V"``).
+bfloat16 included (NumPy gives it ``dtype.kind == "V"``). A backend that
+counts on the devices (JAX, whose arrays may span several hosts) hands
+`in_weights` and `in_data` a `Measured` in place of each array.
 
 >>> import numpy as np
 >>> calls = [Call("dense", "Dense", "dense", output=(0, 0), inputs=(0, 0), input_range=(0.0, 1.0)),
@@ -77,6 +79,26 @@ class Loss:
     note: str = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A weight's or a data leaf's NaN/Inf counts and finite range, computed where its values live.
+
+    Attributes:
+        nan_inf: ``(nan, inf)``.
+        finite_range: ``(min, max)`` of its finite values, or ``None``.
+    """
+
+    nan_inf: tuple
+    finite_range: tuple = None
+
+
+def _measures(values):
+    """``((nan, inf), finite range)`` of ``values``: a `Measured`'s, or read from the host array."""
+    if isinstance(values, Measured):
+        return values.nan_inf, values.finite_range
+    return counts(values), finite_range(values)
+
+
 def float_arrays(structure):
     """The floating-point leaves of ``structure`` (tensors, variables, arrays) as host arrays.
 
@@ -110,25 +132,28 @@ def birth(born_in, name, kind, path, nan_inf, input_range, **extra):
 
 
 def in_weights(weights):
-    """The first non-finite weight of ``[(path, values)]`` (an earlier update made it so), or ``None``."""
+    """The first non-finite weight of ``[(path, values or Measured)]`` (an earlier update), or ``None``."""
     for path, values in weights:
-        nan_inf = counts(values)
+        nan_inf, value_range = _measures(values)
         if any(nan_inf):
-            return birth("weights", path, "weight", path, nan_inf, finite_range(values))
+            return birth("weights", path, "weight", path, nan_inf, value_range)
     return None
 
 
 def in_data(inputs, targets, sample_weight):
-    """The first non-finite input, target or sample weight (the NaN arrived with the data), or ``None``."""
+    """The first non-finite input, target or sample weight (the NaN arrived with the data), or ``None``.
+
+    Each leaf of the three structures is an array or its `Measured`.
+    """
     for structure, prefix in ((inputs, "input"), (targets, "target"), (sample_weight, "sample_weight")):
         if structure is None:
             continue
         names = io_names(structure, prefix)  # each input, and each output's target and weights
         for name, leaf in zip(names, tree.flatten(structure)):
             name = name if len(names) == 1 else f"{prefix}/{name}"
-            nan_inf = counts(leaf)
+            nan_inf, value_range = _measures(leaf)
             if any(nan_inf):
-                return birth("data", name, "input data", name, nan_inf, finite_range(leaf))
+                return birth("data", name, "input data", name, nan_inf, value_range)
     return None
 
 

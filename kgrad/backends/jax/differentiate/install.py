@@ -10,6 +10,8 @@ model after ``fit`` (`_kept`): a later ``fit`` with the same options does not
 compile its step again.
 """
 
+import jax
+
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common import attached
 from kgrad.backends.common.own_step import check_stateless_train_step, has_own_train_step
@@ -63,6 +65,14 @@ def check_guard(model, config):
             "Keras' loop runs before it stops apply nothing and their records would replace it. Guard a "
             "plain keras.Model and pass kgrad.GradientProbe(...) to fit instead. Set "
             "KERAS_BACKEND=tensorflow, where it is supported."
+        )
+    if config.dump_dir is not None and jax.process_count() > 1:
+        raise ValueError(
+            f"NonFiniteGuard(dump_dir={config.dump_dir!r}) cannot dump a trip with {jax.process_count()} JAX "
+            "processes: the dump is the whole model (step_<step>.keras) and batch, to replay in one process, "
+            "and each process holds only its part of them (gathering them is what a sharded model cannot "
+            "afford). The guard's replay runs on every process together, and process 0's report names "
+            "where the NaN/Inf was born: leave dump_dir out (dump_dir=None)."
         )
 
 

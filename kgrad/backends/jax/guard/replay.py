@@ -14,6 +14,14 @@ more and names the JAX primitive and the line of
 the model's code that made the first NaN/Inf; its words go in the report's
 ``replay_note``. Nothing is applied: the model's variables are only read.
 
+With several JAX processes (``jax.distributed``) every process trips at the
+same step (they read the same replicated flag) and runs the replay together,
+as one program over the mesh: the batch is the global array Keras fed the
+step (`_global` makes one from each process's part of a batch given to
+`kgrad.replay_step`), the weights are the sharded ones kept, and only counts
+and ranges reduced on the devices, replicated, come back to each host
+(`kgrad.backends.jax.guard.device_reads`); each process applies the same rules.
+
 A model with its own ``train_step`` is replayed part by part (`replay_own_step`):
 the step runs once more, eagerly, with a `_ReplayedParts` active, each
 `kgrad.value_and_grad` call (a part) differentiating its function in the
@@ -62,18 +70,20 @@ def replay_fields(model, batch, seeds_after=None):
         finite), and the primitive and source line ``checkify`` names.
     """
     del seeds_after
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            f"not replayed with {jax.process_count()} JAX processes: the replay reads the step's batch and "
-            "weights on this host, and each process holds only its part of them")
+    processes = jax.process_count()
     if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
+        if processes > 1:
+            raise NotImplementedError(
+                f"not replayed with {processes} JAX processes: kgrad replays a model's own train_step "
+                "eagerly, part by part, and has that replay for one process only")
         return replay_own_step(model, batch)
-    x, y, sample_weight = (_as_fed(part) for part in unpack_batch(batch))
+    x, y, sample_weight = (_global(_as_fed(part)) for part in unpack_batch(batch))
     born = trace.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
     operations = selection.resolve_layers(model, "all")
-    jit = model.jit_compile and not model.run_eagerly
+    # With several processes the replay is one program over the mesh, jitted (as tested) whatever fit ran.
+    jit = (model.jit_compile and not model.run_eagerly) or processes > 1
     calls, arrays = trace.trace_step(model, operations, x, y, sample_weight, jit=jit)
     paths = [model_relative_path(model, weight) for weight in model.trainable_variables]
     born = trace.located(model, calls, arrays, paths)
@@ -92,12 +102,34 @@ def _as_fed(structure):
     return None if structure is None else keras.tree.map_structure(cast, structure)
 
 
+def _global(structure):
+    """``structure``'s leaves as global arrays, with several processes and a ``keras.distribution``.
+
+    Each leaf held by this process alone is its part of the global batch,
+    laid out as Keras lays out a batch it feeds a step. The guard keeps the
+    step's batch as Keras fed it, already global; `kgrad.replay_step` may be
+    given each process's part, as ``fit`` is.
+    """
+    distribution = keras.distribution.distribution()
+    if structure is None or distribution is None or jax.process_count() == 1:
+        return structure
+
+    def place(leaf):
+        if leaf is None or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):
+            return leaf  # already global
+        leaf = np.asarray(leaf)  # this process's part (its own devices' arrays included)
+        layout = distribution.get_data_layout(leaf.shape).backend_layout
+        return jax.make_array_from_process_local_data(layout, leaf)
+
+    return keras.tree.map_structure(place, structure)
+
+
 def _checkify_note(model, x, y, sample_weight, jit):
     """What ``jax.experimental.checkify`` (float checks) says of the same pass, or ``None``."""
     try:
-        step, trainable = trace.checked_function(model, x, y, sample_weight)
+        step, trainable, given = trace.checked_function(model, x, y, sample_weight)
         checked = checkify.checkify(jax.jit(step) if jit else step, errors=checkify.float_checks)
-        error, _ = checked(trainable)
+        error, _ = checked(trainable, given)
         message = error.get()
         if message is None:
             return None

@@ -10,10 +10,12 @@ perturbation (a carrier the size of the output, as in Flax's ``perturb``),
 whose gradient is dJ/d(that output), and the NaN/Inf counts of each call's
 inputs and outputs and the finite range of its inputs are computed on the
 device. Which operation consumed which output is seen while tracing (the
-same traced value). Only small arrays come back to the host. It runs on a
-trip only. `located` describes those calls as `kgrad.backends.common.locate.Call`s
-and applies the NaN-birth rules, the same as TensorFlow's; `before_the_pass`
-checks what needs no pass: the weights and the data.
+same traced value). Only small arrays come back to the host
+(`kgrad.backends.jax.guard.device_reads`: with several processes, replicated
+first, so that every process reads them). It runs on a trip only. `located`
+describes those calls as `kgrad.backends.common.locate.Call`s and applies the
+NaN-birth rules, the same as TensorFlow's; `before_the_pass` checks what needs
+no pass: the weights and the data, counted on the devices too.
 """
 
 import dataclasses
@@ -28,6 +30,7 @@ from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.model_io import is_float, model_relative_path
 from kgrad.backends.jax import keras_internals
 from kgrad.backends.jax.capture.instrumented import InstrumentedPass, Listener
+from kgrad.backends.jax.guard.device_reads import counts, finite_range, measured, readable
 from kgrad.plan.operations import tappable_operations
 
 
@@ -101,41 +104,27 @@ class ReplayPerturbations(Listener):
         """Per call: NaN/Inf counts of its outputs and inputs, the finite range of its inputs."""
         calls = self.calls or [Call("", "", None, [])]
         return {
-            "outputs": jnp.stack([_counts(call.outputs) for call in calls]),
-            "inputs": jnp.stack([_counts(call.inputs) for call in calls]),
-            "ranges": jnp.stack([_finite_range(call.inputs) for call in calls]),
+            "outputs": jnp.stack([counts(call.outputs) for call in calls]),
+            "inputs": jnp.stack([counts(call.inputs) for call in calls]),
+            "ranges": jnp.stack([finite_range(call.inputs) for call in calls]),
         }
 
 
-def _counts(leaves):
-    """``[nan, inf]`` over ``leaves`` (int32)."""
-    if not leaves:
-        return jnp.zeros((2,), jnp.int32)
-    return jnp.stack([sum(jnp.sum(jnp.isnan(leaf)) for leaf in leaves),
-                      sum(jnp.sum(jnp.isinf(leaf)) for leaf in leaves)]).astype(jnp.int32)
-
-
-def _finite_range(leaves):
-    """``[min, max, has any]`` of the finite values of ``leaves`` (float32)."""
-    if not leaves:
-        return jnp.zeros((3,), jnp.float32)
-    flat = jnp.concatenate([jnp.ravel(leaf).astype(jnp.float32) for leaf in leaves])
-    finite = jnp.isfinite(flat)
-    return jnp.stack([jnp.min(jnp.where(finite, flat, jnp.inf)), jnp.max(jnp.where(finite, flat, -jnp.inf)),
-                      jnp.any(finite).astype(jnp.float32)])
-
-
-def replayed_pass(model, operations, call, values, read, jit=False):
-    """Runs ``call(*values)`` and its backward pass with every call of ``operations`` checked.
+def replayed_pass(model, operations, call, values, read, jit=False, given=()):
+    """Runs ``call(*values, *given)`` and its backward pass with every call of ``operations`` checked.
 
     Args:
         model: The model (or the sub-model of a part) whose call's float inputs
             are perturbed too (their gradient is dJ/dx).
         operations: ``{name: operation}`` tapped while the pass runs.
-        call: ``fn(*values) -> out``, differentiated with respect to ``values``.
+        call: ``fn(*values, *given) -> out``, differentiated with respect to ``values``.
         values: The differentiated values (a list).
         read: ``fn(out, calls) -> (value differentiated, loss, prediction leaves)``.
         jit: Whether the pass runs jitted.
+        given: What else ``call`` reads (the rest of the state, the batch):
+            arguments of the jitted pass, not constants it closes over (with
+            several processes JAX refuses to close over an array that other
+            processes hold part of).
 
     Returns:
         ``(calls, host arrays)``: ``outputs``, ``inputs`` (``[calls, 2]`` NaN/Inf
@@ -146,55 +135,57 @@ def replayed_pass(model, operations, call, values, read, jit=False):
     """
     perturbations = ReplayPerturbations(operations)
 
-    def loss(*values):
-        value, loss, prediction = read(call(*values), perturbations.calls)
-        return value, {"loss": _counts([loss]), "prediction_range": _finite_range(prediction)}
+    def run(values, given):
+        def loss(*values):
+            value, loss, prediction = read(call(*values, *given), perturbations.calls)
+            return value, {"loss": counts([loss]), "prediction_range": finite_range(prediction)}
 
-    def run(values):
         pass_ = InstrumentedPass(model, [perturbations])
         pass_.discover(loss, values)
         (_, arrays), gradients, (forward,), (perturbed,) = pass_.value_and_grad(loss, values, has_aux=True)
         leaves = jax.tree_util.tree_leaves(gradients)
         return {
-            **arrays, **forward, "gradients": {key: _counts([g]) for key, g in perturbed.items()},
-            "weight_gradients": jnp.stack([_counts([g]) for g in leaves] or [_counts([])]),
+            **arrays, **forward, "gradients": {key: counts([g]) for key, g in perturbed.items()},
+            "weight_gradients": jnp.stack([counts([g]) for g in leaves] or [counts([])]),
         }
 
-    arrays = (jax.jit(run) if jit else run)(values)
-    return perturbations.calls, jax.device_get(arrays)
+    arrays = (jax.jit(run) if jit else run)(values, tuple(given))
+    return perturbations.calls, readable(arrays)
 
 
 def trace_step(model, operations, x, y, sample_weight, jit=True):
     """`replayed_pass` of Keras' ``compute_loss_and_updates``, from the model's variables."""
-    call, trainable = _keras_step(model, x, y, sample_weight)
+    call, trainable, given = _keras_step(model, x, y, sample_weight)
 
     def read(out, calls):
         loss, aux = out
         return loss, aux[0], tree.flatten(aux[1])  # the unscaled loss, the prediction
 
-    return replayed_pass(model, operations, call, [trainable], read, jit=jit)
+    return replayed_pass(model, operations, call, [trainable], read, jit=jit, given=[given])
 
 
 def checked_function(model, x, y, sample_weight):
-    """The replayed pass as ``fn() -> loss and gradients``, for `jax.experimental.checkify`."""
-    call, trainable = _keras_step(model, x, y, sample_weight)
-    return jax.value_and_grad(lambda trainable: call(trainable)[0]), trainable
+    """``(fn(trainable, given) -> loss and gradients, trainable, given)``, for `jax.experimental.checkify`."""
+    call, trainable, given = _keras_step(model, x, y, sample_weight)
+    return jax.value_and_grad(lambda trainable, given: call(trainable, given)[0]), trainable, given
 
 
 def _keras_step(model, x, y, sample_weight):
-    """``(fn(trainable) -> (loss, aux), trainable)``: Keras' step's loss, from the model's variables.
+    """``(fn(trainable, given) -> (loss, aux), trainable, given)``: Keras' step's loss, from its state.
 
-    ``aux`` is ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
+    ``given`` is the rest of the state and the batch; ``aux`` is
+    ``compute_loss_and_updates``' ``(unscaled loss, ŷ, non-trainable, metrics)``.
     """
     trainable, non_trainable, optimizer_variables, metrics_variables = keras_internals.jax_state(model)
 
-    def loss(trainable):
+    def loss(trainable, given):
+        non_trainable, optimizer_variables, metrics_variables, x, y, sample_weight = given
         return model.compute_loss_and_updates(
             trainable, non_trainable, metrics_variables, x, y, sample_weight,
             training=True, optimizer_variables=optimizer_variables,
         )
 
-    return loss, trainable
+    return loss, trainable, (non_trainable, optimizer_variables, metrics_variables, x, y, sample_weight)
 
 
 #: How the replay names an operation it does not record (`locate.in_forward`).
@@ -209,9 +200,20 @@ _LOSS_NOTE = (
 
 
 def before_the_pass(model, inputs, targets, sample_weight):
-    """The birth in ``model``'s weights (an earlier update) or in the data, or ``None``."""
-    weights = [(model_relative_path(model, weight), weight.value) for weight in model.weights]
-    return locate.in_weights(weights) or locate.in_data(inputs, targets, sample_weight)
+    """The birth in ``model``'s weights (an earlier update) or in the data, or ``None``.
+
+    Counted on the devices (`device_reads.measured`): no weight or batch is read to the host.
+    """
+    data = (inputs, targets, sample_weight)
+    leaves = [weight.value for weight in model.weights] + tree.flatten(data)
+    measures = iter(measured(leaves))
+    weights = [(model_relative_path(model, weight), next(measures)) for weight in model.weights]
+
+    def measure_of(leaf):
+        found = next(measures)  # (in flatten's order, None leaves included)
+        return None if leaf is None else found
+
+    return locate.in_weights(weights) or locate.in_data(*tree.map_structure(measure_of, data))
 
 
 def located(model, calls, arrays, weight_paths):
