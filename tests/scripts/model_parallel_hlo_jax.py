@@ -20,7 +20,8 @@ import re
 import sys
 
 if __name__ == "__main__":  # (pytest imports this file for its doctests: leave its environment alone)
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    # XLA flags of the caller's come after (to measure one: docs/sharded.md, "What it costs").
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {os.environ.get('XLA_FLAGS', '')}"
     os.environ["KERAS_BACKEND"] = "jax"
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"  # XLA's warnings (rematerialization) reach stderr
 
