@@ -14,7 +14,8 @@ page's blocks). Wall seconds are kept beside them, but on a shared machine only
 the CPU seconds mean something: another run's load stretches the wall time, not
 the CPU time. A module-scoped fixture is charged to the setup of the
 first test that asks for it. Under pytest-xdist each worker writes its own file,
-``<name>.<worker>.json``.
+``<name>.<worker>.json``; under ``KERAS_BACKEND=jax``, ``<name>.jax[.<worker>].json``, so that
+both halves of the README's test command, run with one value, keep their files.
 """
 
 import argparse
@@ -95,8 +96,11 @@ class CpuTimes:
             "collection": self.collection,
             "tests": self.tests,
         }
+        stem, suffix = os.path.splitext(self.path)
+        parts = [stem] + (["jax"] if os.environ.get("KERAS_BACKEND") == "jax" else [])
         worker = os.environ.get("PYTEST_XDIST_WORKER")
-        path = self.path if worker is None else f"{os.path.splitext(self.path)[0]}.{worker}.json"
+        parts += [] if worker is None else [worker]
+        path = self.path if len(parts) == 1 else ".".join(parts) + ".json"
         with open(path + ".partial", "w") as file:
             json.dump(record, file, indent=1)
         os.replace(path + ".partial", path)
