@@ -175,12 +175,9 @@ class GuardState:
         def skipped():
             if on_skip is not None:
                 on_skip()
-            if self.spikes is not None:
-                def record_skip():
-                    self.spikes.record_skip(judged, before[1], *spike_update, inverse_scale=inverse_scale)
-                    return tf.no_op()
-
-                tf.cond(tf.logical_and(spike, tf.logical_not(before[2])), record_skip, tf.no_op)
+            if self.spikes is not None:  # measured where it spiked, before any trip of the rule
+                kept = tf.logical_and(spike, tf.logical_not(before[2]))
+                self.spikes.record_skip(kept, judged, before[1], *spike_update, inverse_scale=inverse_scale)
             return tf.no_op()
 
         # A branch of its own: the update is traced once (a large model's

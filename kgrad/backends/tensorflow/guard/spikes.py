@@ -61,19 +61,15 @@ class SpikeState:
         """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
 
         ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
-        as on JAX, whose host picks a sample step without reading the device
-        (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`); the rest `SampleWindow.sampled_update`'s.
+        as on JAX; the rest `SampleWindow.sampled_update`'s.
         """
         self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
 
     def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
 
-        Only the comparison of this step's two logarithms with the window's
-        mean and σ, computed after the previous step (`statistics`), sits
-        before the update's branch; the rest (`after_step`) runs beside the
-        update. (It cost the benchmark MLP the same as the whole rule before
-        the branch: benchmarks/RESULTS.md.)
+        Only the step's two logarithms against the window's mean and σ of the
+        step before (`statistics`) sit before the update's branch; `after_step` runs beside it.
 
         Args:
             loss, weight_squares: As `judge`'s.
@@ -83,9 +79,8 @@ class SpikeState:
 
         Returns:
             ``apply``: the update runs (``may_apply`` and no spike); ``judged``:
-            what `judge` returned; ``before``: `accepted`, `row_count` and
-            `tripped` as they were before the step (whether it is a sample step,
-            its row, and whether its skip is kept).
+            what `judge` returned; ``before``: `accepted`, `row_count` and `tripped`
+            before the step (its row, whether a sample step, whether its skip is kept).
         """
         before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
         judged = self.judge(tf.cast(loss, tf.float32), weight_squares)
@@ -103,8 +98,7 @@ class SpikeState:
         skip's per-weight z-scores rank weights, they decide nothing);
         ``mean`` and ``std`` the window's, per column (NaN before two accepted
         steps, or where the window holds a loss that is not positive), read
-        from `statistics`. ``spike`` needs the loss, the global norm and
-        those: the per-weight values are left off its path.
+        from `statistics`: ``spike`` waits for the loss and the global norm only.
 
         Args:
             loss: The step's loss (unscaled, a scalar).
@@ -158,28 +152,35 @@ class SpikeState:
         scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
-        """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
+    def record_skip(self, kept, judged, row, optimizer, applied, measured, apply_update=None,
+                    inverse_scale=None):
+        """Graph code, in the branch of a skipped step: `measure_skip` where ``kept``, in a call of its own.
 
+        ``kept``: the step spiked, and the rule had not tripped before it.
         Under several replicas (``apply_update`` given, the cross-replica
         context), inline: the update's all-reduce cannot sit in a nested function.
 
         Not inlined: TensorFlow's graph executor visits every op of a branch
         not taken (its dead tensors propagate), and the would-be update is
-        hundreds of ops on a large model; one call op is one visit. Measured
-        on the benchmark transformer, the guard with spike skipping cost
-        1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
+        hundreds of ops on a large model; one call op is one visit. The
+        ``tf.cond`` of ``kept`` is inside the call: in the branch it added a
+        Switch per captured tensor, 56 visits a step on the benchmark MLP
+        (benchmarks/RESULTS.md).
         """
-        if apply_update is not None:
+        def measure(apply_update=None):
             self.measure_skip(judged, row, optimizer, applied, measured, apply_update, inverse_scale)
+            return tf.no_op()
+
+        if apply_update is not None:
+            tf.cond(kept, lambda: measure(apply_update), tf.no_op)
             return
 
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
-        def measure():
-            self.measure_skip(judged, row, optimizer, applied, measured, inverse_scale=inverse_scale)
+        def call():
+            tf.cond(kept, measure, tf.no_op)
             return tf.constant(0)
 
-        measure()
+        call()
 
     def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
@@ -277,8 +278,7 @@ class SpikeState:
 def window_statistics(window, accepted, length):
     """Graph code: ``(mean, std)`` per column of the window's accepted rows (NaN before two of them).
 
-    σ is the sample standard deviation (n − 1) of the last ``min(accepted,
-    length)`` rows written, as `kgrad.plan.spike_rule.judge`'s.
+    σ is the sample standard deviation (n − 1), as `kgrad.plan.spike_rule.judge`'s.
 
     Args:
         window: ``[length, columns]``: the window, rows written in turn.
