@@ -58,12 +58,12 @@ class SpikeState:
 
     def applied_update(self, step, apply, optimizer, measured, inline=False, overflowed=None,
                        inverse_scale=None):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
+        """Graph code: ``(sample, sampled)``: the branch of an applied update sampled, and when (`SampleWindow`).
 
         ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
         as on JAX; the rest `SampleWindow.sampled_update`'s.
         """
-        self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
+        return self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
 
     def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
