@@ -58,12 +58,12 @@ class SpikeState:
 
     def applied_update(self, step, apply, optimizer, measured, inline=False, overflowed=None,
                        inverse_scale=None):
-        """Graph code: ``(sample, sampled)``: the branch of an applied update sampled, and when (`SampleWindow`).
+        """Graph code: ``(sample, sampled)``: whether to sample the update, and its branch (`SampleWindow`).
 
-        ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
-        as on JAX; the rest `SampleWindow.sampled_update`'s.
+        ``step``: the step's row (`decide`'s ``before``), steps run as on JAX; the rest as `SampleWindow`'s.
         """
-        return self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
+        samples = self.samples
+        return samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
 
     def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
