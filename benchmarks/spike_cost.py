@@ -48,8 +48,12 @@ def _inline_while(flag):
 
     as_call = SpikeState.record_skip
 
-    def record_skip(self, *args):
-        return self.measure_skip(*args) if flag[0] else as_call(self, *args)
+    def record_skip(self, kept, *args, **kwargs):
+        if not flag[0]:
+            return as_call(self, kept, *args, **kwargs)
+        import tensorflow as tf
+
+        tf.cond(kept, lambda: self.measure_skip(*args, **kwargs) or tf.no_op(), tf.no_op)
 
     SpikeState.record_skip = record_skip
 

@@ -163,30 +163,36 @@ class GuardState:
         )
 
         def update():
-            if self.spikes is None:
-                apply()
-            else:  # sampled every few steps run, for the z-scores of a later skip
-                optimizer, _, measured = spike_update[:3]
-                # Under several replicas (an update of every replica given): the cross-replica context.
-                self.spikes.applied_update(before[1], apply, optimizer, measured, len(spike_update) > 3,
-                                           overflowed, inverse_scale)
+            apply()
             return tf.no_op()
 
         def skipped():
             if on_skip is not None:
                 on_skip()
-            if self.spikes is not None:
-                def record_skip():
-                    self.spikes.record_skip(judged, before[1], *spike_update, inverse_scale=inverse_scale)
-                    return tf.no_op()
-
-                tf.cond(tf.logical_and(spike, tf.logical_not(before[2])), record_skip, tf.no_op)
+            if self.spikes is not None:  # measured where it spiked, before any trip of the rule
+                kept = tf.logical_and(spike, tf.logical_not(before[2]))
+                self.spikes.record_skip(kept, judged, before[1], *spike_update, inverse_scale=inverse_scale)
             return tf.no_op()
 
         # A branch of its own: the update is traced once (a large model's
         # update is a good part of its step's graph; tracing it into two
         # branches cost the MobileNet ~170 MB of peak memory).
-        tf.cond(may_apply, update, skipped)
+        if self.spikes is None:
+            tf.cond(may_apply, update, skipped)
+        else:  # the update, sampled every few steps run (for a later skip's z-scores), or the skip
+            optimizer, _, measured = spike_update[:3]
+            # Under several replicas (an update of every replica given): the cross-replica context.
+            sample, sampled = self.spikes.applied_update(
+                before[1], apply, optimizer, measured, len(spike_update) > 3, overflowed, inverse_scale
+            )
+
+            def sampled_update():
+                sampled()
+                return tf.no_op()
+
+            # One switch of three: a `tf.cond` of the sample nested in the update's branch
+            # put a Switch per captured tensor on every step (benchmarks/RESULTS.md).
+            tf.switch_case(tf.where(may_apply, tf.where(sample, 1, 0), 2), [update, sampled_update, skipped])
         self.applied = may_apply  # the step's decision, for the metrics (`metrics_before_step`)
         return may_apply
 

@@ -8,10 +8,10 @@ where its update is applied (`kgrad.plan.spike_rule.sample_every`), and kept in 
 ``S`` samples per weight (`kgrad.plan.spike_rule.sample_slots`): the same
 values as a skip's table, of the update actually applied.
 
-A sample step does not apply and undo, as a skip does: in one branch of a
-``tf.cond`` the weights are read (and ``adam_rms`` computed from the
+A sample step does not apply and undo, as a skip does: in one branch of the
+guard's switch the weights are read (and ``adam_rms`` computed from the
 gradients and Adam's moments) before the step's own update, which then runs
-as on any step, and measured after it; the other branch is the update alone.
+as on any step, and measured after it; another branch is the update alone.
 Without XLA the sample branch is one function call (TensorFlow visits every
 op of a branch not taken: see
 `kgrad.backends.tensorflow.guard.spikes.SpikeState.record_skip`), so a step
@@ -19,9 +19,9 @@ that is not a sample step pays a remainder, a branch and one call op not run.
 Two branches around the update (a read before it, a measure after it) cost
 more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken after the first).
 
-Example (graph code, in the branch that applies the update)::
+Example (graph code, before the update's branches)::
 
-    samples.sampled_update(steps_run, apply, optimizer, measured)
+    sample, sampled = samples.sampled_update(steps_run, apply, optimizer, measured)
 """
 
 import tensorflow as tf
@@ -85,7 +85,11 @@ class SampleWindow:
 
     def sampled_update(self, steps_run, apply, optimizer, measured, inline=False, overflowed=None,
                        inverse_scale=None):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled every ``every`` steps run.
+        """Graph code: ``(sample, sampled)``: whether this step is sampled, and the branch that samples it.
+
+        ``sampled()`` runs ``apply()`` between a read of the weights (and
+        ``adam_rms``) and their measure; the guard runs it instead of
+        ``apply()`` where ``sample`` (`kgrad.backends.tensorflow.guard.sentinel`).
 
         Args:
             steps_run: Steps run before this one (the step is the sample where a multiple of ``every``).
@@ -122,9 +126,8 @@ class SampleWindow:
 
         # A branch not taken costs its every op without XLA (one call op here); within XLA it
         # costs nothing, and a nested function would only be inlined. The update is traced in
-        # both branches, as the skip's branch traces it too.
-        wrap = (lambda fn: fn) if inline or in_xla() else noinline
-        tf.cond(sample, wrap(sampled), lambda: apply() or tf.constant(0))
+        # the plain branch too, as the skip's branch traces it.
+        return sample, sampled if inline or in_xla() else noinline(sampled)
 
     def z_scores(self, values):
         """Graph code: ``[weights, len(SAMPLED_VALUES)]`` z-scores of a skip's ``values`` against the samples.

@@ -3,8 +3,8 @@
 `SpikeState` judges every step (`kgrad.plan.spike_rule`, the NumPy
 reference): the logarithms of the step's loss and global gradient norm
 against mean + kσ of the last N accepted steps, a window kept in a device
-variable. Its
-`GuardState` (`kgrad.backends.tensorflow.guard.sentinel`) then skips the
+variable, its mean and σ computed after each step for the next one
+(`window_statistics`). Its `GuardState` (`kgrad.backends.tensorflow.guard.sentinel`) then skips the
 update of a spiking step exactly as it skips a non-finite one. Every step
 also writes one row of per-step values (skipped, score, the window's mean
 and σ) into a device buffer that the host reads only when a skip has
@@ -41,6 +41,8 @@ class SpikeState:
         self.optimizer = None  # the optimizer of the judged update (set when the step is traced)
         columns = 2 + weights  # loss, global norm, each weight's norm
         self.window = state_variable(tf.zeros([rule.window, columns]), "kgrad_spike_window")
+        # The window's mean and σ per column (`window_statistics`), written after each step for the next.
+        self.statistics = state_variable(tf.fill([2, columns], float("nan")), "kgrad_spike_statistics")
         self.accepted = state_variable(tf.constant(0, tf.int64), "kgrad_spike_accepted")
         self.streak = state_variable(tf.constant(0, tf.int64), "kgrad_spike_streak")
         self.tripped = state_variable(False, "kgrad_spike_tripped")
@@ -56,21 +58,18 @@ class SpikeState:
 
     def applied_update(self, step, apply, optimizer, measured, inline=False, overflowed=None,
                        inverse_scale=None):
-        """Graph code, in the branch of an applied update: ``apply()``, sampled (`SampleWindow`).
+        """Graph code: ``(sample, sampled)``: whether to sample the update, and its branch (`SampleWindow`).
 
-        ``step``: the step's row (`decide`'s ``before``): every s-th step run, not accepted step,
-        as on JAX, whose host picks a sample step without reading the device
-        (`kgrad.backends.jax.guard.run.GuardRun._is_sample_step`); the rest `SampleWindow.sampled_update`'s.
+        ``step``: the step's row (`decide`'s ``before``), steps run as on JAX; the rest as `SampleWindow`'s.
         """
-        self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
+        samples = self.samples
+        return samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
 
     def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
 
-        `judge`, the decision, then `after_step`, before the update's branch:
-        the branches read what they need of the state of before from ``before``.
-        (Compiled by XLA as one call, the rule cost the benchmark MLP's step the
-        same as its some 150 small ops: benchmarks/RESULTS.md.)
+        Only the step's two logarithms against the window's mean and σ of the
+        step before (`statistics`) sit before the update's branch; `after_step` runs beside it.
 
         Args:
             loss, weight_squares: As `judge`'s.
@@ -80,9 +79,8 @@ class SpikeState:
 
         Returns:
             ``apply``: the update runs (``may_apply`` and no spike); ``judged``:
-            what `judge` returned; ``before``: `accepted`, `row_count` and
-            `tripped` as they were before the step (whether it is a sample step,
-            its row, and whether its skip is kept).
+            what `judge` returned; ``before``: `accepted`, `row_count` and `tripped`
+            before the step (its row, whether a sample step, whether its skip is kept).
         """
         before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
         judged = self.judge(tf.cast(loss, tf.float32), weight_squares)
@@ -99,47 +97,39 @@ class SpikeState:
         and of the global norm, then each weight's gradient norm as it is (the
         skip's per-weight z-scores rank weights, they decide nothing);
         ``mean`` and ``std`` the window's, per column (NaN before two accepted
-        steps, or where the window holds a loss that is not positive).
+        steps, or where the window holds a loss that is not positive), read
+        from `statistics`: ``spike`` waits for the loss and the global norm only.
 
         Args:
             loss: The step's loss (unscaled, a scalar).
             weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
         """
-        raw = tf.concat([
-            [tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))], tf.sqrt(weight_squares)
-        ], 0)
+        mean, std = tf.unstack(self.statistics.read_value())
+        raw = tf.stack([tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))])
         # ln of each (float32's smallest for a 0 norm); NaN for a loss that is not positive.
-        logs = tf.math.log(tf.maximum(raw[:2], _TINY))
-        values = tf.concat([tf.where(raw[:1] > 0, logs[:1], float("nan")), logs[1:], raw[2:]], 0)
-        filled = tf.minimum(self.accepted, self.rule.window)
-        count = tf.cast(filled, tf.float32)
-        in_window = tf.cast(tf.range(self.rule.window, dtype=tf.int64) < filled, tf.float32)[:, None]
-        # Rows past `filled` were never written (zeros): the mask keeps a NaN loss inside only.
-        mean = tf.reduce_sum(self.window * in_window, 0) / tf.maximum(count, 1.0)
-        squares = tf.reduce_sum(tf.square((self.window - mean) * in_window), 0)
-        std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
-        enough = filled >= 2
-        mean = tf.where(enough, mean, float("nan"))
-        std = tf.where(enough, std, float("nan"))
-        scale = tf.maximum(std[:2], MIN_LOG_SIGMA)
-        z = (values[:2] - mean[:2]) / scale
-        judged = tf.logical_and(filled >= self.rule.warmup, tf.math.is_finite(z))
+        logs = tf.math.log(tf.maximum(raw, _TINY))
+        logs = tf.stack([tf.where(raw[0] > 0, logs[0], float("nan")), logs[1]])
+        z = (logs - mean[:2]) / tf.maximum(std[:2], MIN_LOG_SIGMA)
+        # `filled >= warmup`, as warmup <= the window's length.
+        judged = tf.logical_and(self.accepted >= self.rule.warmup, tf.math.is_finite(z))
         score = tf.reduce_max(tf.where(judged, z, float("-inf")))
+        # The per-weight norms are finite wherever the global norm is (a sum of their squares).
         finite = tf.reduce_all(tf.math.is_finite(raw))
         spike = tf.logical_and(finite, score > self.rule.sigmas)
         score = tf.where(tf.reduce_any(judged), score, float("nan"))
+        values = tf.concat([logs, tf.sqrt(weight_squares)], 0)
         return values, spike, score, mean, std
 
     def after_step(self, values, spike, score, mean, std, accepted, overflowed=None):
-        """Graph code after the decision: the window, the streak, the trip and the step's row.
+        """Graph code after the decision: the window, its statistics, the streak, the trip and the step's row.
 
         Steps are numbered by the rows: every step run since the fit began,
         skipped ones too (``optimizer.iterations`` does not count a skipped step).
 
         No branch: a clean step writes one window row (unchanged unless
-        ``accepted``), the streak and one row of per-step values.
-        A step whose gradients ``overflowed`` (a loss scaler's: `overflow`) is out of the window
-        and the streak.
+        ``accepted``), the window's statistics for the next step, the streak
+        and one row of per-step values. A step whose gradients ``overflowed``
+        (a loss scaler's: `overflow`) is out of the window and the streak.
         """
         row_accepted = accepted  # the row's `skipped`: whether the guard let the update run
         if overflowed is not None:
@@ -148,6 +138,9 @@ class SpikeState:
         old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
         scatter_nd_update(self.window, [[slot]], [tf.where(accepted, values, old)])
         self.accepted.assign_add(tf.cast(accepted, tf.int64))
+        self.statistics.assign(tf.stack(window_statistics(
+            self.window.read_value(), self.accepted.read_value(), self.rule.window
+        )))
         streak = tf.where(spike, self.streak + 1, tf.where(accepted, tf.constant(0, tf.int64), self.streak))
         self.streak.assign(streak)
         self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
@@ -159,28 +152,35 @@ class SpikeState:
         scatter_nd_update(self.rows, [[self.row_count % self.rule.row_capacity]], [row])
         self.row_count.assign_add(1)
 
-    def record_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
-        """Graph code, in the branch of a skipped step: `measure_skip` in a function call of its own.
+    def record_skip(self, kept, judged, row, optimizer, applied, measured, apply_update=None,
+                    inverse_scale=None):
+        """Graph code, in the branch of a skipped step: `measure_skip` where ``kept``, in a call of its own.
 
+        ``kept``: the step spiked, and the rule had not tripped before it.
         Under several replicas (``apply_update`` given, the cross-replica
         context), inline: the update's all-reduce cannot sit in a nested function.
 
         Not inlined: TensorFlow's graph executor visits every op of a branch
         not taken (its dead tensors propagate), and the would-be update is
-        hundreds of ops on a large model; one call op is one visit. Measured
-        on the benchmark transformer, the guard with spike skipping cost
-        1.116 of the guard inlined, 0.997 as a call (benchmarks/RESULTS.md).
+        hundreds of ops on a large model; one call op is one visit. The
+        ``tf.cond`` of ``kept`` is inside the call: in the branch it added a
+        Switch per captured tensor, 56 visits a step on the benchmark MLP
+        (benchmarks/RESULTS.md).
         """
-        if apply_update is not None:
+        def measure(apply_update=None):
             self.measure_skip(judged, row, optimizer, applied, measured, apply_update, inverse_scale)
+            return tf.no_op()
+
+        if apply_update is not None:
+            tf.cond(kept, lambda: measure(apply_update), tf.no_op)
             return
 
         @tf.function(autograph=False, experimental_attributes={"_noinline": True})
-        def measure():
-            self.measure_skip(judged, row, optimizer, applied, measured, inverse_scale=inverse_scale)
+        def call():
+            tf.cond(kept, measure, tf.no_op)
             return tf.constant(0)
 
-        measure()
+        call()
 
     def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
@@ -268,7 +268,33 @@ class SpikeState:
         self.streak.assign(0)
         if everything:
             self.accepted.assign(0)
+            self.statistics.assign(tf.fill(self.statistics.shape, float("nan")))
             self.news.assign(False)
             self.row_count.assign(0)
             self.skip_count.assign(0)
             self.samples.count.assign(0)
+
+
+def window_statistics(window, accepted, length):
+    """Graph code: ``(mean, std)`` per column of the window's accepted rows (NaN before two of them).
+
+    σ is the sample standard deviation (n − 1), as `kgrad.plan.spike_rule.judge`'s.
+
+    Args:
+        window: ``[length, columns]``: the window, rows written in turn.
+        accepted: How many rows were ever written (int64).
+        length: The window's length N.
+
+    Example (mean [2.], std [1.4142135]: the third row was never written)::
+
+        mean, std = window_statistics(tf.constant([[1.0], [3.0], [0.0]]), tf.constant(2, tf.int64), 3)
+    """
+    filled = tf.minimum(accepted, length)
+    count = tf.cast(filled, tf.float32)
+    in_window = tf.cast(tf.range(length, dtype=tf.int64) < filled, tf.float32)[:, None]
+    # Rows past `filled` were never written (zeros): the mask keeps a NaN loss inside only.
+    mean = tf.reduce_sum(window * in_window, 0) / tf.maximum(count, 1.0)
+    squares = tf.reduce_sum(tf.square((window - mean) * in_window), 0)
+    std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
+    enough = filled >= 2
+    return tf.where(enough, mean, float("nan")), tf.where(enough, std, float("nan"))
