@@ -68,8 +68,8 @@ def main():
                         help="Also time skipping with no sample of the update after the first step "
                              "(spike_sample_every=10**9): the samples' share of the cost.")
     parser.add_argument("--inter-op-threads", type=int, default=None,
-                        help="TensorFlow: the inter-op thread pool's size (the rule's cost is its ops' "
-                             "hand-offs between threads: see benchmarks/RESULTS.md).")
+                        help="TensorFlow: the inter-op thread pool's size (with one thread the rule "
+                             "cost about as much: see benchmarks/RESULTS.md).")
     args = parser.parse_args()
     if args.inter_op_threads is not None:
         import tensorflow as tf
