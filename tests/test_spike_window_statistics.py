@@ -1,34 +1,36 @@
-"""TensorFlow's spike rule keeps its window's mean and σ for the next step (`SpikeState.statistics`).
+"""TensorFlow's spike rule judges a step against its window's mean and σ (`window_statistics`).
 
-A step's judgement reads them from a variable written after the step before
-(kgrad/backends/tensorflow/guard/spikes.py), so that only a comparison waits for the
-gradients. They must be those of the window's accepted rows after every step (NumPy's mean and
-sample σ here), unchanged bit for bit by a skipped step, and forgotten with the window.
-TensorFlow only (JAX's rule reduces its window inside the step: tests/jax/).
+They must be those of the window's accepted rows after every step (NumPy's mean and sample σ
+here), unchanged bit for bit by a skipped step, and forgotten with the window
+(kgrad/backends/tensorflow/guard/spikes.py). TensorFlow only (JAX's rule: tests/jax/).
 """
 
 import numpy as np
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.guard.spikes import SpikeState
+from kgrad.backends.tensorflow.guard.spikes import SpikeState, window_statistics
 from kgrad.plan.spike_rule import SpikeRule
 
 WINDOW = 4
 
 
-def test_the_kept_statistics_are_the_windows_after_every_step():
+def statistics(state):
+    return np.stack([part.numpy() for part in window_statistics(state.window, state.accepted, WINDOW)])
+
+
+def test_the_statistics_are_the_windows_after_every_step():
     state = SpikeState(SpikeRule(window=WINDOW, warmup=2, max_skips=99, row_capacity=16), 1)
     rng = np.random.default_rng(0)
     nan, rows = tf.constant(np.full(3, np.nan, np.float32)), []
     for step in range(10):
         values = rng.normal(size=3).astype(np.float32)
         accepted = step % 3 != 2  # every third step skipped: the window and its statistics kept
-        before = state.statistics.numpy()
+        before = statistics(state)
         state.after_step(tf.constant(values), tf.constant(not accepted), tf.constant(0.0), nan, nan,
                          tf.constant(accepted))
-        mean, std = state.statistics.numpy()
+        mean, std = statistics(state)
         if not accepted:
-            np.testing.assert_array_equal(state.statistics.numpy(), before)  # NaN equals NaN here
+            np.testing.assert_array_equal(statistics(state), before)  # NaN equals NaN here
             continue
         rows.append(values)
         last = np.array(rows[-WINDOW:], np.float64)
@@ -39,4 +41,4 @@ def test_the_kept_statistics_are_the_windows_after_every_step():
         np.testing.assert_allclose(std, last.std(axis=0, ddof=1), rtol=1e-5, atol=1e-6)
     assert len(rows) > WINDOW  # the window wrapped
     state.reset(everything=True)
-    assert np.isnan(state.statistics.numpy()).all()
+    assert np.isnan(statistics(state)).all()

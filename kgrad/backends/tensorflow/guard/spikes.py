@@ -1,18 +1,18 @@
 """The spike rule inside TensorFlow's guarded step: its device variables and their graph code.
 
-`SpikeState` judges every step (`kgrad.plan.spike_rule`, the NumPy
-reference): the logarithms of the step's loss and global gradient norm
-against mean + kσ of the last N accepted steps, a window kept in a device
-variable, its mean and σ computed after each step for the next one
-(`window_statistics`). Its `GuardState` (`kgrad.backends.tensorflow.guard.sentinel`) then skips the
-update of a spiking step exactly as it skips a non-finite one. Every step
-also writes one row of per-step values (skipped, score, the window's mean
-and σ) into a device buffer that the host reads only when a skip has
-happened, at an epoch's end, or when the buffer is full. In the branch of a
-skipped step only, the update the step would have made is applied, measured
-and undone (`SpikeState.record_skip`): the per-weight values of the skip,
-and their z-scores against the weight's window of gradient norms and its
-samples of the applied update (`kgrad.backends.tensorflow.guard.spike_samples`).
+`SpikeState` judges every step (`kgrad.plan.spike_rule`, the NumPy reference):
+the logarithms of the step's loss and global gradient norm against mean + kσ
+of the last N accepted steps, a window kept in a device variable (its mean and
+σ: `window_statistics`). Its `GuardState`
+(`kgrad.backends.tensorflow.guard.sentinel`) then skips the update of a
+spiking step exactly as it skips a non-finite one. Every step also writes one
+row of per-step values (skipped, score, the window's mean and σ) into a device
+buffer that the host reads only when a skip has happened, at an epoch's end,
+or when the buffer is full. In the branch of a skipped step only, the update
+the step would have made is applied, measured and undone
+(`SpikeState.record_skip`): the per-weight values of the skip, and their
+z-scores against the weight's window of gradient norms and its samples of the
+applied update (`kgrad.backends.tensorflow.guard.spike_samples`).
 """
 
 import numpy as np
@@ -41,8 +41,6 @@ class SpikeState:
         self.optimizer = None  # the optimizer of the judged update (set when the step is traced)
         columns = 2 + weights  # loss, global norm, each weight's norm
         self.window = state_variable(tf.zeros([rule.window, columns]), "kgrad_spike_window")
-        # The window's mean and σ per column (`window_statistics`), written after each step for the next.
-        self.statistics = state_variable(tf.fill([2, columns], float("nan")), "kgrad_spike_statistics")
         self.accepted = state_variable(tf.constant(0, tf.int64), "kgrad_spike_accepted")
         self.streak = state_variable(tf.constant(0, tf.int64), "kgrad_spike_streak")
         self.tripped = state_variable(False, "kgrad_spike_tripped")
@@ -68,8 +66,7 @@ class SpikeState:
     def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
 
-        Only the step's two logarithms against the window's mean and σ of the
-        step before (`statistics`) sit before the update's branch; `after_step` runs beside it.
+        `judge` and the decision sit before the update's branch; `after_step` runs beside it.
 
         Args:
             loss, weight_squares: As `judge`'s.
@@ -97,14 +94,16 @@ class SpikeState:
         and of the global norm, then each weight's gradient norm as it is (the
         skip's per-weight z-scores rank weights, they decide nothing);
         ``mean`` and ``std`` the window's, per column (NaN before two accepted
-        steps, or where the window holds a loss that is not positive), read
-        from `statistics`: ``spike`` waits for the loss and the global norm only.
+        steps, or where the window holds a loss that is not positive). Kept in
+        a variable computed after each step for the next, so that only the
+        comparison waited for the gradients, they cost no less
+        (benchmarks/RESULTS.md): they are computed here.
 
         Args:
             loss: The step's loss (unscaled, a scalar).
             weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
         """
-        mean, std = tf.unstack(self.statistics.read_value())
+        mean, std = window_statistics(self.window, self.accepted, self.rule.window)
         raw = tf.stack([tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))])
         # ln of each (float32's smallest for a 0 norm); NaN for a loss that is not positive.
         logs = tf.math.log(tf.maximum(raw, _TINY))
@@ -121,14 +120,13 @@ class SpikeState:
         return values, spike, score, mean, std
 
     def after_step(self, values, spike, score, mean, std, accepted, overflowed=None):
-        """Graph code after the decision: the window, its statistics, the streak, the trip and the step's row.
+        """Graph code after the decision: the window, the streak, the trip and the step's row.
 
         Steps are numbered by the rows: every step run since the fit began,
         skipped ones too (``optimizer.iterations`` does not count a skipped step).
 
         No branch: a clean step writes one window row (unchanged unless
-        ``accepted``), the window's statistics for the next step, the streak
-        and one row of per-step values. A step whose gradients ``overflowed``
+        ``accepted``), the streak and one row of per-step values. A step whose gradients ``overflowed``
         (a loss scaler's: `overflow`) is out of the window and the streak.
         """
         row_accepted = accepted  # the row's `skipped`: whether the guard let the update run
@@ -138,9 +136,6 @@ class SpikeState:
         old = tf.gather(self.window, slot)  # a slice at a traced index would recompile under XLA
         scatter_nd_update(self.window, [[slot]], [tf.where(accepted, values, old)])
         self.accepted.assign_add(tf.cast(accepted, tf.int64))
-        self.statistics.assign(tf.stack(window_statistics(
-            self.window.read_value(), self.accepted.read_value(), self.rule.window
-        )))
         streak = tf.where(spike, self.streak + 1, tf.where(accepted, tf.constant(0, tf.int64), self.streak))
         self.streak.assign(streak)
         self.tripped.assign(tf.logical_or(self.tripped, streak >= self.rule.max_skips))
@@ -268,7 +263,6 @@ class SpikeState:
         self.streak.assign(0)
         if everything:
             self.accepted.assign(0)
-            self.statistics.assign(tf.fill(self.statistics.shape, float("nan")))
             self.news.assign(False)
             self.row_count.assign(0)
             self.skip_count.assign(0)
