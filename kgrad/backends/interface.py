@@ -92,6 +92,9 @@ class Backend(typing.Protocol):
     def check_supported(self, role):
         """Raises `UnsupportedBackendError` if ``role`` (``"probe"``, ``"guard"``) cannot run here."""
 
+    def check_dump(self, dump_dir):
+        """Raises a ValueError, before anything is installed, where a trip's dump cannot be written here."""
+
     def replay_fields(self, model, batch, seeds_after):
         """``(born fields, note)``: where a tripped step's first NaN/Inf was born."""
 
@@ -111,6 +114,6 @@ class Backend(typing.Protocol):
 #: The names every backend module defines.
 BACKEND_NAMES = (
     "NAME", "check_supported", "check_layers", "is_chief", "attach", "unprobed_train_function", "detach",
-    "replay_fields", "ProbeTape", "ProbingModel", "ProbeResult", "tap", "prediction_gradient",
+    "check_dump", "replay_fields", "ProbeTape", "ProbingModel", "ProbeResult", "tap", "prediction_gradient",
     "first_non_finite", "replay_step", "value_and_grad",
 )

@@ -134,7 +134,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
         self.action = action
         dump_dir = None if dump_dir is None else os.fspath(dump_dir)
         self.config = GuardConfig(layers=layers, watch=watch, ignore_loss_scale_skips=ignore_loss_scale_skips,
-                                  halt_updates=action != "warn", dump_dir=dump_dir)
+                                  halt_updates=action != "warn")
         self.report = None
         self.reports = []
         if not isinstance(replay, bool):
@@ -170,6 +170,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 rule = self._spikes.rule_for(self.model, (self.params or {}).get("steps"))
                 self.config = dataclasses.replace(self.config, spikes=rule)
                 self._spikes.start(self._writes and self.log_dir or None, self.model.optimizer.iterations)
+            if self.dump_dir is not None:  # what the step computes does not depend on it
+                backends.current().check_dump(self.dump_dir)
             self._step = backends.current().attach(self.model, "guard", self.config)
         except BaseException:
             self._sinks.close()  # Keras calls no on_train_end when on_train_begin raises

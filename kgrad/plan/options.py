@@ -195,9 +195,6 @@ class GuardConfig:
             execution too (for actions that stop training).
         spikes: A `kgrad.plan.spike_rule.SpikeRule`: skip a step whose loss
             or gradient norm spikes, too (``None``: only non-finite steps).
-        dump_dir: Where a trip's batch and model are written, or ``None``
-            (a backend refuses it where it cannot write them, before fit starts;
-            not compared: it changes no step).
     """
 
     layers: object = None
@@ -205,7 +202,6 @@ class GuardConfig:
     ignore_loss_scale_skips: bool = True
     halt_updates: bool = True
     spikes: object = None
-    dump_dir: object = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "watch", _check_kinds("watch", self.watch, GUARD_KINDS))

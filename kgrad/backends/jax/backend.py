@@ -40,6 +40,23 @@ def is_chief(model):
     return jax.process_index() == 0
 
 
+def check_dump(dump_dir):
+    """Refuses ``NonFiniteGuard(dump_dir=...)`` with several JAX processes, before fit starts.
+
+    The dump is the whole model and batch, for a replay in one process; each process holds only its
+    part of them, and gathering them is what a sharded model cannot afford. With one process it
+    returns and the dump is written (`kgrad.report.batch_dump`).
+    """
+    if jax.process_count() > 1:
+        raise ValueError(
+            f"NonFiniteGuard(dump_dir={dump_dir!r}) cannot dump a trip with {jax.process_count()} JAX "
+            "processes: the dump is the whole model (step_<step>.keras) and batch, to replay in one process, "
+            "and each process holds only its part of them (gathering them is what a sharded model cannot "
+            "afford). The guard's replay runs on every process together, and process 0's report names "
+            "where the NaN/Inf was born: leave dump_dir out (dump_dir=None)."
+        )
+
+
 _JAX_COUNTERPART = (
     "On JAX, pass kgrad.GradientProbe(...) to model.fit: with Keras' own train_step it needs "
     "nothing else; in a train_step of your own, replace `jax.value_and_grad(...)` with "

@@ -32,6 +32,11 @@ def check_supported(role):
     del role
 
 
+def check_dump(dump_dir):
+    """A trip's dump is written on TensorFlow: every worker holds the whole model and its batch."""
+    del dump_dir
+
+
 def value_and_grad(fn, argnums=0, has_aux=False, name=None):
     """Not on TensorFlow: `kgrad.value_and_grad` is the JAX counterpart of `kgrad.ProbeTape`.
 

@@ -10,7 +10,6 @@ model after ``fit`` (`_kept`): a later ``fit`` with the same options does not
 compile its step again.
 """
 
-import jax
 
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common import attached
@@ -32,7 +31,7 @@ def attached_guard(model):
 
 def attach_guard(model, config, probing_function=None):
     """Installs the guard for this ``fit``; ``probing_function``: the probe's, if one is installed."""
-    check_guard(model, config)
+    check_guard(model)
     if has_own_train_step(model):
         check_stateless_train_step(model, "NonFiniteGuard")
     run = _kept(model, "kept_guard_runs", config, GuardRun)
@@ -54,7 +53,7 @@ def detach_guard(model, probing_function=None):
         model.train_function = run.keras_train_function if probing_function is None else probing_function
 
 
-def check_guard(model, config):
+def check_guard(model):
     """Raises, before anything is installed, for what the guard does not do on JAX yet."""
     if model.optimizer is None:
         raise ValueError("NonFiniteGuard needs a compiled model: call model.compile(...) before fit.")
@@ -65,14 +64,6 @@ def check_guard(model, config):
             "Keras' loop runs before it stops apply nothing and their records would replace it. Guard a "
             "plain keras.Model and pass kgrad.GradientProbe(...) to fit instead. Set "
             "KERAS_BACKEND=tensorflow, where it is supported."
-        )
-    if config.dump_dir is not None and jax.process_count() > 1:
-        raise ValueError(
-            f"NonFiniteGuard(dump_dir={config.dump_dir!r}) cannot dump a trip with {jax.process_count()} JAX "
-            "processes: the dump is the whole model (step_<step>.keras) and batch, to replay in one process, "
-            "and each process holds only its part of them (gathering them is what a sharded model cannot "
-            "afford). The guard's replay runs on every process together, and process 0's report names "
-            "where the NaN/Inf was born: leave dump_dir out (dump_dir=None)."
         )
 
 
