@@ -225,3 +225,37 @@ def test_the_replay_of_several_processes_names_the_layer_one_process_names(run, 
     # which the split kernel (its 32 inputs over the devices) changes: some do, all of them Inf.
     assert 0 < split["born_inf_count"] <= 64 and 0 < one.born_inf_count <= 64
     assert split["born_nan_count"] == one.born_nan_count == 0
+
+
+@pytest.fixture(scope="module")
+def own_step_after_step_0():
+    """`after_step_0` for the model with its own ``train_step`` (`GuideModel`, `kgrad.value_and_grad`)."""
+    model = multi_process_jax.build(None, own_step=True)
+    model.fit(multi_process_jax.features[:8], multi_process_jax.labels[:8], batch_size=8, verbose=0)
+    return model
+
+
+def test_an_own_train_steps_trip_is_replayed_by_both_processes_as_one_process_replays_it(
+        run, own_step_after_step_0):
+    """A model's own ``train_step``: its replay runs eagerly, part by part, on both processes together."""
+    out, _, _ = run
+    reports = [records(out / f"guard_{process}.json")["own_step"] for process in (0, 1)]
+    assert reports[0] == reports[1]
+    split = reports[0]
+    assert split["iterations"] == 1 and split["step"] == 1
+    # The NaN in the data of process 1's half, found before the pass as one process finds it.
+    bad = multi_process_jax.features.copy()
+    bad[multi_process_jax.NAN_AT] = np.nan
+    one = kgrad.replay_step(own_step_after_step_0, (bad[8:], multi_process_jax.labels[8:]), step=1)
+    assert (one.born_in, one.born_at) == ("data", "input")
+    for field in multi_process_jax.BORN:
+        assert split[field] == _json(getattr(one, field)), field
+    # The Inf born inside the part's pass, in `up`: the eager part-by-part replay over the mesh.
+    one = kgrad.replay_step(own_step_after_step_0, (multi_process_jax.OVERFLOW, multi_process_jax.labels[:8]))
+    replayed = split["replay_step"]
+    assert (one.born_in, one.born_type) == ("forward", "Dense") and one.born_at.endswith("/up")
+    for field in ("born_in", "born_at", "born_type", "born_path", "born_inside", "born_input_range", "replayed",
+                  "replay_note"):
+        assert replayed[field] == _json(getattr(one, field)), field
+    # As for Keras' step: how many of `up`'s outputs overflow depends on the order of the float32 sums.
+    assert 0 < replayed["born_inf_count"] <= 64 and replayed["born_nan_count"] == one.born_nan_count == 0

@@ -61,8 +61,11 @@ def keras_gradients(distribution):
     return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, gradients)}
 
 
-def float_model(distribution, probing=False):
-    """The float model, compiled; ``probing``: a `kgrad.ProbingModel` whose hidden layer passes through `kgrad.tap`."""
+def float_model(distribution, probing=False, own_step=False):
+    """The float model, compiled; ``probing``: a `kgrad.ProbingModel` whose hidden layer passes through `kgrad.tap`.
+
+    ``own_step``: a `GuideModel`, whose own ``train_step`` differentiates with `kgrad.value_and_grad`.
+    """
     keras.backend.clear_session()
     keras.distribution.set_distribution(distribution)
     keras.utils.set_random_seed(0)
@@ -71,7 +74,8 @@ def float_model(distribution, probing=False):
     if probing:
         hidden = keras.layers.Lambda(lambda x: kgrad.tap("hidden", x), name="tap")(hidden)
     outputs = keras.layers.Dense(8, name="down")(hidden)
-    model = (kgrad.ProbingModel if probing else keras.Model)(inputs, outputs, name="p" if probing else "f")
+    kind = kgrad.ProbingModel if probing else GuideModel if own_step else keras.Model
+    model = kind(inputs, outputs, name="p" if probing else "f")
     model.compile(keras.optimizers.Adam(0.01), "mse")
     return model
 

@@ -16,7 +16,9 @@ it did:
    process ran go to ``OUT_DIR/guard_<id>.json``, with `kgrad.replay_step` of the
    guard's model (the state of before the trip) on `OVERFLOW`, each process its half:
    its NaN/Inf is born inside a layer, not in the data; and what a guard with a
-   ``dump_dir`` says (it refuses to gather the model and the batch).
+   ``dump_dir`` says (it refuses to gather the model and the batch). Then the same for the
+   model with its own ``train_step`` (`GuideModel`, `kgrad.value_and_grad`), under ``own_step``:
+   its replay runs the step eagerly, part by part, on both processes together.
 3. ``long``: a probed fit that runs until the test kills a process, writing to
    ``OUT_DIR/long_<id>``; it prints ``step N`` after each step.
 """
@@ -106,11 +108,21 @@ def main(process, port, out):
         refusal = None
     except ValueError as error:
         refusal = str(error)
+    own_guard = kgrad.NonFiniteGuard()
+    own = build(model_parallel(), own_step=True)
+    own.fit(half(bad, process), half(labels, process), batch_size=GLOBAL_BATCH // 2, shuffle=False,
+            verbose=0, callbacks=[own_guard])
+    own_replayed = kgrad.replay_step(own, (half(OVERFLOW, process), half(labels[:GLOBAL_BATCH], process)))
     with open(os.path.join(out, f"guard_{process}.json"), "w") as file:
         json.dump({
             "iterations": int(model.optimizer.iterations), "step": report.step, "tensor": report.tensor,
             **{field: getattr(report, field) for field in BORN},
             "replay_step": {field: getattr(replayed, field) for field in BORN}, "dump_refusal": refusal,
+            "own_step": {
+                "iterations": int(own.optimizer.iterations), "step": own_guard.report.step,
+                **{field: getattr(own_guard.report, field) for field in BORN},
+                "replay_step": {field: getattr(own_replayed, field) for field in BORN},
+            },
         }, file)
     print("guard done", flush=True)
 

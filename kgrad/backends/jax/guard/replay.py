@@ -23,7 +23,8 @@ and ranges reduced on the devices, replicated, come back to each host
 (`kgrad.backends.jax.guard.device_reads`); each process applies the same rules.
 
 A model with its own ``train_step`` is replayed part by part (`replay_own_step`):
-the step runs once more, eagerly, with a `_ReplayedParts` active, each
+the step runs once more, eagerly (with several processes, each op one program
+over the mesh, run by every process in the same order), with a `_ReplayedParts` active, each
 `kgrad.value_and_grad` call (a part) differentiating its function in the
 same checked pass over its sub-model. The first part whose pass is not finite
 is the one named (later parts would only see what it made); the replay stops
@@ -72,10 +73,6 @@ def replay_fields(model, batch, seeds_after=None):
     del seeds_after
     processes = jax.process_count()
     if has_own_train_step(model):  # its kgrad.value_and_grad calls, each part checked
-        if processes > 1:
-            raise NotImplementedError(
-                f"not replayed with {processes} JAX processes: kgrad replays a model's own train_step "
-                "eagerly, part by part, and has that replay for one process only")
         return replay_own_step(model, batch)
     x, y, sample_weight = (_global(_as_fed(part)) for part in unpack_batch(batch))
     born = trace.before_the_pass(model, x, y, sample_weight)
@@ -154,10 +151,13 @@ class _Found(Exception):
 def replay_own_step(model, batch):
     """``(born fields or None, note)`` of one replayed own ``train_step`` (see the module's docstring)."""
     x, y, sample_weight = unpack_batch(batch)
+    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
+    # With several processes: global arrays, every process running the step's ops together.
+    data = _global(data)
+    x, y, sample_weight = unpack_batch(data)
     born = trace.before_the_pass(model, x, y, sample_weight)
     if born is not None:
         return born, None
-    data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight) if is_dump(batch) else batch
     state = keras_internals.jax_state(model)
     parts = _ReplayedParts(model, state[0])
     # Each optimizer that scales losses returns them unscaled while the step runs.
