@@ -13,6 +13,8 @@ branch, as before it became a call of its own (`SpikeState.record_skip`).
 
 ``--inter-op-threads N`` (TensorFlow) sizes the executor's inter-op thread pool.
 
+``--jit-compile`` (TensorFlow) compiles the models with ``jit_compile=True``.
+
 Run: ``python -m benchmarks.spike_cost --model transformer --steps 200 --rounds 7 [--inline]``
 (``KERAS_BACKEND=jax`` for JAX; a few minutes on 2 loaded cores).
 """
@@ -67,6 +69,9 @@ def main():
     parser.add_argument("--no-samples", action="store_true",
                         help="Also time skipping with no sample of the update after the first step "
                              "(spike_sample_every=10**9): the samples' share of the cost.")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="TensorFlow: the models compiled with jit_compile=True (XLA), the rule fused "
+                             "into the step (JAX's steps are always jitted).")
     parser.add_argument("--inter-op-threads", type=int, default=None,
                         help="TensorFlow: the inter-op thread pool's size (with one thread the rule "
                              "cost about as much: see benchmarks/RESULTS.md).")
@@ -88,7 +93,8 @@ def main():
     if args.inline:
         configs["skip_inline"] = skip
         _inline_while(inline)
-    jit = keras.backend.backend() == "jax"  # JAX's own step is jitted; TensorFlow on CPU runs a graph
+    # JAX's own step is jitted; TensorFlow on CPU runs a graph unless --jit-compile.
+    jit = keras.backend.backend() == "jax" or args.jit_compile
     models = {name: build_model(spec, 0, jit) for name in configs}
     seconds = {name: [] for name in configs}
     walls = {name: [] for name in configs}
