@@ -16,7 +16,7 @@ while each model's step is traced:
 These patch kgrad's internals, for measuring only. Printed as `benchmarks.spike_cost` prints:
 the median CPU-ms per step and the median per-round ratio to the guard (with its quartiles).
 
-Run: ``python -m benchmarks.spike_parts --model mlp --steps 256 --rounds 13`` (TensorFlow only;
+Run: ``python -m benchmarks.spike_parts --model mlp --steps 256 --rounds 13 [--jit-compile]`` (TensorFlow only;
 about 3 minutes on an idle 2-core machine).
 """
 
@@ -93,6 +93,7 @@ def main():
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=13)
+    parser.add_argument("--jit-compile", action="store_true", help="The models compiled with jit_compile=True.")
     args = parser.parse_args()
     if keras.backend.backend() != "tensorflow":
         parser.error(f"TensorFlow only (KERAS_BACKEND is {keras.backend.backend()!r}): it patches its spike rule.")
@@ -103,7 +104,7 @@ def main():
     repeat = args.steps // 50 + 1
     x = np.concatenate([x] * repeat)[: args.steps * spec.batch_size]
     y = np.concatenate([y] * repeat)[: args.steps * spec.batch_size]
-    models = {name: build_model(spec, 0, False) for name in CONFIGS}
+    models = {name: build_model(spec, 0, args.jit_compile) for name in CONFIGS}
     seconds = {name: [] for name in CONFIGS}
     order = list(CONFIGS)
     for turn in range(args.rounds):
@@ -117,7 +118,8 @@ def main():
             if turn:  # the first round traces
                 seconds[name].append(clock.seconds / (args.steps - SKIP_FROM))
     guard = np.array(seconds["guard"])
-    print(f"tensorflow {args.model}, {args.steps} steps a fit, {args.rounds - 1} rounds timed")
+    compiled = ", jit_compile=True" if args.jit_compile else ""
+    print(f"tensorflow {args.model}{compiled}, {args.steps} steps a fit, {args.rounds - 1} rounds timed")
     for name, values in seconds.items():
         ratios = np.array(values) / guard
         print(f"{name}: {1e3 * np.median(values):.3f} CPU-ms/step, ratio to guard {np.median(ratios):.3f} "
