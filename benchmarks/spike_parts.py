@@ -16,8 +16,8 @@ while each model's step is traced:
 These patch kgrad's internals, for measuring only. Printed as `benchmarks.spike_cost` prints:
 the median CPU-ms per step and the median per-round ratio to the guard (with its quartiles).
 
-Run: ``python -m benchmarks.spike_parts --model mlp --steps 256 --rounds 13 [--jit-compile]`` (TensorFlow only;
-about 3 minutes on an idle 2-core machine).
+Run: ``python -m benchmarks.spike_parts --model mlp --steps 256 --rounds 13 [--jit-compile]``
+(TensorFlow only; about 3 minutes on an idle 2-core machine).
 """
 
 import argparse
@@ -93,10 +93,12 @@ def main():
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=13)
-    parser.add_argument("--jit-compile", action="store_true", help="The models compiled with jit_compile=True.")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="The models compiled with jit_compile=True.")
     args = parser.parse_args()
     if keras.backend.backend() != "tensorflow":
-        parser.error(f"TensorFlow only (KERAS_BACKEND is {keras.backend.backend()!r}): it patches its spike rule.")
+        parser.error(f"TensorFlow only (KERAS_BACKEND is {keras.backend.backend()!r}): "
+                     "it patches its spike rule.")
     replaced = set()
     patch(replaced)
     spec = MODELS[args.model]

@@ -254,8 +254,8 @@ def test_an_own_train_steps_trip_is_replayed_by_both_processes_as_one_process_re
     one = kgrad.replay_step(own_step_after_step_0, (multi_process_jax.OVERFLOW, multi_process_jax.labels[:8]))
     replayed = split["replay_step"]
     assert (one.born_in, one.born_type) == ("forward", "Dense") and one.born_at.endswith("/up")
-    for field in ("born_in", "born_at", "born_type", "born_path", "born_inside", "born_input_range", "replayed",
-                  "replay_note"):
+    for field in ("born_in", "born_at", "born_type", "born_path", "born_inside", "born_input_range",
+                  "replayed", "replay_note"):
         assert replayed[field] == _json(getattr(one, field)), field
     # As for Keras' step: how many of `up`'s outputs overflow depends on the order of the float32 sums.
     assert 0 < replayed["born_inf_count"] <= 64 and replayed["born_nan_count"] == one.born_nan_count == 0

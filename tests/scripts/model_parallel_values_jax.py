@@ -62,7 +62,9 @@ def keras_gradients(distribution):
 
 
 def float_model(distribution, probing=False, own_step=False):
-    """The float model, compiled; ``probing``: a `kgrad.ProbingModel` whose hidden layer passes through `kgrad.tap`.
+    """The float model, compiled.
+
+    ``probing``: a `kgrad.ProbingModel` whose hidden layer passes through `kgrad.tap`.
 
     ``own_step``: a `GuideModel`, whose own ``train_step`` differentiates with `kgrad.value_and_grad`.
     """
