@@ -45,7 +45,7 @@ def check_dump(dump_dir):
 
     The dump is the whole model and batch, for a replay in one process; each process holds only its
     part of them, and gathering them is what a sharded model cannot afford. With one process it
-    returns and the dump is written (`kgrad.report.batch_dump`).
+    returns and the dump is written (`kgrad.backends.common.batch_dump`).
     """
     if jax.process_count() > 1:
         raise ValueError(

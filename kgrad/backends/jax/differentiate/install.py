@@ -10,7 +10,6 @@ model after ``fit`` (`_kept`): a later ``fit`` with the same options does not
 compile its step again.
 """
 
-
 from kgrad.backends import UnsupportedBackendError
 from kgrad.backends.common import attached
 from kgrad.backends.common.own_step import check_stateless_train_step, has_own_train_step
