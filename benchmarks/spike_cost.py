@@ -70,8 +70,8 @@ def main():
                         help="Also time skipping with no sample of the update after the first step "
                              "(spike_sample_every=10**9): the samples' share of the cost.")
     parser.add_argument("--jit-compile", action="store_true",
-                        help="TensorFlow: the models compiled with jit_compile=True (XLA), the rule fused "
-                             "into the step (JAX's steps are always jitted).")
+                        help="TensorFlow: the models compiled with jit_compile=True (XLA; JAX's steps "
+                             "are always jitted).")
     parser.add_argument("--inter-op-threads", type=int, default=None,
                         help="TensorFlow: the inter-op thread pool's size (with one thread the rule "
                              "cost about as much: see benchmarks/RESULTS.md).")

@@ -60,8 +60,8 @@ class SpikeState:
 
         ``step``: the step's row (`decide`'s ``before``), steps run as on JAX; the rest as `SampleWindow`'s.
         """
-        samples = self.samples
-        return samples.sampled_update(step, apply, optimizer, measured, inline, overflowed, inverse_scale)
+        return self.samples.sampled_update(step, apply, optimizer, measured, inline, overflowed,
+                                           inverse_scale)
 
     def decide(self, loss, weight_squares, may_apply, halt_updates, overflowed=None):
         """Graph code: ``(apply, judged, before)``: the step's decision, the rule's state already written.
@@ -94,10 +94,9 @@ class SpikeState:
         and of the global norm, then each weight's gradient norm as it is (the
         skip's per-weight z-scores rank weights, they decide nothing);
         ``mean`` and ``std`` the window's, per column (NaN before two accepted
-        steps, or where the window holds a loss that is not positive). Kept in
-        a variable computed after each step for the next, so that only the
-        comparison waited for the gradients, they cost no less
-        (benchmarks/RESULTS.md): they are computed here.
+        steps, or where the window holds a loss that is not positive), computed
+        here from the window (kept in a variable, computed after each step for
+        the next, they measured no cheaper: benchmarks/RESULTS.md).
 
         Args:
             loss: The step's loss (unscaled, a scalar).
