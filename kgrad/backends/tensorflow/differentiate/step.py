@@ -30,7 +30,7 @@ from kgrad.backends.tensorflow.capture.tape import ProbeTape
 from kgrad.backends.tensorflow.differentiate import forward_state, losses, updates
 from kgrad.backends.tensorflow.differentiate import traced as traced_module
 from kgrad.backends.tensorflow.differentiate.custom_step import run_own_train_step
-from kgrad.backends.tensorflow.guard import sentinel as guard_state, tripped_batch, watched as guard_module
+from kgrad.backends.tensorflow.guard import shared_states, tripped_batch, watched as guard_module
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.handover.state import RECORD_OUTPUT
 from kgrad.backends.tensorflow.summarize.pipeline import ProbePipeline
@@ -52,7 +52,7 @@ class ProbingStep:
         self._traced = []  # `Traced`, the most recently used last
         self._current = None  # the `Traced` of the probing function
         self._running = None  # the `Traced` that runs (or is traced) now
-        self._guard_states = guard_state.SharedGuardStates(model)
+        self._guard_states = shared_states.SharedGuardStates(model)
         self._steps_in_epoch = tripped_batch.StepsInEpoch(model)
         self.guard_tripped = None  # the guard's flag as of the latest execution
         self.guard_batch = None  # the latest step's data, when the guard may replay it

@@ -5,8 +5,10 @@ import tensorflow as tf
 
 from kgrad.backends.tensorflow.guard import overflow, replicated
 from kgrad.backends.tensorflow.guard.spikes import SpikeState
+from kgrad.backends.tensorflow.guard.xla_measure import measure_before_update
 from kgrad.backends.tensorflow.handover import replicas
 from kgrad.backends.tensorflow.summarize import stats
+from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
 from kgrad.report.non_finite import report_of_counts, split_name
 from kgrad.backends.tensorflow.handover.replicas import state_variable
 
@@ -166,11 +168,14 @@ class GuardState:
             apply()
             return tf.no_op()
 
+        # Under XLA, one replica: the measures ordered before the update (`xla_measure`).
+        ordered_measure = self.spikes is not None and in_xla() and len(spike_update) == 3
+        kept = None if self.spikes is None else tf.logical_and(spike, tf.logical_not(before[2]))
+
         def skipped():
             if on_skip is not None:
                 on_skip()
-            if self.spikes is not None:  # measured where it spiked, before any trip of the rule
-                kept = tf.logical_and(spike, tf.logical_not(before[2]))
+            if self.spikes is not None and not ordered_measure:  # where it spiked, before a trip
                 self.spikes.record_skip(kept, judged, before[1], *spike_update, inverse_scale=inverse_scale)
             return tf.no_op()
 
@@ -179,6 +184,12 @@ class GuardState:
         # branches cost the MobileNet ~170 MB of peak memory).
         if self.spikes is None:
             tf.cond(may_apply, update, skipped)
+        elif ordered_measure:
+            sample = tf.logical_and(may_apply, self.spikes.samples.is_sample(before[1], overflowed))
+            ordered = measure_before_update(
+                self.spikes, kept, sample, judged, before[1], *spike_update, inverse_scale=inverse_scale
+            )
+            tf.cond(tf.logical_and(may_apply, ordered), update, skipped)
         else:  # the update, sampled every few steps run (for a later skip's z-scores), or the skip
             optimizer, _, measured = spike_update[:3]
             # Under several replicas (an update of every replica given): the cross-replica context.
@@ -267,33 +278,3 @@ class GuardState:
             self.last_finite_step.assign(-1)
             self.last_finite_half_squares.assign(tf.zeros_like(self.last_finite_half_squares))
 
-
-class SharedGuardStates:
-    """The `GuardState`s of one probing step, shared by all its traced functions.
-
-    A `GradientProbe` with a `NonFiniteGuard` runs the guard-only function
-    for executions without a probed step and the probing function for the
-    others: both check the same tensors, so they share one trip flag and
-    one "last finite step".
-
-    Args:
-        model: The model, whose distribution strategy creates the variables.
-    """
-
-    def __init__(self, model):
-        self._model = model
-        self._states = {}
-
-    def get(self, tape_name, names, on_trip_only, spikes=None, scaler_owned=()):
-        """The state for ``names`` of a tape (``None``: the model's own), made on first use (in a trace)."""
-        key = (tape_name, tuple(names), frozenset(on_trip_only), spikes, frozenset(scaler_owned))
-        if key not in self._states:
-            self._states[key] = replicas.create_variables(
-                self._model, lambda: GuardState(names, on_trip_only, spikes, scaler_owned)
-            )
-        return self._states[key]
-
-    def reset(self, everything=False):
-        """`GuardState.reset` of every state."""
-        for state in self._states.values():
-            state.reset(everything)

@@ -26,8 +26,11 @@ Example (graph code, before the update's branches)::
 
 import tensorflow as tf
 
+from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
+from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
 from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
+from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import SAMPLED_VALUES, sample_every, sample_slots
 
 
@@ -61,6 +64,23 @@ def unscaled(measured, inverse_scale):
     return [(tf.cast(tf.convert_to_tensor(g), tf.float32) * inverse_scale, w) for g, w in measured]
 
 
+def adam_rms_of_update(optimizer, measured):
+    """``[weights]`` adam_rms of the update about to be made (NaN without a second moment).
+
+    ``measured``: ``[(gradient, weight)]`` of the checked weight gradients (of the true loss).
+    """
+    rule, _ = moment_rule(optimizer)
+    if rule is None:
+        return tf.fill([len(measured)], float("nan"))
+    inner = inner_optimizer(optimizer)
+    applied = keras_internals.clip_gradients(
+        inner, [tf.cast(tf.convert_to_tensor(g), tf.float32) for g, _ in measured]
+    )
+    indices = [keras_internals.variable_index(inner, weight) for _, weight in measured]
+    # One reduction per weight (the skip's, and every sample step's).
+    return adam_rms_per_weight(rule, inner, indices, applied)
+
+
 def noinline(fn):
     """``fn`` as one function-call op (TensorFlow visits every op of a branch not taken)."""
     return tf.function(fn, autograph=False, experimental_attributes={"_noinline": True})
@@ -72,12 +92,10 @@ class SampleWindow:
     Args:
         rule: The `kgrad.plan.spike_rule.SpikeRule`.
         weights: How many weight gradients the guard checks.
-        adam_rms: ``fn(optimizer, measured) -> [weights]`` adam_rms of the update about to be made.
     """
 
-    def __init__(self, rule, weights, adam_rms):
+    def __init__(self, rule, weights):
         self.slots, self.every = sample_slots(rule), sample_every(rule)
-        self._adam_rms = adam_rms
         self.values = state_variable(
             tf.zeros([self.slots, max(weights, 1), len(SAMPLED_VALUES)]), "kgrad_spike_samples"
         )
@@ -100,21 +118,17 @@ class SampleWindow:
             overflowed: Whether the loss scaler skips this update itself (then no sample), or ``None``.
             inverse_scale: 1 / the loss scale of ``measured``'s gradients, or ``None``.
         """
-        sample = tf.equal(steps_run % self.every, 0)
-        if overflowed is not None:  # no update to measure: the next sample step is s steps on
-            sample = tf.logical_and(sample, tf.logical_not(overflowed))
+        sample = self.is_sample(steps_run, overflowed)
         weights = [weight for _, weight in measured]
 
         def snapshot():
-            return [tf.identity(weight) for weight in weights], self._adam_rms(
+            return [tf.identity(weight) for weight in weights], adam_rms_of_update(
                 optimizer, unscaled(measured, inverse_scale)
             )
 
         def measure(before, rms):
             old, new = [flat(old) for old in before], [flat(w) for w in weights]
-            table = update_values(unscaled(measured, inverse_scale), old, new, rms)
-            scatter_nd_update(self.values, [[self.count % self.slots]], [table])
-            self.count.assign_add(1)
+            self.keep(update_values(unscaled(measured, inverse_scale), old, new, rms))
             return tf.constant(0)
 
         def sampled():
@@ -128,6 +142,21 @@ class SampleWindow:
         # costs nothing, and a nested function would only be inlined. The update is traced in
         # the plain branch too, as the skip's branch traces it.
         return sample, sampled if inline or in_xla() else noinline(sampled)
+
+    def is_sample(self, steps_run, overflowed=None):
+        """Graph code: whether the step after ``steps_run`` steps run is sampled (`sampled_update`)."""
+        sample = tf.equal(steps_run % self.every, 0)
+        if overflowed is not None:  # no update to measure: the next sample step is s steps on
+            sample = tf.logical_and(sample, tf.logical_not(overflowed))
+        return sample
+
+    def keep(self, table, taken=None):
+        """Graph code: ``table`` (`update_values`) as the next sample, where ``taken`` (``None``: always)."""
+        slot = self.count % self.slots
+        if taken is not None:  # a select, not a branch (`kgrad.backends.tensorflow.guard.xla_measure`)
+            table = tf.where(taken, table, tf.gather(self.values, slot))
+        scatter_nd_update(self.values, [[slot]], [table])
+        self.count.assign_add(tf.constant(1, tf.int64) if taken is None else tf.cast(taken, tf.int64))
 
     def z_scores(self, values):
         """Graph code: ``[weights, len(SAMPLED_VALUES)]`` z-scores of a skip's ``values`` against the samples.

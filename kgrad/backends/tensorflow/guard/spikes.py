@@ -8,21 +8,21 @@ of the last N accepted steps, a window kept in a device variable (its mean and
 spiking step exactly as it skips a non-finite one. Every step also writes one
 row of per-step values (skipped, score, the window's mean and σ) into a device
 buffer that the host reads only when a skip has happened, at an epoch's end,
-or when the buffer is full. In the branch of a skipped step only, the update
-the step would have made is applied, measured and undone
-(`SpikeState.record_skip`): the per-weight values of the skip, and their
-z-scores against the weight's window of gradient norms and its samples of the
-applied update (`kgrad.backends.tensorflow.guard.spike_samples`).
+or when the buffer is full. In the branch of a skipped step only (under XLA:
+`kgrad.backends.tensorflow.guard.xla_measure`), the update the step would
+have made is applied, measured and undone (`SpikeState.record_skip`): the
+per-weight values of the skip, and their z-scores against the weight's window
+of gradient norms and its samples of the applied update (`spike_samples`).
 """
 
 import numpy as np
 import tensorflow as tf
 
-from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
-from kgrad.backends.tensorflow import keras_internals
-from kgrad.backends.tensorflow.guard.spike_samples import SampleWindow, flat, unscaled, update_values
+from kgrad.backends.common.moment_rules import moment_rule
+from kgrad.backends.tensorflow.guard.spike_samples import (
+    SampleWindow, adam_rms_of_update, flat, unscaled, update_values,
+)
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
-from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
 _TINY = float(np.finfo(np.float32).tiny)  # float32's smallest normal: the logarithm of a 0 norm is finite
@@ -52,7 +52,7 @@ class SpikeState:
         )
         self.skip_steps = state_variable(tf.fill([SKIP_SLOTS], tf.constant(-1, tf.int64)), "kgrad_skip_steps")
         self.skip_count = state_variable(tf.constant(0, tf.int64), "kgrad_spike_skip_count")
-        self.samples = SampleWindow(rule, weights, self._adam_rms)
+        self.samples = SampleWindow(rule, weights)
 
     def applied_update(self, step, apply, optimizer, measured, inline=False, overflowed=None,
                        inverse_scale=None):
@@ -179,13 +179,20 @@ class SpikeState:
     def measure_skip(self, judged, row, optimizer, applied, measured, apply_update=None, inverse_scale=None):
         """Graph code, in the branch of a skipped step: its per-weight values, kept for the host.
 
-        The update the step would have made is applied, measured and undone:
-        every weight and optimizer variable is assigned back the value it
-        had (bit for bit), as if the branch had not run.
+        ``judged``: what `judge` returned; ``row``: the step's row (`decide`'s
+        ``before``); the rest as `would_be_update`'s, which measures the update
+        the step would have made, as if the branch had not run.
+        """
+        measured, sampled = self.would_be_update(optimizer, applied, measured, apply_update, inverse_scale)
+        self.keep_skip(self.skip_table(judged, measured, sampled), row)
+
+    def would_be_update(self, optimizer, applied, measured, apply_update=None, inverse_scale=None):
+        """Graph code: ``(measured unscaled, [weights, len(SAMPLED_VALUES)])``: the update ``applied`` makes.
+
+        The update is applied, measured and undone: every weight and
+        optimizer variable is assigned back the value it had (bit for bit).
 
         Args:
-            judged: What `judge` returned: the per-weight norms, the window's means and σ from column 2.
-            row: The step's row (`decide`'s ``before``).
             optimizer: ``model.optimizer``.
             applied: ``[(gradient, weight)]``: the whole update, as the step applies it.
             measured: ``[(gradient, weight)]`` of the checked weight gradients, in their rows' order.
@@ -197,7 +204,7 @@ class SpikeState:
         weights = [weight for _, weight in applied]
         before = [tf.identity(weight) for weight in weights]
         state = [tf.identity(variable) for variable in optimizer.variables]
-        rms = self._adam_rms(optimizer, measured)
+        rms = adam_rms_of_update(optimizer, measured)
         with tf.control_dependencies(before + state + [rms]):
             if apply_update is None:
                 optimizer.apply_gradients(applied)
@@ -210,33 +217,29 @@ class SpikeState:
                 variable.assign(value)
         old = [flat(before[position[id(w)]]) for _, w in measured]
         new = [flat(after[position[id(w)]]) for _, w in measured]
-        sampled = update_values(measured, old, new, rms)
+        return measured, update_values(measured, old, new, rms)
+
+    def skip_table(self, judged, measured, sampled):
+        """Graph code: a skip's ``[weights, len(SKIP_COLUMNS)]`` table from `would_be_update`'s values."""
         mean, std = judged[3:]
         grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
         # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
         known = std[2:] > 0
         z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
         z_sampled, samples = self.samples.z_scores(sampled)
-        table = tf.concat([
+        return tf.concat([
             grad_norms[:, None], sampled, z[:, None], z_sampled, tf.fill([len(measured), 1], samples),
         ], axis=1)
+
+    def keep_skip(self, table, row, kept=None):
+        """Graph code: ``table`` and the step's ``row`` kept as the next skip where ``kept`` (or always)."""
         slot = self.skip_count % SKIP_SLOTS
+        if kept is not None:  # a select, not a branch (`kgrad.backends.tensorflow.guard.xla_measure`)
+            table = tf.where(kept, table, tf.gather(self.skip_values, slot))
+            row = tf.where(kept, row, tf.gather(self.skip_steps, slot))
         scatter_nd_update(self.skip_values, [[slot]], [table])
         scatter_nd_update(self.skip_steps, [[slot]], [row])
-        self.skip_count.assign_add(1)
-
-    def _adam_rms(self, optimizer, measured):
-        """``[weights]`` adam_rms of the update about to be made (NaN without a second moment)."""
-        rule, _ = moment_rule(optimizer)
-        if rule is None:
-            return tf.fill([len(measured)], float("nan"))
-        inner = inner_optimizer(optimizer)
-        applied = keras_internals.clip_gradients(
-            inner, [tf.cast(tf.convert_to_tensor(g), tf.float32) for g, _ in measured]
-        )
-        indices = [keras_internals.variable_index(inner, weight) for _, weight in measured]
-        # One reduction per weight (the skip's, and every sample step's).
-        return adam_rms_per_weight(rule, inner, indices, applied)
+        self.skip_count.assign_add(tf.constant(1, tf.int64) if kept is None else tf.cast(kept, tf.int64))
 
     def read(self, weights, optimizer):
         """Host side (a device read: on a skip, at an epoch's end): the `SpikeSnapshot`; clears the news.
