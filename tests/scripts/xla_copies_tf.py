@@ -2,7 +2,8 @@
 
 Run by tests/test_spike_skipping_xla_copies.py in its own process: XLA reads
 ``XLA_FLAGS`` (here, where to dump the compiled programs) once, when it
-starts. A small MLP with Adam is fitted with ``jit_compile=True`` under each
+starts. A small MLP with Adam, with Keras' step and with its own ``train_step``
+(a `kgrad.ProbeTape`), is fitted with ``jit_compile=True`` under each
 guard; the entry computation of its compiled step (after XLA's
 optimizations) is read, and each ``copy`` instruction's bytes added up. A
 copy there runs on every step, whichever branch the step takes. Prints one
@@ -34,6 +35,18 @@ _BYTES = {"f32": 4, "s64": 8, "s32": 4, "pred": 1}
 GUARDS = {"guard": {}, "skip_spikes": dict(skip_spikes=True, spike_sample_every=2)}
 
 
+class OwnStep(keras.Sequential):
+    """The same MLP with its own ``train_step``: the update of its `kgrad.ProbeTape` is judged."""
+
+    def train_step(self, data):
+        x, y = data
+        with kgrad.ProbeTape(self) as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables),
+                                           self.trainable_variables))
+        return {"loss": loss}
+
+
 def copied_bytes(hlo_text):
     """Bytes that the ``copy`` instructions of ``hlo_text``'s entry computation write.
 
@@ -48,9 +61,9 @@ def copied_bytes(hlo_text):
     return total
 
 
-def _fit(guard_options):
+def _fit(guard_options, own_step):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
+    model = (OwnStep if own_step else keras.Sequential)([
         keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
         keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10),
     ])
@@ -69,8 +82,9 @@ def _step_programs():
 
 def main():
     report, seen = {}, 0
-    for name, options in GUARDS.items():
-        state_bytes = _fit(options)
+    for (name, options), own_step in [(guard, own) for own in (False, True) for guard in GUARDS.items()]:
+        name = f"{name} (own train_step)" if own_step else name
+        state_bytes = _fit(options, own_step)
         programs = _step_programs()
         if len(programs) != seen + 1:
             sys.exit(f"expected one compiled step for {name}, found {len(programs) - seen}")
