@@ -90,6 +90,21 @@ def _assert_same_weights(model, expected):
         np.testing.assert_array_equal(got, want)
 
 
+def _assert_same_moments(optimizer_variables, expected):
+    """Adam's state equal to plain fit's, each element within one ulp.
+
+    Two XLA programs (Keras' step, and the guarded step with its update in a
+    `lax.cond` branch) need not round alike. On the AMD EPYC CI machine of
+    2026-12-07 one element of a BatchNormalization gamma's first moment came
+    out one ulp away from plain fit's after 11 steps (the weights, the
+    second moments and the loss history stayed bit for bit; bit for bit on
+    the Intel Xeon machines before it). Not traced to its op yet (docs/guard.md).
+    """
+    for got, want in zip(optimizer_variables, expected, strict=True):
+        np.testing.assert_array_max_ulp(np.asarray(got), np.asarray(want), maxulp=1)
+        assert np.asarray(got).dtype == np.asarray(want).dtype, got.path
+
+
 BIRTHPLACES = ["lambda_sqrt_forward", "op_log_forward", "custom_divide_forward", "lambda_sqrt_backward",
                "op_sqrt_backward"]
 
@@ -198,8 +213,7 @@ def test_steps_per_execution_3_keeps_the_tripped_batch_and_its_index(jit):
     # The step after the trip in the same execution was not applied either; BatchNormalization's
     # moving statistics and Adam's moments are those of before the bad step.
     _assert_same_weights(model, expected)
-    for got, want in zip(model.optimizer.variables, _adam_state(x, y, bad_batch, jit)):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=got.path)
+    _assert_same_moments(model.optimizer.variables, _adam_state(x, y, bad_batch, jit))
 
 
 def _adam_state(x, y, batches, jit):
@@ -218,8 +232,7 @@ def test_no_trip_trains_exactly_as_plain_fit(steps_per_execution):
     history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[guard])
     assert guard.report is None and guard.reports == []
     _assert_same_weights(model, plain.get_weights())
-    for got, want in zip(model.optimizer.variables, plain.optimizer.variables):  # Adam's moments too
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=got.path)
+    _assert_same_moments(model.optimizer.variables, plain.optimizer.variables)  # Adam's moments too
     assert history.history["loss"] == plain.history.history["loss"]
     # The model's train function is Keras' own again after fit.
     assert not hasattr(model.train_function, "run")
