@@ -98,7 +98,10 @@ def _assert_same_moments(optimizer_variables, expected):
     2026-12-07 one element of a BatchNormalization gamma's first moment came
     out one ulp away from plain fit's after 11 steps (the weights, the
     second moments and the loss history stayed bit for bit; bit for bit on
-    the Intel Xeon machines before it). Not traced to its op yet (docs/guard.md).
+    the Intel Xeon machines before it). In Keras' step XLA fuses the last
+    elementwise stage of gamma's gradient into the moment's update; in the
+    guarded step the sentinel reads that gradient too, so XLA computes it in
+    a fusion of its own: the same ops, compiled apart (docs/guard.md).
     """
     for got, want in zip(optimizer_variables, expected, strict=True):
         np.testing.assert_array_max_ulp(np.asarray(got), np.asarray(want), maxulp=1)
