@@ -104,8 +104,11 @@ def _assert_same_moments(optimizer_variables, expected):
     a fusion of its own: the same ops, compiled apart (docs/guard.md).
     """
     for got, want in zip(optimizer_variables, expected, strict=True):
-        np.testing.assert_array_max_ulp(np.asarray(got), np.asarray(want), maxulp=1)
         assert np.asarray(got).dtype == np.asarray(want).dtype, got.path
+        try:
+            np.testing.assert_array_max_ulp(np.asarray(got), np.asarray(want), maxulp=1)
+        except AssertionError as error:  # which variable (assert_array_max_ulp takes no message)
+            raise AssertionError(f"{got.path}: {error}") from None
 
 
 BIRTHPLACES = ["lambda_sqrt_forward", "op_log_forward", "custom_divide_forward", "lambda_sqrt_backward",

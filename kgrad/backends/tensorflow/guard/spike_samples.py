@@ -18,6 +18,9 @@ op of a branch not taken: see
 that is not a sample step pays a remainder, a branch and one call op not run.
 Two branches around the update (a read before it, a measure after it) cost
 more: 1.21 of the guard on the benchmark MLP against 1.09 (no sample taken after the first).
+Under XLA with one replica a sample step does apply and undo, in the skip's
+measuring branch, before the update (`kgrad.backends.tensorflow.guard.xla_measure`:
+this branch made XLA copy the whole state on every step).
 
 Example (graph code, before the update's branches)::
 
@@ -29,7 +32,6 @@ import tensorflow as tf
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
-from kgrad.backends.tensorflow.summarize.log_buckets import in_xla
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import SAMPLED_VALUES, sample_every, sample_slots
 
@@ -138,10 +140,10 @@ class SampleWindow:
             measure(before, rms)
             return tf.constant(0)
 
-        # A branch not taken costs its every op without XLA (one call op here); within XLA it
-        # costs nothing, and a nested function would only be inlined. The update is traced in
-        # the plain branch too, as the skip's branch traces it.
-        return sample, sampled if inline or in_xla() else noinline(sampled)
+        # A branch not taken costs its every op without XLA (one call op here). Under XLA with one
+        # replica this branch is not used (`xla_measure`). The update is traced in the plain
+        # branch too, as the skip's branch traces it.
+        return sample, sampled if inline else noinline(sampled)
 
     def is_sample(self, steps_run, overflowed=None):
         """Graph code: whether the step after ``steps_run`` steps run is sampled (`sampled_update`)."""
