@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kgrad.backends.jax.summarize.on_device import non_finite_counts_on_device, on_several_devices
+from kgrad.backends.jax.summarize.on_device import non_finite_counts_on_device
+from kgrad.backends.jax.summarize.one_pass import on_several_devices
 
 
 class GuardRecord(typing.NamedTuple):

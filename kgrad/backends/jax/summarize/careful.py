@@ -34,7 +34,8 @@ import functools
 import jax
 import numpy as np
 
-from kgrad.backends.jax.summarize.on_device import careful_summary_on_device, on_several_devices
+from kgrad.backends.jax.summarize.on_device import careful_summary_on_device
+from kgrad.backends.jax.summarize.one_pass import on_several_devices
 from kgrad.plan.tag_names import MOMENT_NAMES
 
 ROW = len(MOMENT_NAMES)

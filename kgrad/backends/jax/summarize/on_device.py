@@ -27,20 +27,15 @@ Example:
 
 import jax
 import jax.numpy as jnp
-import keras
 
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
-from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
+from kgrad.backends.jax.summarize.one_pass import (
+    norm_from_sums, norm_parts, on_several_devices, reduce_in_one_pass,
+)
 from kgrad.plan.tag_names import MOMENT_NAMES
 
 ROW = len(MOMENT_NAMES)
 _NORM, _MEAN, _STD, _MIN, _MAX, _ZEROS, _NONFINITE = range(ROW)
-
-
-def on_several_devices():
-    """Whether the step being traced runs under a ``keras.distribution`` over more than one device."""
-    distribution = keras.distribution.distribution()
-    return distribution is not None and distribution.device_mesh.devices.size > 1
 
 
 def reducible(x):

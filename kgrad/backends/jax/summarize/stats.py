@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from kgrad.backends.jax.summarize.careful import careful_summaries
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
-from kgrad.backends.jax.summarize.on_device import on_several_devices, reducible
-from kgrad.backends.jax.summarize.one_pass import reduce_in_one_pass
+from kgrad.backends.jax.summarize.on_device import reducible
+from kgrad.backends.jax.summarize.one_pass import on_several_devices, reduce_in_one_pass
 from kgrad.plan.histogram_buckets import is_log_magnitude_count
 from kgrad.plan.tag_names import MOMENT_NAMES
 
