@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from kgrad.backends.jax.summarize.on_device import careful_summary_on_device
-from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
+from kgrad.backends.jax.summarize.one_pass import (
+    norm_from_sums, norm_parts, norms_in_one_read, reduce_in_one_pass,
+)
 
 NAN, INF = float("nan"), float("inf")
 _rng = np.random.default_rng(0)
@@ -71,3 +73,31 @@ def test_the_exact_path_on_the_devices_gets_the_norm_and_mean_of_the_finite_valu
     # A tensor holding Inf has an infinite norm; its mean is the finite values'.
     assert float(row[0]) == INF
     np.testing.assert_allclose(float(row[1]), finite.mean(), rtol=1e-5, atol=1e-6 * np.abs(finite).max())
+
+
+def _norms_in_one_read(arrays, blue_only=False):
+    """`norms_in_one_read` of two groups: ``arrays`` beside Σ of the first, and a plain normal tensor."""
+    plain = jnp.asarray(_rng.normal(size=(5,)), jnp.float32)
+    tensors = [jnp.asarray(array, jnp.float32) for array in arrays]
+    groups = [lambda: (tensors, [(tensors[0], 0.0, jnp.add)]), lambda: ([plain], [])]
+    (norms, (total,)), (plain_norm, _) = jax.jit(lambda: norms_in_one_read(groups, blue_only))()
+    np.testing.assert_allclose(float(plain_norm[0]), _numpy_norm(plain), rtol=2e-6)
+    np.testing.assert_allclose(float(total), np.sum(np.float64(np.float32(arrays[0]))), rtol=1e-5,
+                               atol=1e-6 * np.abs(np.float32(arrays[0])).max())
+    return [float(norm) for norm in norms]
+
+
+@pytest.mark.parametrize("blue_only", [False, True], ids=["plain_or_blue", "blue_only"])
+@pytest.mark.parametrize("case", sorted(FINITE))
+def test_norms_in_one_read_equal_float64_norms_whichever_path_they_take(case, blue_only):
+    # Beside the case, a tensor of the same shape that a plain sum of squares gets right: the whole
+    # read falls back to Blue's norms when the case needs them (huge, tiny), and stays plain otherwise.
+    beside = _rng.normal(size=np.shape(FINITE[case]))
+    got = _norms_in_one_read([FINITE[case], beside], blue_only)
+    np.testing.assert_allclose(got, [_numpy_norm(FINITE[case]), _numpy_norm(beside)], rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("values, expected", [([1.0, INF], INF), ([NAN, 1.0], NAN), ([1e30, NAN], NAN)],
+                         ids=["inf", "nan", "nan_beside_large"])
+def test_norms_in_one_read_of_a_non_finite_tensor_are_what_a_plain_norm_gives(values, expected):
+    np.testing.assert_equal(_norms_in_one_read([[1.0, 2.0], values])[1], expected)

@@ -27,11 +27,11 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
-from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
+from kgrad.backends.jax.summarize.one_pass import norms_in_one_read
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, adam_scaled, rms_from_squares
 
 
-def measured_update(gradients, old, new, scaled_gradients):
+def measured_update(gradients, old, new, scaled_gradients, would_be=False):
     """``([weights] gradient norms, [weights, 3] update ratio, cos(g, w), adam_rms)`` of ``old`` → ``new``.
 
     Each weight's totals (its norm, its change's, its gradient's, g · w and
@@ -40,27 +40,39 @@ def measured_update(gradients, old, new, scaled_gradients):
     nothing the size of a weight is written (`docs/sharded.md`), and under
     ``ModelParallel`` each device sums its part, then an all-reduce of the
     totals (no ``ravel``, which gathers a split weight). The norms cannot
-    overflow (`kgrad.backends.jax.summarize.one_pass`): a spiking step's
-    gradient is where a plain sum of squares would.
+    overflow (`kgrad.backends.jax.summarize.one_pass.norms_in_one_read`: a
+    plain sum of squares, and Blue's norms where one is not finite or too
+    small): a spiking step's gradient is where a plain sum would overflow.
 
     Args:
         gradients: The update's gradients, one per weight.
         old: Each weight before the update; ``new``: after it.
         scaled_gradients: `adam_scaled_gradients`: each weight's tensor whose RMS is ``adam_rms``, or
             ``None`` (then NaN: no second moment).
+        would_be: ``new`` is a would-be update, computed as it is read in a skipped step's branch
+            (Blue's norms only: `norms_in_one_read`'s ``blue_only``).
     """
+    groups = [_weight_and_update(*arguments) for arguments in zip(gradients, old, new, scaled_gradients)]
     gradient_norms, rows = [], []
-    for gradient, before, after, scaled in zip(gradients, old, new, scaled_gradients):
-        gradient, before = gradient.astype(jnp.float32), before.astype(jnp.float32)
-        change = after.astype(jnp.float32) - before
-        rms_part = () if scaled is None else ((jnp.square(scaled), 0.0, jnp.add),)
-        totals = reduce_in_one_pass(*norm_parts(before), *norm_parts(change), *norm_parts(gradient),
-                                    (gradient * before, 0.0, jnp.add), *rms_part)
-        weight_norm, update_norm, gradient_norm = (norm_from_sums(*totals[k:k + 3]) for k in (0, 3, 6))
-        rms = jnp.float32(jnp.nan) if scaled is None else rms_from_squares(totals[10], scaled.shape)
+    for ((weight_norm, update_norm, gradient_norm), totals), scaled in zip(
+        norms_in_one_read(groups, blue_only=would_be), scaled_gradients
+    ):
+        rms = jnp.float32(jnp.nan) if scaled is None else rms_from_squares(totals[1], scaled.shape)
         gradient_norms.append(gradient_norm)
-        rows.append(jnp.stack([update_norm / weight_norm, totals[9] / (gradient_norm * weight_norm), rms]))
+        rows.append(jnp.stack([update_norm / weight_norm, totals[0] / (gradient_norm * weight_norm), rms]))
     return jnp.stack(gradient_norms), jnp.stack(rows).reshape(len(rows), 3)
+
+
+def _weight_and_update(gradient, before, after, scaled):
+    """A `norms_in_one_read` group: a weight, its update and its gradient, with g · w and ``scaled``²."""
+
+    def read():
+        weight, gradient_32 = before.astype(jnp.float32), gradient.astype(jnp.float32)
+        rms_part = () if scaled is None else ((jnp.square(scaled), 0.0, jnp.add),)
+        return ([weight, after.astype(jnp.float32) - weight, gradient_32],
+                [(gradient_32 * weight, 0.0, jnp.add), *rms_part])
+
+    return read
 
 
 def with_sample(record, taken, sampled):

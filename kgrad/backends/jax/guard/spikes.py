@@ -127,7 +127,7 @@ def skip_table(model, judged, spikes, gradients, trainable, optimizer_variables,
     new_trainable, new_optimizer = optimizer.stateless_apply(optimizer_variables, gradients, trainable)
     gradients = spike_samples.unscaled(gradients, inverse_scale)
     scaled = spike_samples.adam_scaled_gradients(optimizer, weights, gradients, new_optimizer)
-    norms, sampled = spike_samples.measured_update(gradients, trainable, new_trainable, scaled)
+    norms, sampled = spike_samples.measured_update(gradients, trainable, new_trainable, scaled, would_be=True)
     _, _, _, mean, std = judged
     known = std[2:] > 0
     z = jnp.where(known, (norms - mean[2:]) / jnp.where(known, std[2:], 1.0), jnp.nan)

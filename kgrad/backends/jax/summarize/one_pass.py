@@ -39,6 +39,8 @@ _SMALL, _BIG = 2.0**-63, 2.0**52
 _SCALE_SMALL, _SCALE_BIG = 2.0**75, 2.0**-76
 # A tensor of one axis up to this many elements is summed in one stage (its error: ~n float32 ulps).
 _ONE_STAGE = 4096
+# A plain sum of squares at least n times this is exact to float32 rounding (`norms_in_one_read`).
+_EXACT_SQUARES = 2.0**-100
 
 
 def reduce_in_one_pass(*parts):
@@ -138,3 +140,63 @@ def norm_from_sums(small_sum, middle_sum, large_sum):
                            root_small)
     return jnp.where(large_sum > 0, with_large, jnp.where(small_sum > 0, with_small, root_middle))
 
+
+
+def norms_in_one_read(groups, blue_only=False):
+    """``[(norms, other totals)]`` of ``groups`` of same-shape tensors, each group read once.
+
+    ``groups``: functions, each giving ``(tensors, other parts)``, the parts
+    as `reduce_in_one_pass`'s, reduced with the tensors' squares. A plain
+    float32 sum of squares is exact to float32 rounding when it is finite
+    and at least n·2**-100 (the squares that underflow then weigh less than
+    2**-26 of it), or when the tensor is all zeros; that is one cheap read.
+    Where any group's is not, every norm is Blue's (`norm_parts`), in a
+    second read behind one ``lax.cond`` that a usual step never takes. Blue's
+    read costs about five times a plain one on XLA's CPU backend (its
+    selects), which made the probe's ``weight_norm/`` and ``update_ratio/`` a
+    tenth of a probed step. The second read calls each function again inside
+    the branch, so that its tensors are computed there from what it reads
+    (a weight and its update), not written out whole for the branch.
+    ``blue_only``: Blue's norms in the one read (for a branch of its own,
+    such as a skipped step's: a second branch in it made XLA write out the
+    would-be weights, which nothing else holds). Under a distribution too:
+    there the second branch held 13 KB more per device in the probed step
+    of `tests/jax/test_model_parallel_hlo_jax.py`, and more collectives.
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> x, tiny = jnp.array([3.0, 4.0]), jnp.array([3e-30, 4e-30])
+    >>> group = lambda: ([x, tiny], [(jnp.array([1.0, 2.0]), 0.0, jnp.add)])  # norms, and Σ of 1, 2
+    >>> [(norms, (dot,))] = norms_in_one_read([group])
+    >>> [f"{float(n):.4g}" for n in norms], float(dot)  # (3e-30)² underflows: Blue's
+    (['5', '5e-30'], 3.0)
+    """
+    if blue_only or on_several_devices():
+        results = []
+        for group in groups:
+            tensors, others = group()
+            totals = reduce_in_one_pass(*[part for t in tensors for part in norm_parts(t)], *others)
+            count = 3 * len(tensors)
+            results.append((jnp.stack([norm_from_sums(*totals[k:k + 3]) for k in range(0, count, 3)]),
+                            totals[count:]))
+        return results
+    reads, exact = [], []
+    for group in groups:
+        tensors, others = group()
+        tensors = [jnp.asarray(t, jnp.float32) for t in tensors]
+        totals = reduce_in_one_pass(*[(jnp.square(t), 0.0, jnp.add) for t in tensors],
+                                    *[(jnp.abs(t), 0.0, jnp.maximum) for t in tensors], *others)
+        reads.append((len(tensors), totals))
+        floor = tensors[0].size * _EXACT_SQUARES
+        squares, largest = totals[:len(tensors)], totals[len(tensors):2 * len(tensors)]
+        exact += [jnp.isfinite(s) & ((s >= floor) | (m == 0)) for s, m in zip(squares, largest)]
+
+    def plain():
+        return [jnp.sqrt(jnp.stack(totals[:count])) for count, totals in reads]
+
+    def blue():
+        return [norms for norms, _ in norms_in_one_read([lambda g=g: (g()[0], []) for g in groups], True)]
+
+    norms = jax.lax.cond(jnp.all(jnp.stack(exact)), plain, blue) if reads else []
+    return [(norm, totals[2 * count:]) for norm, (count, totals) in zip(norms, reads)]
