@@ -141,7 +141,6 @@ def norm_from_sums(small_sum, middle_sum, large_sum):
     return jnp.where(large_sum > 0, with_large, jnp.where(small_sum > 0, with_small, root_middle))
 
 
-
 def norms_in_one_read(groups, blue_only=False):
     """``[(norms, other totals)]`` of ``groups`` of same-shape tensors, each group read once.
 
