@@ -84,12 +84,21 @@ def reduce_in_one_pass(*parts):
     size = operands[0].size
     if size <= _ONE_STAGE or on_several_devices():
         return jax.lax.reduce(operands, starts, combined, tuple(range(operands[0].ndim)))
-    block = 1 << math.ceil(math.log2(math.sqrt(size)))
-    padding = -size % block
-    operands = tuple(jnp.pad(jnp.ravel(x), (0, padding), constant_values=start).reshape(-1, block)
-                     for x, start in zip(operands, starts))
+    operands = tuple(_in_blocks(x, start) for x, start in zip(operands, starts))
     blocks = jax.lax.reduce(operands, starts, combined, (1,))
     return jax.lax.reduce(blocks, starts, combined, (0,))
+
+
+def _in_blocks(x, start):
+    """``x`` flattened into rows of about √n elements, the last padded with ``start``: ``[rows, block]``.
+
+    A sum over the rows, then over their totals, adds at most ~√n terms in each
+    stage. A reshape that moves nothing: for one device (a sharded tensor
+    would be gathered).
+    """
+    flat = jnp.ravel(x)
+    block = 1 << math.ceil(math.log2(math.sqrt(max(flat.size, 1))))
+    return jnp.pad(flat, (0, -flat.size % block), constant_values=start).reshape(-1, block)
 
 
 def on_several_devices():
