@@ -16,6 +16,12 @@ own.
 
 from keras import ops
 
+#: A plain float32 sum of squares of n elements is exact to float32 rounding when it is at least
+#: ``n * TINY_SQUARES``: the squares flushed to 0 (|x| < 2**-63, below float32's smallest normal once
+#: squared) then weigh at most 2**-26 of it. Below, a tensor that is not all zeros is rescaled first:
+#: a gradient that vanished to 1e-22 would read a norm of 0. Both backends' fast paths check it.
+TINY_SQUARES = 2.0**-100
+
 
 def safe_norm(x, axis=None):
     """The L2 norm of ``x`` (over ``axis``), rescaled by its largest magnitude: huge values do not overflow.

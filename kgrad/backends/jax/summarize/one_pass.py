@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from kgrad.backends.common.norms import TINY_SQUARES
+
 # Anderson (2017), "Algorithm 978: Safe scaling in the Level 1 BLAS", for float32: magnitudes below
 # _SMALL are scaled up by _SCALE_SMALL, above _BIG down by _SCALE_BIG, before squaring. Powers of two:
 # the scaling itself rounds nothing.
@@ -39,8 +41,6 @@ _SMALL, _BIG = 2.0**-63, 2.0**52
 _SCALE_SMALL, _SCALE_BIG = 2.0**75, 2.0**-76
 # A tensor of one axis up to this many elements is summed in one stage (its error: ~n float32 ulps).
 _ONE_STAGE = 4096
-# A plain sum of squares at least n times this is exact to float32 rounding (`norms_in_one_read`).
-_EXACT_SQUARES = 2.0**-100
 
 
 def reduce_in_one_pass(*parts):
@@ -196,7 +196,7 @@ def norms_in_one_read(groups, blue_only=False):
         totals = reduce_in_one_pass(*[(jnp.square(t), 0.0, jnp.add) for t in tensors],
                                     *[(jnp.abs(t), 0.0, jnp.maximum) for t in tensors], *others)
         reads.append((len(tensors), totals))
-        floor = tensors[0].size * _EXACT_SQUARES
+        floor = tensors[0].size * TINY_SQUARES
         squares, largest = totals[:len(tensors)], totals[len(tensors):2 * len(tensors)]
         exact += [jnp.isfinite(s) & ((s >= floor) | (m == 0)) for s, m in zip(squares, largest)]
 

@@ -32,6 +32,7 @@ Example:
 import jax
 import jax.numpy as jnp
 
+from kgrad.backends.common.norms import TINY_SQUARES
 from kgrad.backends.jax.summarize.careful import careful_summaries
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
@@ -116,8 +117,13 @@ def _fast_or_exact(tensors, bucket_counts, needed):
     totals = [one_pass_totals(tensor, columns) for tensor, columns in zip(tensors, needed)]
     # Garbage where an element is not finite (the histogram's index is clipped, never out of range).
     fast = [_plain_summary(*arguments) for arguments in zip(tensors, totals, needed, bucket_counts)]
+    # Finite, and not so small that squares flushed to 0 could weigh (`TINY_SQUARES`): a gradient
+    # that vanished to 1e-22 would read a norm and std of 0.
+    exact = [jnp.isfinite(total["squares"]) & ((total["squares"] >= tensor.size * TINY_SQUARES)
+                                              | (total["largest"] == 0))
+             for tensor, total in zip(tensors, totals)]
     return jax.lax.cond(
-        jnp.all(jnp.isfinite(jnp.stack([total["squares"] for total in totals]))),
+        jnp.all(jnp.stack(exact)),
         lambda: fast,
         lambda: careful_summaries(list(tensors), list(bucket_counts), list(needed)),
     )
@@ -126,8 +132,9 @@ def _fast_or_exact(tensors, bucket_counts, needed):
 def one_pass_totals(values, needed):
     """``{name: total}`` of float32 ``values`` for the ``needed`` columns, in one pass.
 
-    Always ``"squares"`` (the sum of squares); ``"sum"`` for the mean or the
-    standard deviation, ``"min"``, ``"max"``, and ``"zeros"`` (an int32
+    Always ``"squares"`` (the sum of squares) and ``"largest"`` (the largest
+    magnitude); ``"sum"`` for the mean or the standard deviation, ``"min"``,
+    ``"max"``, and ``"zeros"`` (an int32
     count: a float32 count stops growing at 2**24 elements). One reduction
     reads the tensor once: as one reduction each, XLA's CPU backend wrote
     out a tensor read by several of them (its zero mask, whole, as int32) in
@@ -138,9 +145,9 @@ def one_pass_totals(values, needed):
     >>> import jax.numpy as jnp
     >>> totals = one_pass_totals(jnp.array([[0.0, -3.0], [4.0, 0.0]]), {_MEAN, _MIN, _ZEROS})
     >>> {name: float(total) for name, total in sorted(totals.items())}
-    {'min': -3.0, 'squares': 25.0, 'sum': 1.0, 'zeros': 2.0}
+    {'largest': 4.0, 'min': -3.0, 'squares': 25.0, 'sum': 1.0, 'zeros': 2.0}
     """
-    parts = {"squares": (jnp.square(values), 0.0, jnp.add)}
+    parts = {"squares": (jnp.square(values), 0.0, jnp.add), "largest": (jnp.abs(values), 0.0, jnp.maximum)}
     if needed & {_MEAN, _STD}:
         parts["sum"] = (values, 0.0, jnp.add)
     if _MIN in needed:

@@ -11,6 +11,7 @@ import typing
 
 import tensorflow as tf
 
+from kgrad.backends.common.norms import TINY_SQUARES
 from kgrad.backends.tensorflow.summarize.histograms import (
     bucket_counts,
     bucket_counts_many,
@@ -18,6 +19,9 @@ from kgrad.backends.tensorflow.summarize.histograms import (
     histogram_rows,
 )
 
+# Below this largest magnitude a tensor's squares could be flushed to 0: `exact_summaries_in_blocks`
+# rescales it (as `_exact_summary` rescales every tensor).
+_TINY_MAGNITUDE = 2.0**-40
 
 class _PlainMoments(typing.NamedTuple):
     """``[n]`` vectors of straight-line statistics of ``n`` flat tensors."""
@@ -122,8 +126,12 @@ def _careful_summary(values, plain_row, simple, bucket_count):
         histograms = finite_histograms([values], plain, bucket_count)
         return moment_rows(plain, variance)[0], histograms[0]
 
+    # Squares flushed to 0 (a gradient that vanished below 1e-19) need the rescaled, exact path too.
+    all_zeros = tf.logical_and(tf.equal(plain.minimum[0], 0.0), tf.equal(plain.maximum[0], 0.0))
+    tiny = tf.logical_and(plain.squares[0] < plain.size[0] * TINY_SQUARES, tf.logical_not(all_zeros))
     return tf.cond(
-        tf.math.is_finite(plain.squares[0]), finite, lambda: _exact_summary(values, bucket_count)
+        tf.logical_and(tf.math.is_finite(plain.squares[0]), tf.logical_not(tiny)), finite,
+        lambda: _exact_summary(values, bucket_count),
     )
 
 
@@ -186,11 +194,12 @@ def exact_summaries_in_blocks(flat, bucket_count):
     maximum = tf.where(has_finite, maximum, 0.0)
     count = tf.cast(finite_count, tf.float32)
     safe_count = tf.maximum(count, 1.0)
-    # Squares that could overflow float32 are taken of values divided by the
-    # largest magnitude; other tensors are not scaled (nor rounded by it).
+    # Squares that could overflow float32, or be flushed to 0 (all below 2**-40: a gradient that
+    # vanished), are taken of values divided by the largest magnitude; other tensors are not
+    # scaled (nor rounded by it).
     magnitude = tf.maximum(tf.abs(minimum), tf.abs(maximum))
     overflows = magnitude >= tf.sqrt(big) / tf.sqrt(safe_count)
-    scale = tf.where(tf.logical_and(overflows, magnitude > 0), magnitude, 1.0)
+    scale = tf.where(tf.logical_and(overflows | (magnitude < _TINY_MAGNITUDE), magnitude > 0), magnitude, 1.0)
     scaled = kept / tf.gather(scale, owner)[:, tf.newaxis]
     scaled_mean = per_tensor(tf.reduce_sum(scaled, axis=1), tf.math.unsorted_segment_sum) / safe_count
     centered = tf.where(finite, scaled - tf.gather(scaled_mean, owner)[:, tf.newaxis], tf.zeros_like(rows))

@@ -29,6 +29,7 @@ from kgrad.backends.tensorflow.summarize.histograms import (
     histogram_rows,
     in_xla,
 )
+from kgrad.backends.common.norms import TINY_SQUARES
 from kgrad.backends.tensorflow.summarize import one_pass
 from kgrad.plan.histogram_buckets import is_log_magnitude_count, log_magnitude_edges
 
@@ -145,6 +146,13 @@ def summarize_many(tensors, bucket_count=None):
     simple = tf.logical_and(
         tf.math.is_finite(plain.squares), tf.square(plain.mean) <= 100.0 * plain.variance
     )
+    # Squares below float32's smallest normal (|x| < 1e-19) are flushed to 0: a tensor of such values
+    # (a gradient that vanished) would read a norm and std of 0. A sum of squares at least n·2**-100
+    # loses at most 2**-26 of itself; below that (and not all zeros), the careful branch rescales.
+    simple = tf.logical_and(simple, tf.logical_or(
+        plain.squares >= plain.size * TINY_SQUARES,
+        tf.logical_and(tf.equal(plain.minimum, 0.0), tf.equal(plain.maximum, 0.0)),
+    ))
     # Log-magnitude edges are fixed: those histograms need neither the min and
     # max nor the careful branch. Linear ones are counted in the branches.
     branch_buckets = None if log_magnitude else bucket_count
