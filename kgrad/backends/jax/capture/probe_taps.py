@@ -17,7 +17,7 @@ from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.instrumented import Listener
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.on_device import reducible
-from kgrad.backends.jax.summarize.one_pass import norms_in_one_read
+from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
 from kgrad.plan.tag_names import GRAD_NORM_TAG
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
@@ -124,34 +124,23 @@ def add_weight_rows(rows, config, paths, before, gradients, after, inverse_scale
          rows.columns("weight_grad", gradient.shape, has_matrix, extra=(0,)))
         for gradient, has_matrix in zip(gradients, matrices)
     ]
-    summaries = stats.summarize_group(items)  # behind one branch for every weight gradient
-    # Each weight's norm and its change's in one read of it before and after (`one_pass`): with a
-    # read each and a max pass first, the change and the weight over its largest magnitude were
-    # written out whole, the size of the weights.
-    measured = [number for number, (gradient, has_matrix) in enumerate(zip(gradients, matrices))
-                if weight_tags_written(config.statistics, gradient, has_matrix)]
-    weight_norms = dict(zip(measured, norms_in_one_read([_before_and_change(before[number], after[number])
-                                                         for number in measured])))
     gradient_norms = []
-    for number, (path, gradient, has_matrix, (row, histogram)) in enumerate(
-        zip(paths, gradients, matrices, summaries)
+    # Behind one branch for every weight gradient (`stats.summarize_group`).
+    for path, weight, gradient, updated, has_matrix, (row, histogram) in zip(
+        paths, before, gradients, after, matrices, stats.summarize_group(items)
     ):
         gradient_norms.append(row[0])
         rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
-        if number in weight_norms:
-            norm, change = weight_norms[number][0]
+        if weight_tags_written(config.statistics, gradient, has_matrix):
+            # Both norms in one read of the weight before and after (`one_pass`): with a read each
+            # and a max pass first, the change and the weight over its largest magnitude were
+            # written out whole, the size of the weights.
+            before_update = reducible(weight.astype(jnp.float32))
+            moved = reducible(updated.astype(jnp.float32)) - before_update
+            totals = reduce_in_one_pass(*norm_parts(before_update), *norm_parts(moved))
+            norm, change = norm_from_sums(*totals[:3]), norm_from_sums(*totals[3:])
             rows.add_scalar(f"weight_norm/{path}", norm)
             # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
             ratio = jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0)
             rows.add_scalar(f"update_ratio/{path}", ratio)
     rows.add_scalar(GRAD_NORM_TAG, norms.combined_norm(gradient_norms))
-
-
-def _before_and_change(weight, updated):
-    """A `norms_in_one_read` group: the weight before the update and its change."""
-
-    def read():
-        before_update = reducible(weight.astype(jnp.float32))
-        return [before_update, reducible(updated.astype(jnp.float32)) - before_update], []
-
-    return read

@@ -161,8 +161,10 @@ def norms_in_one_read(groups, blue_only=False):
     Where any group's is not, every norm is Blue's (`norm_parts`), in a
     second read behind one ``lax.cond`` that a usual step never takes. Blue's
     read costs about five times a plain one on XLA's CPU backend (its
-    selects), which made the probe's ``weight_norm/`` and ``update_ratio/`` a
-    tenth of a probed step. The second read calls each function again inside
+    selects): a sample step of the spike rule took 6.5 ms against 5.1 now
+    (benchmarks/RESULTS.md). The probe's ``weight_norm/`` and ``update_ratio/``
+    keep Blue's one read: through this, the probed step's peak memory rose
+    from 1.10 to 1.13 of plain ``fit``'s. The second read calls each function again inside
     the branch, so that its tensors are computed there from what it reads
     (a weight and its update), not written out whole for the branch.
     ``blue_only``: Blue's norms in the one read (for a branch of its own,
