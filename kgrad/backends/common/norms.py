@@ -23,6 +23,25 @@ from keras import ops
 TINY_SQUARES = 2.0**-100
 
 
+def squares_are_exact(squares, size, largest=None):
+    """Whether plain float32 sums of squares are their tensors' to float32 rounding (`TINY_SQUARES`).
+
+    Finite, and at least ``size * TINY_SQUARES``, or of a tensor whose
+    ``largest`` magnitude is 0 (``None``: not known, so a sum of 0 is not
+    taken as exact). Elementwise over vectors of tensors.
+
+    Example:
+
+    >>> import numpy as np
+    >>> [bool(v) for v in squares_are_exact(np.array([25.0, 0.0, 0.0]), 2, np.array([4.0, 1e-22, 0.0]))]
+    [True, False, True]
+    """
+    enough = squares >= size * TINY_SQUARES
+    if largest is not None:
+        enough = ops.logical_or(enough, largest == 0)
+    return ops.logical_and(ops.isfinite(squares), enough)
+
+
 def safe_norm(x, axis=None):
     """The L2 norm of ``x`` (over ``axis``), rescaled by its largest magnitude: huge values do not overflow.
 

@@ -32,14 +32,14 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from kgrad.backends.common.norms import TINY_SQUARES
+from kgrad.backends.common.norms import squares_are_exact
 
 # Anderson (2017), "Algorithm 978: Safe scaling in the Level 1 BLAS", for float32: magnitudes below
 # _SMALL are scaled up by _SCALE_SMALL, above _BIG down by _SCALE_BIG, before squaring. Powers of two:
 # the scaling itself rounds nothing.
 _SMALL, _BIG = 2.0**-63, 2.0**52
 _SCALE_SMALL, _SCALE_BIG = 2.0**75, 2.0**-76
-# A tensor of one axis up to this many elements is summed in one stage (its error: ~n float32 ulps).
+# A tensor of up to this many elements is reduced in one stage (its error: ~n float32 ulps).
 _ONE_STAGE = 4096
 
 
@@ -161,12 +161,9 @@ def norms_in_one_read(groups, blue_only=False):
     Where any group's is not, every norm is Blue's (`norm_parts`), in a
     second read behind one ``lax.cond`` that a usual step never takes. Blue's
     read costs about five times a plain one on XLA's CPU backend (its
-    selects): a sample step of the spike rule took 6.5 ms against 5.1 now
-    (benchmarks/RESULTS.md). The probe's ``weight_norm/`` and ``update_ratio/``
-    keep Blue's one read: through this, the probed step's peak memory rose
-    from 1.10 to 1.13 of plain ``fit``'s. The second read calls each function again inside
-    the branch, so that its tensors are computed there from what it reads
-    (a weight and its update), not written out whole for the branch.
+    selects; benchmarks/RESULTS.md). The second read calls each function
+    again inside the branch, so that its tensors are computed there from
+    what it reads (a weight and its update), not written out whole for it.
     ``blue_only``: Blue's norms in the one read (for a branch of its own,
     such as a skipped step's: a second branch in it made XLA write out the
     would-be weights, which nothing else holds). Under a distribution too:
@@ -198,9 +195,8 @@ def norms_in_one_read(groups, blue_only=False):
         totals = reduce_in_one_pass(*[(jnp.square(t), 0.0, jnp.add) for t in tensors],
                                     *[(jnp.abs(t), 0.0, jnp.maximum) for t in tensors], *others)
         reads.append((len(tensors), totals))
-        floor = tensors[0].size * TINY_SQUARES
         squares, largest = totals[:len(tensors)], totals[len(tensors):2 * len(tensors)]
-        exact += [jnp.isfinite(s) & ((s >= floor) | (m == 0)) for s, m in zip(squares, largest)]
+        exact += [squares_are_exact(s, tensors[0].size, m) for s, m in zip(squares, largest)]
 
     def plain():
         return [jnp.sqrt(jnp.stack(totals[:count])) for count, totals in reads]

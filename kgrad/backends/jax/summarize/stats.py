@@ -32,7 +32,7 @@ Example:
 import jax
 import jax.numpy as jnp
 
-from kgrad.backends.common.norms import TINY_SQUARES
+from kgrad.backends.common.norms import squares_are_exact
 from kgrad.backends.jax.summarize.careful import careful_summaries
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
@@ -117,10 +117,9 @@ def _fast_or_exact(tensors, bucket_counts, needed):
     totals = [one_pass_totals(tensor, columns) for tensor, columns in zip(tensors, needed)]
     # Garbage where an element is not finite (the histogram's index is clipped, never out of range).
     fast = [_plain_summary(*arguments) for arguments in zip(tensors, totals, needed, bucket_counts)]
-    # Finite, and not so small that squares flushed to 0 could weigh (`TINY_SQUARES`): a gradient
-    # that vanished to 1e-22 would read a norm and std of 0.
-    exact = [jnp.isfinite(total["squares"]) & ((total["squares"] >= tensor.size * TINY_SQUARES)
-                                              | (total["largest"] == 0))
+    # Finite, and not so small that squares flushed to 0 could weigh (`squares_are_exact`): a
+    # gradient that vanished to 1e-22 would read a norm and std of 0.
+    exact = [squares_are_exact(total["squares"], tensor.size, total["largest"])
              for tensor, total in zip(tensors, totals)]
     return jax.lax.cond(
         jnp.all(jnp.stack(exact)),

@@ -11,7 +11,7 @@ import typing
 
 import tensorflow as tf
 
-from kgrad.backends.common.norms import TINY_SQUARES
+from kgrad.backends.common.norms import squares_are_exact
 from kgrad.backends.tensorflow.summarize.histograms import (
     bucket_counts,
     bucket_counts_many,
@@ -22,6 +22,7 @@ from kgrad.backends.tensorflow.summarize.histograms import (
 # Below this largest magnitude a tensor's squares could be flushed to 0: `exact_summaries_in_blocks`
 # rescales it (as `_exact_summary` rescales every tensor).
 _TINY_MAGNITUDE = 2.0**-40
+
 
 class _PlainMoments(typing.NamedTuple):
     """``[n]`` vectors of straight-line statistics of ``n`` flat tensors."""
@@ -51,6 +52,11 @@ def plain_moments(rows):
     maximum = tf.where(not_empty, maximum, 0.0)
     variance = tf.maximum(squares / count - tf.square(mean), 0.0)
     return _PlainMoments(size, count, squares, mean, variance, minimum, maximum, nonzeros)
+
+
+def largest_magnitude(plain):
+    """``[n]`` largest magnitudes of the tensors of `_PlainMoments` ``plain``, from their min and max."""
+    return tf.maximum(tf.abs(plain.minimum), tf.abs(plain.maximum))
 
 
 def moment_rows(plain, variance):
@@ -127,12 +133,8 @@ def _careful_summary(values, plain_row, simple, bucket_count):
         return moment_rows(plain, variance)[0], histograms[0]
 
     # Squares flushed to 0 (a gradient that vanished below 1e-19) need the rescaled, exact path too.
-    all_zeros = tf.logical_and(tf.equal(plain.minimum[0], 0.0), tf.equal(plain.maximum[0], 0.0))
-    tiny = tf.logical_and(plain.squares[0] < plain.size[0] * TINY_SQUARES, tf.logical_not(all_zeros))
-    return tf.cond(
-        tf.logical_and(tf.math.is_finite(plain.squares[0]), tf.logical_not(tiny)), finite,
-        lambda: _exact_summary(values, bucket_count),
-    )
+    exact = squares_are_exact(plain.squares[0], plain.size[0], largest_magnitude(plain)[0])
+    return tf.cond(exact, finite, lambda: _exact_summary(values, bucket_count))
 
 
 #: Elements per block of `exact_summaries_in_blocks`.

@@ -13,7 +13,7 @@ from kgrad.backends.tensorflow.summarize import one_pass
 
 # Written once for every backend with keras.ops, at the cost of TensorFlow's
 # kernels (measured in kgrad.backends.common.norms); re-exported for the pipeline.
-from kgrad.backends.common.norms import TINY_SQUARES
+from kgrad.backends.common.norms import squares_are_exact
 from kgrad.backends.common.norms import (  # noqa: F401
     combined_norm,
     example_norms,
@@ -89,10 +89,10 @@ def norms_many(tensors):
     # All the sums of squares in one call: no op per tensor in the step.
     squares = one_pass.sums_of_squares(tensors)
     sizes = tf.constant([float(max(t.shape.num_elements() or 0, 0)) for t in tensors])
-    # Finite, and not so small that squares flushed to 0 could weigh (`TINY_SQUARES`; 0 too: an
-    # all-zero gradient, such as an attention key bias's, then takes the rescaled branch).
+    # Finite, and not so small that squares flushed to 0 could weigh (`squares_are_exact`; with no
+    # max here, an all-zero tensor takes the rescaled branch too).
     return tf.cond(
-        tf.reduce_all(tf.math.is_finite(squares) & (squares >= sizes * TINY_SQUARES)),
+        tf.reduce_all(squares_are_exact(squares, sizes)),
         lambda: tf.sqrt(squares),
         lambda: tf.stack([safe_norm(tf.reshape(tf.cast(t, tf.float32), [-1])) for t in tensors]),
     )

@@ -19,6 +19,7 @@ from kgrad.backends.tensorflow.summarize.careful_stats import (  # noqa: F401 (r
     careful_summary_function,
     exact_summaries_in_blocks,
     finite_histograms,
+    largest_magnitude,
     moment_rows,
     plain_moments,
 )
@@ -29,7 +30,7 @@ from kgrad.backends.tensorflow.summarize.histograms import (
     histogram_rows,
     in_xla,
 )
-from kgrad.backends.common.norms import TINY_SQUARES
+from kgrad.backends.common.norms import squares_are_exact
 from kgrad.backends.tensorflow.summarize import one_pass
 from kgrad.plan.histogram_buckets import is_log_magnitude_count, log_magnitude_edges
 
@@ -143,16 +144,13 @@ def summarize_many(tensors, bucket_count=None):
     # A finite sum of squares means no element is NaN or Inf and no square
     # overflowed. E[x²] - E[x]² keeps ~5 significant digits of the variance
     # while the mean² is up to 100x the variance; beyond, a centered pass.
+    # Squares below float32's smallest normal (|x| < 1e-19) are flushed to 0: a tensor of such
+    # values (a gradient that vanished) would read a norm and std of 0, so it takes the careful
+    # branch, which rescales (`squares_are_exact`).
     simple = tf.logical_and(
-        tf.math.is_finite(plain.squares), tf.square(plain.mean) <= 100.0 * plain.variance
+        squares_are_exact(plain.squares, plain.size, largest_magnitude(plain)),
+        tf.square(plain.mean) <= 100.0 * plain.variance,
     )
-    # Squares below float32's smallest normal (|x| < 1e-19) are flushed to 0: a tensor of such values
-    # (a gradient that vanished) would read a norm and std of 0. A sum of squares at least n·2**-100
-    # loses at most 2**-26 of itself; below that (and not all zeros), the careful branch rescales.
-    simple = tf.logical_and(simple, tf.logical_or(
-        plain.squares >= plain.size * TINY_SQUARES,
-        tf.logical_and(tf.equal(plain.minimum, 0.0), tf.equal(plain.maximum, 0.0)),
-    ))
     # Log-magnitude edges are fixed: those histograms need neither the min and
     # max nor the careful branch. Linear ones are counted in the branches.
     branch_buckets = None if log_magnitude else bucket_count
