@@ -24,6 +24,21 @@ if "WANDB_DIR" not in os.environ:
     import tempfile
 
     os.environ["WANDB_DIR"] = tempfile.mkdtemp(prefix="kgrad-wandb-")
+# One JAX compilation cache for the whole run, shared by the xdist workers and the subprocesses
+# the tests start (they inherit this environment). The tests compile the same XLA programs again
+# and again (a model fitted with and without a probe, the demo's models in several tests), and
+# XLA's CPU compiler is a large part of a JAX test's time: a hit returns the same executable, so no
+# value changes. Every program is cached, however small or quick to compile. The scripts that read
+# what compiling says (tests/scripts/model_parallel_hlo_jax.py: XLA's warnings) turn it off.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache = tempfile.mkdtemp(prefix="kgrad-xla-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

@@ -125,6 +125,7 @@ def _jax_child(depth, probed, dump_dir, options):
     # A process of its own: XLA reads its dump flags once.
     environment = dict(os.environ, KERAS_BACKEND="jax")
     environment["XLA_FLAGS"] = f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
+    environment.pop("JAX_COMPILATION_CACHE_DIR", None)  # a program read from a cache is not dumped
     command = [sys.executable, "-m", "benchmarks.depth_ops", "--jax-child", str(depth)]
     command += ["--probed", "--options", json.dumps(options)] if probed else []
     subprocess.run(command, check=True, env=environment)

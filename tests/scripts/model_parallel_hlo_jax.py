@@ -24,6 +24,9 @@ if __name__ == "__main__":  # (pytest imports this file for its doctests: leave 
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {os.environ.get('XLA_FLAGS', '')}"
     os.environ["KERAS_BACKEND"] = "jax"
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"  # XLA's warnings (rematerialization) reach stderr
+    # Compiled here, never read from a cache (conftest.py shares one across a test run): a program
+    # read back from it would compile nothing, and say nothing of rematerialization.
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402
 import keras  # noqa: E402
