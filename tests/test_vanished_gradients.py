@@ -87,3 +87,25 @@ def test_the_default_probes_norms_of_gradients_of_1e_22_equal_float64(tmp_path):
     got = {tag: logged[tag] for tag in expected}
     np.testing.assert_allclose(list(got.values()), list(expected.values()), rtol=1e-5,
                                err_msg=f"logged {got}\nexpected {expected}")
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["not_jitted", "jitted"])
+def test_the_guards_report_bounds_a_last_finite_loss_of_1e_22_and_never_says_0(jit_compile):
+    # The guard keeps each checked tensor's float32 sum of squares on the last finite step: for a
+    # loss of ~1e-22 it is ~1e-44, flushed to 0, and the report said "its L2 norm was 0".
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, name="out")], name="linear")
+    model.compile(keras.optimizers.SGD(0.1), _tiny_mse, jit_compile=jit_compile)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2 * BATCH, 6)).astype("float32")
+    y = rng.normal(size=(2 * BATCH, 1)).astype("float32")
+    x[BATCH, 0] = np.nan  # the second step's loss is NaN: the first step is the last finite one
+    kernel, bias = (np.array(w, np.float64) for w in model.get_weights())
+    first_loss = SCALE * np.mean((x[:BATCH] @ kernel + bias - y[:BATCH]) ** 2)
+    guard = kgrad.NonFiniteGuard()
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[guard])
+    report = guard.report
+    assert (report.step, report.kind, report.last_finite_step) == (1, "loss", 0)
+    assert report.last_finite_norm is None  # not 0: too small for a float32 sum of squares
+    assert first_loss < report.last_finite_norm_below < 1e-12
+    assert f"its L2 norm was below {report.last_finite_norm_below:.2g}" in str(report)

@@ -65,6 +65,7 @@ def guard_report_fields(report):
         "inf_count": report.inf_count,
         "last_finite_step": report.last_finite_step,
         "last_finite_norm": report.last_finite_norm,
+        "last_finite_norm_below": report.last_finite_norm_below,
         "non_finite": [[name, nan, inf] for name, (nan, inf) in report.non_finite.items()],
         # Where the replay found it born, for tools that read the logs.
         **{name: getattr(report, name) for name in _REPLAY_FIELDS},

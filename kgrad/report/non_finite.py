@@ -47,9 +47,10 @@ class NonFiniteReport:
         inf_count: Inf elements in that tensor.
         last_finite_step: The latest step on which every watched tensor was
             finite (``None`` if there was none).
-        last_finite_norm: L2 norm of the same tensor on that step (``None``
-            for dJ/dŷ, which is only computed on a tripped step, and when
-            its sum of squares overflowed float32).
+        last_finite_norm: L2 norm of the same tensor on that step (``None`` for dJ/dŷ, only
+            computed on a tripped step, and when its float32 sum of squares overflowed or underflowed).
+        last_finite_norm_below: Where it underflowed (values under ~1e-19, whose squares float32
+            flushes to 0), a bound the norm is under; else ``None``.
         last_summaries: Full summaries of that layer from the latest probed
             step, when a `kgrad.GradientProbe` ran alongside (else ``{}``).
         non_finite: ``dict`` tensor name -> (nan_count, inf_count) of every
@@ -99,6 +100,7 @@ class NonFiniteReport:
     last_finite_norm: object
     last_summaries: dict
     non_finite: dict
+    last_finite_norm_below: object = None
     born_in: object = None
     born_at: object = None
     born_type: object = None
@@ -128,13 +130,16 @@ class NonFiniteReport:
             f"{self.kind} of {self.layer!r} ({self.tensor}) with {self.nan_count} NaN "
             f"and {self.inf_count} Inf."
         ]
-        if self.last_finite_step is not None and self.last_finite_norm is not None:
-            lines.append(
-                f"On the last finite step ({self.last_finite_step}) its L2 norm was "
-                f"{self.last_finite_norm:.6g}."
-            )
-        elif self.last_finite_step is not None:
-            lines.append(f"The last finite step was {self.last_finite_step}.")
+        last = self.last_finite_step
+        if last is not None and self.last_finite_norm is not None:
+            lines.append(f"On the last finite step ({last}) its L2 norm was {self.last_finite_norm:.6g}.")
+        elif last is not None and self.last_finite_norm_below is not None:
+            bound = self.last_finite_norm_below
+            lines.append(f"On the last finite step ({last}) its L2 norm was below {bound:.2g}, too small for "
+                         "the guard's float32 sum of squares to measure exactly (a kgrad.GradientProbe's "
+                         "norms measure it).")
+        elif last is not None:
+            lines.append(f"The last finite step was {last}.")
         others = [name for name in self.non_finite if name != self.tensor]
         if others:
             lines.append(f"Also non-finite on this step: {', '.join(others[:10])}"
@@ -167,7 +172,15 @@ class NonFiniteError(RuntimeError):
         self.report = report
 
 
-def report_of_counts(non_finite, step, last_finite_step=None, last_finite_norm=None, last_summaries_for=None):
+#: A float32 square under 2**-126 (TensorFlow's halved ones: 2**-125) flushes to 0: a sum over up to 2**40
+#: elements misses at most 2**-85, which above 2**-62 (a norm above ~4.7e-10) moves the norm by less than
+#: float32's rounding (2**-24); below, the sum only bounds the norm.
+_MISSED_SQUARES = 2.0**-85
+_EXACT_SQUARES = 2.0**-62
+
+
+def report_of_counts(non_finite, step, last_finite_step=None, last_finite_squares=None,
+                     last_summaries_for=None):
     """The `NonFiniteReport` of a step whose check counted NaN/Inf, or ``None`` if it counted none.
 
     Written once for every backend's sentinel and for `kgrad.first_non_finite`.
@@ -178,17 +191,22 @@ def report_of_counts(non_finite, step, last_finite_step=None, last_finite_norm=N
         step: The step checked.
         last_finite_step: The latest step on which everything was finite,
             or ``None`` (a negative value, a device's "none yet", too).
-        last_finite_norm: ``fn(tensor name) -> float or None``, that tensor's
-            L2 norm on ``last_finite_step``; a norm that overflowed is ``None``.
+        last_finite_squares: ``fn(tensor name) -> float or None``, that tensor's
+            float32 sum of squares on ``last_finite_step``: its norm if the sum
+            neither overflowed nor underflowed, a bound (``last_finite_norm_below``)
+            if it underflowed.
         last_summaries_for: ``fn(layer, last_finite_step) -> dict`` of the
             latest probed summaries of that layer (default: none).
 
     Example:
 
     >>> report = report_of_counts({"activation/a": (0, 0), "grad/b": (2, 0)}, step=7, last_finite_step=6,
-    ...                           last_finite_norm=lambda name: float("inf"))
+    ...                           last_finite_squares=lambda name: 4.0)
     >>> report.tensor, report.layer, report.pass_, report.nan_count, report.last_finite_norm
-    ('grad/b', 'b', 'backward', 2, None)
+    ('grad/b', 'b', 'backward', 2, 2.0)
+    >>> tiny = report_of_counts({"grad/b": (2, 0)}, 7, 6, last_finite_squares=lambda name: 0.0)
+    >>> tiny.last_finite_norm, f"{tiny.last_finite_norm_below:.2g}"  # values under ~1e-19 square to 0
+    (None, '1.6e-13')
     >>> report.non_finite  # the tensors without NaN/Inf are left out
     {'grad/b': (2, 0)}
     """
@@ -199,12 +217,15 @@ def report_of_counts(non_finite, step, last_finite_step=None, last_finite_norm=N
     kind, layer = split_name(first)
     if last_finite_step is not None and last_finite_step < 0:
         last_finite_step = None
-    norm = None if last_finite_step is None or last_finite_norm is None else last_finite_norm(first)
+    squares = None if last_finite_step is None or last_finite_squares is None else last_finite_squares(first)
+    squares = float(squares) if squares is not None and math.isfinite(squares) else None  # overflowed
     return NonFiniteReport(
         step=step, tensor=first, layer=layer, kind=kind,
         pass_="forward" if kind in FORWARD_KINDS else "backward",
         nan_count=bad[first][0], inf_count=bad[first][1], last_finite_step=last_finite_step,
-        last_finite_norm=float(norm) if norm is not None and math.isfinite(norm) else None,
+        last_finite_norm=math.sqrt(squares) if squares is not None and squares >= _EXACT_SQUARES else None,
+        last_finite_norm_below=(math.sqrt(squares + _MISSED_SQUARES)
+                                if squares is not None and squares < _EXACT_SQUARES else None),
         last_summaries=last_summaries_for(layer, last_finite_step) if last_summaries_for is not None else {},
         non_finite=bad,
     )

@@ -13,7 +13,6 @@ import threading
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kgrad.backends.common.moment_rules import moment_rule
 from kgrad.backends.common.own_step import has_own_train_step
@@ -265,7 +264,7 @@ class GuardRun:
         return report_of_counts(
             dict(zip(self.names, record.counts)), step=int(record.trip_step),
             last_finite_step=int(record.last_finite_step),
-            last_finite_norm=lambda name: float(np.sqrt(float(squares[self.names.index(name)]))),
+            last_finite_squares=lambda name: float(squares[self.names.index(name)]),
             last_summaries_for=last_summaries_for,
         )
 

@@ -1,6 +1,5 @@
 """The guard's device variables and the graph code of its every-step check and guarded update."""
 
-import numpy as np
 import tensorflow as tf
 
 from kgrad.backends.tensorflow.guard import overflow, replicated
@@ -254,16 +253,16 @@ class GuardState:
             return None
         half_squares = self.last_finite_half_squares.numpy()
 
-        def last_finite_norm(name):
+        def last_finite_squares(name):
             if name in self.on_trip_only:
                 return None  # checked only on a tripped step
-            return np.sqrt(2.0 * half_squares[self.names.index(name)])
+            return 2.0 * float(half_squares[self.names.index(name)])
 
         return report_of_counts(
             dict(zip(self.names, self.counts.numpy())),
             step=int(self.trip_step.numpy()),
             last_finite_step=int(self.last_finite_step.numpy()),
-            last_finite_norm=last_finite_norm,
+            last_finite_squares=last_finite_squares,
             last_summaries_for=last_summaries_for,
         )
 
