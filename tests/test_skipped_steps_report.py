@@ -88,3 +88,12 @@ def test_a_run_without_the_guard_lists_nothing_and_a_guard_only_run_is_a_kgrad_r
     write_skipped_run(tmp_path / "run" / "kgrad", stability=False)
     (run,) = kgrad.health_report(kgrad.read_logs(tmp_path))
     assert [step.step for step in run.skipped] == list(SKIPPED) and run.stability.loss_spikes == ()
+
+
+def test_a_skipped_step_without_a_score_says_why_rather_than_a_number():
+    """A norm beyond float32's squares spikes with no score (tests/test_spike_skipping_overflow.py)."""
+    from kgrad.report.skipped_steps import SkippedStep, describe
+
+    (_, line) = describe([SkippedStep(36, why="no per-weight values were logged")])
+    assert line.startswith("  step 36: spike score not logged (none is where it cannot be computed")
+    assert "beyond float32's sums of squares" in line and "nan" not in line.lower()

@@ -1,14 +1,16 @@
-"""A spike whose gradient norm is beyond float32's squares: pinned, not yet skipped (issue 55).
+"""A spike whose gradient norm is beyond float32's squares is skipped, and its values are exact (issue 55).
 
 A batch with sample weights of 1e20 gives gradients of ~1e20: every element is
-finite, but their float32 sum of squares overflows (a norm above ~1.8e19). Both
-backends' spike rule takes ln of the global norm from those sums, and an
-overflowed sum is left unjudged: the step is not skipped, its update puts Inf
-into Adam's second moment, and the weights are NaN two steps later. The same
-batch with 1e8 is skipped. The fix (issue 55's closing note of 2026-12-07) must
-count such a norm as a spike where every element is finite and no loss scaler
-owns the overflow; this test then passes and its mark goes. Runs on both
-backends (tests/jax/test_spike_skipping_overflow_jax.py).
+finite, but their float32 sum of squares overflows (a norm above ~1.8e19). The
+spike rule then cannot take the norm's logarithm from the guard's sums; it
+counts such a norm as a spike (score +Inf) where every element is finite
+(`tests/test_spike_rule_beyond_squares.py`). Before, both backends left it
+unjudged: the update put Inf into Adam's second moment and the weights were NaN
+two steps later. The skip's per-weight gradient norms and cos(g, w) are checked
+against a float64 gradient worked out by hand (they were Inf and 0 on
+TensorFlow, whose norms were plain sums of squares; JAX's exact norm of a
+one-element bias was 0 under jit). Runs on both backends
+(tests/jax/test_spike_skipping_overflow_jax.py).
 """
 
 import keras
@@ -20,7 +22,7 @@ import kgrad
 SPIKE_STEP, BATCH, STEPS = 36, 4, 40
 
 
-def _fitted(weight):
+def _model():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
         keras.Input((4,)),
@@ -28,15 +30,48 @@ def _fitted(weight):
         keras.layers.Dense(1, name="out"),
     ])
     model.compile(keras.optimizers.Adam(1e-3), "mse")
+    return model
+
+
+def _data(weight):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(STEPS * BATCH, 4)).astype("float32")
     y = rng.normal(size=(STEPS * BATCH, 1)).astype("float32")
     sample_weight = np.ones(STEPS * BATCH, "float32")
     sample_weight[SPIKE_STEP * BATCH : (SPIKE_STEP + 1) * BATCH] = weight
+    return x, y, sample_weight
+
+
+def _fitted(weight):
+    x, y, sample_weight = _data(weight)
     guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_warmup=16)
-    model.fit(x, y, sample_weight=sample_weight, batch_size=BATCH, shuffle=False, verbose=0,
-              callbacks=[guard])
+    _model().fit(x, y, sample_weight=sample_weight, batch_size=BATCH, shuffle=False, verbose=0,
+                 callbacks=[guard])
     return guard
+
+
+def _reference(weight):
+    """``({path: gradient norm}, {path: cos(g, w)})`` of the spiking batch, by hand in float64.
+
+    The weights before it are an unguarded fit's over the batches before it (the guard changes
+    no step it applies); the loss is Keras' mean squared error weighted by the samples, summed
+    and divided by the batch's size.
+    """
+    x, y, sample_weight = _data(weight)
+    model, rows = _model(), slice(0, SPIKE_STEP * BATCH)
+    model.fit(x[rows], y[rows], batch_size=BATCH, shuffle=False, verbose=0)
+    kernel, bias, out_kernel, out_bias = (np.asarray(w, np.float64) for w in model.get_weights())
+    rows = slice(SPIKE_STEP * BATCH, (SPIKE_STEP + 1) * BATCH)
+    xb, yb, wb = (np.asarray(a[rows], np.float64) for a in (x, y, sample_weight))
+    hidden = np.tanh(xb @ kernel + bias)
+    d_out = 2.0 * (hidden @ out_kernel + out_bias - yb) * wb[:, None] / BATCH
+    d_pre = (d_out @ out_kernel.T) * (1.0 - hidden**2)
+    pairs = {"hidden/kernel": (xb.T @ d_pre, kernel), "hidden/bias": (d_pre.sum(0), bias),
+             "out/kernel": (hidden.T @ d_out, out_kernel), "out/bias": (d_out.sum(0), out_bias)}
+    norms = {path: float(np.linalg.norm(g)) for path, (g, _) in pairs.items()}
+    cosines = {path: float(np.sum(g * w) / (np.linalg.norm(g) * np.linalg.norm(w)))
+               for path, (g, w) in pairs.items()}
+    return norms, cosines
 
 
 def test_a_spike_of_gradients_of_1e8_is_skipped():
@@ -45,10 +80,12 @@ def test_a_spike_of_gradients_of_1e8_is_skipped():
     assert guard.report is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 55: a global gradient norm whose float32 sum of squares "
-                   "overflowed is not judged by the spike rule (both backends' `judge`), so the largest "
-                   "spikes are applied; see this module's docstring")
 def test_a_spike_of_gradients_of_1e20_is_skipped_though_its_squares_overflow():
     guard = _fitted(1e20)
     assert [skipped.step for skipped in guard.skipped_steps] == [SPIKE_STEP]
     assert guard.report is None  # without the skip, Adam's moments hold Inf and the weights go NaN
+    norms, cosines = _reference(1e20)
+    (skipped,) = guard.skipped_steps
+    assert np.hypot.reduce(list(norms.values())) > 1.9e19  # the global norm's squares beyond float32
+    assert skipped.values["grad_norm"] == pytest.approx(norms, rel=1e-5)
+    assert skipped.values["cos_grad_weight"] == pytest.approx(cosines, rel=1e-4, abs=1e-5)

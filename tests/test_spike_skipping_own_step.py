@@ -223,6 +223,22 @@ def test_a_probed_step_judges_each_part_as_an_unprobed_one(gan_fit, gan_kit, tmp
     assert probed["generator/kgrad"]["scalars"]["update_ratio/g_hidden/kernel"].values[-1] > 0
 
 
+def test_a_parts_spike_beyond_float32s_squares_is_skipped(gan_kit):
+    """Reals ×1e21 on the last batch: the discriminator's gradient norm overflows float32's sum of
+    squares, every element finite (tests/test_spike_skipping_overflow.py, for Keras' step)."""
+    batch = gan_kit.batch
+    real, noise = gan_kit.data(STEPS)
+    real[SPIKE * batch :] *= 1e21
+    gan = gan_kit.make(gan_kit.fit_compiled)
+    guard = kgrad.NonFiniteGuard(skip_spikes=True, spike_window=16)
+    gan.fit((real, noise), batch_size=batch, shuffle=False, verbose=0, callbacks=[guard])
+    assert [(s.step, s.part) for s in guard.skipped_steps] == [(SPIKE, "discriminator")]
+    assert guard.report is None and guard.spike_report is None
+    (skipped,) = guard.skipped_steps
+    assert np.hypot.reduce(list(skipped.values["grad_norm"].values())) > 1.9e19  # squares beyond float32
+    assert int(gan.d_optimizer.iterations) == SPIKE
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["graph", "xla"])
 def test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part(compiled, gan_kit, capsys):
     batch = gan_kit.batch

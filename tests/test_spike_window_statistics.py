@@ -8,7 +8,8 @@ here), unchanged bit for bit by a skipped step, and forgotten with the window
 import numpy as np
 import tensorflow as tf
 
-from kgrad.backends.tensorflow.guard.spikes import SpikeState, window_statistics
+from kgrad.backends.tensorflow.guard.spike_window import window_statistics
+from kgrad.backends.tensorflow.guard.spikes import SpikeState
 from kgrad.plan.spike_rule import SpikeRule
 
 WINDOW = 4

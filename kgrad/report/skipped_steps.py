@@ -32,6 +32,9 @@ from kgrad.report.spike_leaders import VALUE_NAMES, rank_skip_leaders
 STEP_SKIPPED_TAG = "global/step_skipped"
 #: The step's spike score (the guard's rule).
 SPIKE_SCORE_TAG = "global/spike_score"
+#: Words for a skipped step whose score is absent: where the guard could not compute it.
+NO_SCORE = ("not logged (none is where it cannot be computed: a loss or gradient that is not finite, or a "
+            "global gradient norm beyond float32's sums of squares, above ~1.8e19, which spikes)")
 #: The window's statistics: ``(field of SkippedStep, tag)``.
 WINDOW_TAGS = (
     ("log_loss_mean", "spike_window_mean/log_loss"),
@@ -122,7 +125,8 @@ def describe(skipped, named=3):
         return []
     lines = [f"skipped steps (the guard did not apply their update): {len(skipped)}"]
     for step in skipped:
-        head = f"  step {step.step}: spike score {_number(step.spike_score)}"
+        score = _number(step.spike_score) if not math.isnan(step.spike_score) else NO_SCORE
+        head = f"  step {step.step}: spike score {score}"
         if not math.isnan(step.log_loss_mean):
             head += f" (ln loss window {_number(step.log_loss_mean)} ± {_number(step.log_loss_std)})"
         if step.leaders is None:

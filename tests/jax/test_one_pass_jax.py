@@ -26,6 +26,9 @@ FINITE = {
     "log_uniform": np.where(_rng.random(500) < 0.5, -1, 1) * 10.0 ** _rng.uniform(-36, 36, size=500),
     "zeros": np.zeros((3, 2)),
     "one": np.array([-7.0]),
+    # One element: XLA folds its reduction away, and once rewrote (x·c)² as x²·c² (0 and NaN under jit).
+    "one_huge": np.array([-1.5e19]),
+    "one_tiny": np.array([[1e-25]]),
 }
 
 
@@ -101,3 +104,28 @@ def test_norms_in_one_read_equal_float64_norms_whichever_path_they_take(case, bl
                          ids=["inf", "nan", "nan_beside_large"])
 def test_norms_in_one_read_of_a_non_finite_tensor_are_what_a_plain_norm_gives(values, expected):
     np.testing.assert_equal(_norms_in_one_read([[1.0, 2.0], values])[1], expected)
+
+
+SHARDED_SCRIPT = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
+norm = jax.jit(lambda x: norm_from_sums(*reduce_in_one_pass(*norm_parts(x))))
+mesh = jax.make_mesh((4,), ("model",))
+for value in (1e20, 1e-25, 3.0):
+    x = jax.device_put(np.full(4, value, np.float32), NamedSharding(mesh, PartitionSpec("model")))
+    print(repr(float(norm(x))))
+"""
+
+
+def test_the_norm_of_a_tensor_split_into_one_element_shards_is_exact():
+    """A ``[4]`` bias over 4 devices: each device reduces one element (0 and 0 before, under jit)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], capture_output=True, text=True,
+                            timeout=120, check=True)
+    got = [float(line) for line in result.stdout.split()]
+    np.testing.assert_allclose(got, [_numpy_norm(np.full(4, v)) for v in (1e20, 1e-25, 3.0)], rtol=2e-6)

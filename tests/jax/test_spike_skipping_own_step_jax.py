@@ -19,6 +19,7 @@ from guide_model import GuideModel
 
 from test_spike_skipping_own_step import (  # noqa: F401 (collected here, in the JAX run)
     gan_fit,
+    test_a_parts_spike_beyond_float32s_squares_is_skipped,
     test_a_clean_own_step_reads_its_spike_states_at_each_epochs_end_only,
     test_a_skipped_part_is_read_after_its_batch_and_at_each_epochs_end,
     test_a_spike_that_lasts_in_one_part_stops_training_naming_the_part,

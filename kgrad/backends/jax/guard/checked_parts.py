@@ -250,9 +250,11 @@ class CheckedParts:
         record, halt_updates, rule, compiled, sampling = self._behind_check
         squares, counts = self.checks()
         apply, skip_table, judged, sample = may_apply(counts, record, halt_updates), None, None, None
+        gradient_squares = squares[len(squares) - (len(self.tensors) - 1):]
+        overflowed = overflow.overflowed(gradient_squares, self._owned)
         if rule is not None:  # a spiking step is kept out as a non-finite one is
-            gradient_squares = squares[len(squares) - (len(self.tensors) - 1):]
-            judged = spike_rule.judge(record.spikes, rule, self.tensors[0], gradient_squares)
+            judged = spike_rule.judge(record.spikes, rule, self.tensors[0], gradient_squares,
+                                      overflow.gradients_finite(counts, overflowed))
             veto = judged[1] | record.spikes.tripped if halt_updates else judged[1]
             apply = apply & jnp.logical_not(veto)
             # The skip's table in the skipped branch: the update's then writes in place.
@@ -266,7 +268,6 @@ class CheckedParts:
             compiled and probed_apply is None, skip_table, sample=sample,
         )
         chosen = {id(value) for value in [*trainable, *optimizer_variables]}
-        overflowed = overflow.overflowed(squares[len(squares) - (len(self.tensors) - 1):], self._owned)
         spiked = None if judged is None else (judged, table, sampled, overflowed)
         self._decided = (len(self._rows), (apply, chosen, spiked))
         return trainable, optimizer_variables
@@ -274,12 +275,11 @@ class CheckedParts:
     def _probed_update(self, stateless_apply):
         """On a probed step, ``stateless_apply`` noting its result for the probe, else ``None``.
 
-        The probe (which wraps this update) measures what the update computed:
-        the update then runs unconditionally and a select keeps the values of
-        before where it is skipped (as eagerly), not a ``lax.cond``, whose
-        skipped branch would not compute the optimizer's new moments. The probe
-        logs the weights the step kept (a skipped step's update ratio is 0, as
-        on TensorFlow) and the moments as computed (`PartCollection.computing`).
+        The probe (which wraps this update) measures what the update computed: the update then
+        runs unconditionally and a select keeps the values of before where it is skipped (as
+        eagerly), not a ``lax.cond``, whose skipped branch would not compute the optimizer's new
+        moments. The probe logs the weights the step kept (a skipped step's update ratio is 0,
+        as on TensorFlow) and the moments as computed (`PartCollection.computing`).
         """
         return None if self._inner is None else self._inner.computing(stateless_apply)
 

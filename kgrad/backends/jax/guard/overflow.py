@@ -25,3 +25,10 @@ def overflowed(gradient_squares, owned):
     if not owned:
         return None
     return jnp.logical_not(jnp.all(jnp.isfinite(gradient_squares)))
+
+
+def gradients_finite(counts, overflowed):
+    """Whether every checked element is finite: no NaN/Inf in ``counts`` (`sentinel.tensor_checks`'s,
+    0 for a loss scaler's rows) and no loss scaler's gradients ``overflowed`` (or ``None``)."""
+    finite = jnp.logical_not(jnp.any(counts > 0))
+    return finite if overflowed is None else finite & jnp.logical_not(overflowed)

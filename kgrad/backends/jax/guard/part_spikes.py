@@ -21,6 +21,7 @@ import functools
 import jax.numpy as jnp
 
 from kgrad.backends.jax.guard import overflow, spikes as spike_rule
+from kgrad.backends.jax.guard.sentinel import tensor_checks
 
 
 class OwnStepPart:
@@ -102,8 +103,11 @@ class PartJudge:
         records, halt_updates, rule, compiled, sampling = self._judging
         spikes = records[part.number]
         checked = tensors[part.loss_index + 1 : part.loss_index + 1 + part.checked]
-        squares = jnp.stack([jnp.sum(jnp.square(g.astype(jnp.float32))) for g in checked])
-        judged = spike_rule.judge(spikes, rule, tensors[part.loss_index], squares)
+        # Counts only where a sum is not finite; none of a loss scaler's (`overflow.overflowed`).
+        squares, counts = tensor_checks(checked, range(len(checked)) if part.owned else ())
+        overflowed = overflow.overflowed(squares, part.owned)
+        judged = spike_rule.judge(spikes, rule, tensors[part.loss_index], squares,
+                                  overflow.gradients_finite(counts, overflowed))
         veto = judged[1]
         if halt_updates:  # a streak of any part stopped training: no part's update is applied
             veto = veto | jnp.any(jnp.stack([record.tripped for record in records]))
@@ -120,7 +124,6 @@ class PartJudge:
             skip_table, part.checked,
             sample=measure,
         )
-        overflowed = overflow.overflowed(squares, part.owned)
         self._decisions[part.number] = (judged, table, sampled, overflowed, apply)
         return values
 

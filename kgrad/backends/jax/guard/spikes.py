@@ -46,11 +46,13 @@ def initial_record(rule, weights):
     }, skip_slots=SKIP_SLOTS)
 
 
-def judge(record, rule, loss, weight_squares):
+def judge(record, rule, loss, weight_squares, gradients_finite=None):
     """``(values, spike, score, mean, std)`` of one step (see the TensorFlow `SpikeState.judge`).
 
     ``values`` are the window's row: ln loss (NaN for a loss that is not positive), ln global
     norm, then each weight's gradient norm as it is (its z-scores rank weights, decide nothing).
+    ``gradients_finite``: every element of the gradients is finite (``None``: unknown); then a
+    global norm beyond float32's sum of squares spikes once warmed up, with a score of +Inf.
     """
     raw = jnp.concatenate([
         jnp.stack([jnp.asarray(loss, jnp.float32), jnp.sqrt(jnp.sum(weight_squares))]),
@@ -69,7 +71,11 @@ def judge(record, rule, loss, weight_squares):
     judged = (filled >= rule.warmup) & jnp.isfinite(z)
     score = jnp.max(jnp.where(judged, z, -jnp.inf))
     spike = jnp.all(jnp.isfinite(raw)) & (score > rule.sigmas)
-    return values, spike, jnp.where(jnp.any(judged), score, jnp.nan), mean, std
+    score = jnp.where(jnp.any(judged), score, jnp.nan)
+    if gradients_finite is not None:  # squares that overflowed: ln of the norm cannot be taken from them
+        beyond = jnp.isinf(raw[1]) & jnp.isfinite(raw[0]) & gradients_finite & (filled >= rule.warmup)
+        spike, score = spike | beyond, jnp.where(beyond, jnp.inf, score)
+    return values, spike, score, mean, std
 
 
 def after_step(record, rule, judged, accepted, overflowed=None):

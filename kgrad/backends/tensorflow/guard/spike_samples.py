@@ -32,6 +32,7 @@ import tensorflow as tf
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.tensorflow import keras_internals
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
+from kgrad.backends.tensorflow.summarize.norms import norms_many
 from kgrad.backends.tensorflow.summarize.optimizer_state import adam_rms_per_weight
 from kgrad.plan.spike_rule import SAMPLED_VALUES, sample_every, sample_slots
 
@@ -50,10 +51,10 @@ def update_values(measured, old, new, rms):
         new: Each weight after it.
         rms: ``[weights]`` ``adam_rms`` of the update (NaN without a second moment).
     """
-    weight_norms = tf.stack([tf.norm(w) for w in old])
-    update_norms = tf.stack([tf.norm(a - b) for a, b in zip(new, old)])
+    # Exact at any magnitude (one call, one branch): a spike's gradient is where squares overflow.
+    norms = norms_many(list(old) + [a - b for a, b in zip(new, old)] + [flat(g) for g, _ in measured])
+    weight_norms, update_norms, grad_norms = tf.split(norms, 3)
     dots = tf.stack([tf.reduce_sum(flat(g) * w) for (g, _), w in zip(measured, old)])
-    grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
     return tf.stack([update_norms / weight_norms, dots / (grad_norms * weight_norms), rms], axis=1)
 
 

@@ -22,7 +22,9 @@ from kgrad.backends.common.moment_rules import moment_rule
 from kgrad.backends.tensorflow.guard.spike_samples import (
     SampleWindow, adam_rms_of_update, flat, unscaled, update_values,
 )
+from kgrad.backends.tensorflow.guard.spike_window import beyond_squares, window_statistics
 from kgrad.backends.tensorflow.handover.replicas import scatter_nd_update, state_variable
+from kgrad.backends.tensorflow.summarize.norms import norms_many
 from kgrad.plan.spike_rule import MIN_LOG_SIGMA, ROW_COLUMNS, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot
 
 _TINY = float(np.finfo(np.float32).tiny)  # float32's smallest normal: the logarithm of a 0 norm is finite
@@ -80,14 +82,16 @@ class SpikeState:
             before the step (its row, whether a sample step, whether its skip is kept).
         """
         before = (self.accepted.read_value(), self.row_count.read_value(), self.tripped.read_value())
-        judged = self.judge(tf.cast(loss, tf.float32), weight_squares)
+        # Every gradient element finite (the guard's exact counts), no loss scaler's overflow.
+        finite = may_apply if overflowed is None else tf.logical_and(may_apply, tf.logical_not(overflowed))
+        judged = self.judge(tf.cast(loss, tf.float32), weight_squares, finite)
         apply = tf.logical_and(may_apply, tf.logical_not(judged[1]))
         if halt_updates:
             apply = tf.logical_and(apply, tf.logical_not(before[2]))
         self.after_step(*judged, accepted=apply, overflowed=overflowed)
         return apply, judged, before
 
-    def judge(self, loss, weight_squares):
+    def judge(self, loss, weight_squares, gradients_finite=None):
         """Graph code: ``(values, spike, score, mean, std)`` of this step.
 
         ``values`` are the window's row of the step: the logarithms of the loss
@@ -101,6 +105,10 @@ class SpikeState:
         Args:
             loss: The step's loss (unscaled, a scalar).
             weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
+            gradients_finite: Whether every element of those gradients is finite (``None``:
+                unknown). Where it is, a global norm beyond float32's sum of squares
+                (above ~1.8e19) spikes once warmed up, with a score of +Inf: its logarithm
+                cannot be taken from the sums, and no step that size is a window's.
         """
         mean, std = window_statistics(self.window, self.accepted, self.rule.window)
         raw = tf.stack([tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))])
@@ -115,6 +123,9 @@ class SpikeState:
         finite = tf.reduce_all(tf.math.is_finite(raw))
         spike = tf.logical_and(finite, score > self.rule.sigmas)
         score = tf.where(tf.reduce_any(judged), score, float("nan"))
+        if gradients_finite is not None:
+            beyond = beyond_squares(raw, gradients_finite, self.accepted >= self.rule.warmup)
+            spike, score = tf.logical_or(spike, beyond), tf.where(beyond, float("inf"), score)
         values = tf.concat([logs, tf.sqrt(weight_squares)], 0)
         return values, spike, score, mean, std
 
@@ -222,7 +233,7 @@ class SpikeState:
     def skip_table(self, judged, measured, sampled):
         """Graph code: a skip's ``[weights, len(SKIP_COLUMNS)]`` table from `would_be_update`'s values."""
         mean, std = judged[3:]
-        grad_norms = tf.stack([tf.norm(flat(g)) for g, _ in measured])
+        grad_norms = norms_many([g for g, _ in measured])  # exact where a spike's squares overflow
         # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
         known = std[2:] > 0
         z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
@@ -269,28 +280,3 @@ class SpikeState:
             self.row_count.assign(0)
             self.skip_count.assign(0)
             self.samples.count.assign(0)
-
-
-def window_statistics(window, accepted, length):
-    """Graph code: ``(mean, std)`` per column of the window's accepted rows (NaN before two of them).
-
-    σ is the sample standard deviation (n − 1), as `kgrad.plan.spike_rule.judge`'s.
-
-    Args:
-        window: ``[length, columns]``: the window, rows written in turn.
-        accepted: How many rows were ever written (int64).
-        length: The window's length N.
-
-    Example (mean [2.], std [1.4142135]: the third row was never written)::
-
-        mean, std = window_statistics(tf.constant([[1.0], [3.0], [0.0]]), tf.constant(2, tf.int64), 3)
-    """
-    filled = tf.minimum(accepted, length)
-    count = tf.cast(filled, tf.float32)
-    in_window = tf.cast(tf.range(length, dtype=tf.int64) < filled, tf.float32)[:, None]
-    # Rows past `filled` were never written (zeros): the mask keeps a NaN loss inside only.
-    mean = tf.reduce_sum(window * in_window, 0) / tf.maximum(count, 1.0)
-    squares = tf.reduce_sum(tf.square((window - mean) * in_window), 0)
-    std = tf.sqrt(squares / tf.maximum(count - 1.0, 1.0))
-    enough = filled >= 2
-    return tf.where(enough, mean, float("nan")), tf.where(enough, std, float("nan"))
