@@ -134,7 +134,8 @@ GLOBAL_TAGS = {
     "global/batch_size": "examples in the probed batch (of the per-example instrument)",
     "global/step_skipped": "1 if NonFiniteGuard(skip_spikes=True) skipped the step's update, else 0",
     "global/spike_score": "the step's largest (ln x − mean)/σ over its loss and global gradient "
-                          "norm, against the guard's spike window of logarithms",
+                          "norm, against the guard's spike window of logarithms (absent where it "
+                          "cannot be computed: see kgrad report)",
 }
 #: Text tags: a tripped `kgrad.NonFiniteGuard`'s report (JSON), at the bad step.
 GUARD_REPORT_TAG = "guard/report"

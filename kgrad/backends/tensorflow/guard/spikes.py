@@ -233,7 +233,7 @@ class SpikeState:
     def skip_table(self, judged, measured, sampled):
         """Graph code: a skip's ``[weights, len(SKIP_COLUMNS)]`` table from `would_be_update`'s values."""
         mean, std = judged[3:]
-        grad_norms = norms_many([g for g, _ in measured])  # exact where a spike's squares overflow
+        grad_norms = norms_many([flat(g) for g, _ in measured])  # exact where a spike's squares overflow
         # Against the weight's own column of the window: NaN (absent) where σ is 0 or unknown.
         known = std[2:] > 0
         z = tf.where(known, (grad_norms - mean[2:]) / tf.where(known, std[2:], 1.0), float("nan"))
