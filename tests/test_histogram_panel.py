@@ -24,17 +24,18 @@ def _view(log_dir, run):
     return views.RunView(run, read_run(find_runs(str(log_dir))[run]))
 
 
-def _fit(log_dir, histogram_buckets):
+def _fit(log_dir, histogram_buckets, sample_weight=1.0, optimizer="sgd"):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
         keras.Input((4,)),
         keras.layers.Dense(6, activation="sigmoid", name="hidden"),
         keras.layers.Dense(1, name="out"),
     ])
-    model.compile("sgd", "mse")
+    model.compile(optimizer, "mse")
     x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
     probe = kgrad.GradientProbe(log_dir, every_n_steps=1, histogram_buckets=histogram_buckets)
-    model.fit(x, np.ones((16, 1)), batch_size=4, epochs=1, verbose=0, callbacks=[probe])
+    model.fit(x, np.ones((16, 1)), sample_weight=np.full(16, sample_weight, "float32"), batch_size=4,
+              epochs=1, verbose=0, callbacks=[probe])
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,8 @@ def test_log_and_linear_histograms_are_drawn_where_their_buckets_are(report, win
         log = by_run["log_run/kgrad"]
         labels = dict(log["labels"])
         assert labels["0"] == "50%"
+        # Its range ends inside the fixed edges: no end is open (see the test below).
+        assert not any(text.startswith(("≥", "≤")) for text, _ in log["labels"])
         decades = [text for text, _ in log["labels"] if text.startswith("1e")]
         assert decades and all(f"−{text}" in labels for text in decades)  # symmetric about 0
         # The first step's buckets, placed by the symmetric log-magnitude formula.
@@ -123,5 +126,53 @@ def test_log_and_linear_histograms_are_drawn_where_their_buckets_are(report, win
                 end = max(start, math.ceil(_symmetric_log_position(right, smallest, largest) * width) - 1)
                 expected.update(range(max(0, start), min(width - 1, end) + 1))
         assert set(log["drawn"]) == expected
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def beyond_the_edges(tmp_path_factory):
+    """A report of two log-magnitude runs: gradients ×1e20 (beyond 1e4) and ×1e-20 (below 1e-12)."""
+    log_dir = tmp_path_factory.mktemp("beyond_edges")
+    # A learning rate of 0: every step's gradients are the first's (finite, of the same size).
+    _fit(log_dir / "huge", "log", sample_weight=1e20, optimizer=keras.optimizers.SGD(0.0))
+    _fit(log_dir / "tiny", "log", sample_weight=1e-20, optimizer=keras.optimizers.SGD(0.0))
+    html = log_dir / "report.html"
+    command = [sys.executable, "-m", "kgrad.cli", "report", str(log_dir), "--html", str(html)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    # Exit 1: layers flagged (exploding in one run, vanishing in the other), as they should be.
+    assert done.returncode == 1 and "exploding" in done.stdout and html.exists(), done.stderr[-2000:]
+    return log_dir, html
+
+
+@pytest.mark.parametrize("window", [(1400, 1000), (640, 900)])
+def test_an_axis_that_reaches_the_fixed_edges_says_its_ends_hold_everything_beyond(beyond_the_edges, window):
+    """Magnitudes beyond 1e4 are counted in the outermost bucket, [10**3.5, 1e4]: drawn there, the
+    axis must not say they are at most 1e4 (nor the innermost bucket's that they are at least 1e-12)."""
+    log_dir, html = beyond_the_edges
+    view = _view(log_dir, "huge/kgrad").histogram("weight_grad_hist/hidden/kernel")
+    assert view["outermost"] == pytest.approx([1e-12, 1e4])
+    assert view["range"][1] == pytest.approx(1e4)  # the gradients are ~1e19: all in the last bucket
+    driver = headless_chromium()
+    try:
+        driver.set_window_size(*window)
+        driver.get(html.as_uri())
+        wait_for(driver, "document.querySelector('.body[data-state=ready]')")
+        canvas = driver.find_element("css selector", 'section.run-column[data-run="huge/kgrad"] canvas')
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        offset = round(-canvas.size["height"] / 4)
+        ActionChains(driver).move_to_element_with_offset(canvas, 0, offset).click().perform()
+        wait_for(driver, "document.querySelectorAll('figure.histogram').length == 2")
+        ends, hint = driver.execute_script("""
+            const spans = [...document.querySelector('figure.histogram').querySelectorAll('.histogram-axis span')];
+            return [[spans.find((s) => s.className === 'low').textContent,
+                     spans.find((s) => s.className === 'high').textContent],
+                    [...document.querySelectorAll('p.hint')].map((p) => p.textContent).join(' ')];""")
+        assert ends == ["≤−1.0e+4", "≥1.0e+4"]
+        assert "the outermost buckets also count every magnitude above 1.0e+4" in hint
+        assert "the innermost every non-zero one below 1.0e-12" in hint
+        driver.save_screenshot(str(log_dir / f"beyond_{window[0]}.png"))
     finally:
         driver.quit()

@@ -19,6 +19,7 @@ from kgrad.dashboard import stability_view
 from kgrad.dashboard.events import NONFINITE_MARK, guard_reports
 from kgrad.dashboard.histogram_ranges import histogram_kind, shared_range
 from kgrad.logs.reading import Series
+from kgrad.plan.histogram_buckets import MAGNITUDE_EDGES
 
 #: Heatmap quantities: key -> (label, unit, colour scale, histogram prefix).
 QUANTITIES = {
@@ -188,6 +189,8 @@ class RunView:
                 values[index, array.shape[0] :, 2] = 0
         prefix = tag.partition("/")[0] + "/"
         kind = histogram_kind(values)
+        # The fixed edges' ends: the outermost buckets also hold every magnitude beyond them.
+        outermost = [float(MAGNITUDE_EDGES[0]), float(MAGNITUDE_EDGES[-1])] if kind == "log" else None
         return {
             "run": self.run,
             "tag": tag,
@@ -198,6 +201,7 @@ class RunView:
             "range": self._once(
                 ("range", prefix, kind), lambda: shared_range(self.data["histograms"], prefix, kind)
             ),
+            "outermost": outermost,
         }
 
 

@@ -80,7 +80,8 @@ function layoutHistograms(state) {
   const axes = {};
   for (const kind of new Set(list.map((h) => h.kind || "linear"))) {
     const ranges = list.filter((h) => (h.kind || "linear") === kind).map((h) => h.range);
-    axes[kind] = histogramAxis(kind, [Math.min(...ranges.map((r) => r[0])), Math.max(...ranges.map((r) => r[1]))]);
+    const outermost = list.find((h) => (h.kind || "linear") === kind).outermost;
+    axes[kind] = histogramAxis(kind, [Math.min(...ranges.map((r) => r[0])), Math.max(...ranges.map((r) => r[1]))], outermost);
   }
   const perRow = Math.min(list.length, 3);
   // .histograms' gap is 20 px; a canvas has a 1 px border each side.

@@ -11,8 +11,10 @@ const ZERO_DECADES = 0.5;
 const LABEL_PX = 46;
 
 // `position(v)` in [0, 1] across the panel and the axis labels, for a histogram's kind.
-export function histogramAxis(kind, range) {
-  if (kind === "log") return logMagnitudeAxis(range[0], range[1]);
+// `outermost`: a log-magnitude histogram's fixed end edges (1e-12, 1e4), whose buckets also
+// hold every magnitude beyond them.
+export function histogramAxis(kind, range, outermost) {
+  if (kind === "log") return logMagnitudeAxis(range[0], range[1], outermost);
   const [low, high] = range;
   const span = high - low || 1;
   const zero = (0 - low) / span;
@@ -29,7 +31,12 @@ export function histogramAxis(kind, range) {
 }
 
 // Symmetric log-magnitude axis over magnitudes [smallest, largest] (bucket edges, > 0).
-function logMagnitudeAxis(smallest, largest) {
+// Where the range reaches an end of the fixed edges (`outermost`), that end is open: the
+// outermost bucket counts |v| ≥ its left edge however large (≥1e4 is labelled so), the
+// innermost every non-zero |v| below its right edge, and the hint says so.
+function logMagnitudeAxis(smallest, largest, outermost) {
+  const openHigh = Boolean(outermost) && largest >= outermost[1] * (1 - 1e-6);
+  const openLow = Boolean(outermost) && smallest <= outermost[0] * (1 + 1e-6);
   const bottom = Math.log10(smallest);
   const decades = Math.max(Math.log10(largest) - bottom, 0);
   const half = ZERO_DECADES / 2 + decades;
@@ -44,23 +51,31 @@ function logMagnitudeAxis(smallest, largest) {
   const labels = (width) => {
     const perDecade = width / (2 * half);
     const stride = Math.max(1, Math.ceil(LABEL_PX / Math.max(perDecade, 1e-9)));
+    const end = formatNumber(largest, 2);
     const out = [
-      { at: 0, text: `−${formatNumber(largest, 2)}`, side: "low" },
+      { at: 0, text: openHigh ? `≤−${end}` : `−${end}`, side: "low" },
       { at: 0.5, text: "0" },
-      { at: 1, text: formatNumber(largest, 2), side: "high" },
+      { at: 1, text: openHigh ? `≥${end}` : end, side: "high" },
     ];
     const top = Math.floor(Math.log10(largest) + 1e-9);
+    // Clear of the end labels (the width of their text, ~7 px a character, and half a decade
+    // label) and of 0.
+    const endPx = Math.max(LABEL_PX, 7 * out[2].text.length + 16);
     for (let k = top; k >= Math.ceil(bottom - 1e-9); k -= stride) {
       const at = position(10 ** k);
-      // Clear of the end labels and of 0.
-      if (at < 1 - LABEL_PX / width && at > 0.5 + (0.6 * LABEL_PX) / width) {
+      if (at < 1 - endPx / width && at > 0.5 + (0.6 * LABEL_PX) / width) {
         const text = k === 0 ? "1" : `1e${k}`;
         out.push({ at, text }, { at: 1 - at, text: `−${text}` });
       }
     }
     return out;
   };
-  const describe = `sign and decade of magnitude, ${formatNumber(smallest, 2)} … ${formatNumber(largest, 2)} each side of 0`;
+  let describe = `sign and decade of magnitude, ${formatNumber(smallest, 2)} … ${formatNumber(largest, 2)} each side of 0`;
+  const beyond = [
+    openHigh ? `the outermost buckets also count every magnitude above ${formatNumber(largest, 2)}` : null,
+    openLow ? `the innermost every non-zero one below ${formatNumber(smallest, 2)}` : null,
+  ].filter(Boolean);
+  if (beyond.length) describe += ` (${beyond.join(", ")})`;
   return { position, labels, zero: 0.5, describe };
 }
 
