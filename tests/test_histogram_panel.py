@@ -166,7 +166,8 @@ def test_an_axis_that_reaches_the_fixed_edges_says_its_ends_hold_everything_beyo
         ActionChains(driver).move_to_element_with_offset(canvas, 0, offset).click().perform()
         wait_for(driver, "document.querySelectorAll('figure.histogram').length == 2")
         ends, hint = driver.execute_script("""
-            const spans = [...document.querySelector('figure.histogram').querySelectorAll('.histogram-axis span')];
+            const figure = document.querySelector('figure.histogram');
+            const spans = [...figure.querySelectorAll('.histogram-axis span')];
             return [[spans.find((s) => s.className === 'low').textContent,
                      spans.find((s) => s.className === 'high').textContent],
                     [...document.querySelectorAll('p.hint')].map((p) => p.textContent).join(' ')];""")
