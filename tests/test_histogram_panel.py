@@ -65,6 +65,20 @@ def test_the_view_says_the_kind_and_a_range_for_it(report):
     assert linear["range"][0] < 0 < linear["range"][1]
 
 
+def _open_histograms(driver, html, run, window):
+    """The report at ``window`` size, its first layer's histograms opened from ``run``'s heatmap."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    driver.set_window_size(*window)
+    driver.get(html.as_uri())
+    wait_for(driver, "document.querySelector('.body[data-state=ready]')")
+    canvas = driver.find_element("css selector", f'section.run-column[data-run="{run}"] canvas')
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
+    offset = round(-canvas.size["height"] / 4)  # the first layer's row
+    ActionChains(driver).move_to_element_with_offset(canvas, 0, offset).click().perform()
+    wait_for(driver, "document.querySelectorAll('figure.histogram').length == 2")
+
+
 def _symmetric_log_position(value, smallest, largest):
     """Where a value sits across a log-magnitude panel, in [0, 1]: 0 in the middle, ±largest at the ends."""
     zero_half = 0.25  # half of the zero bucket's width, in decades
@@ -80,16 +94,7 @@ def test_log_and_linear_histograms_are_drawn_where_their_buckets_are(report, win
     log_dir, html = report
     driver = headless_chromium()
     try:
-        driver.set_window_size(*window)
-        driver.get(html.as_uri())
-        wait_for(driver, "document.querySelector('.body[data-state=ready]')")
-        canvas = driver.find_element("css selector", 'section.run-column[data-run="log_run/kgrad"] canvas')
-        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
-        from selenium.webdriver.common.action_chains import ActionChains
-
-        offset = round(-canvas.size["height"] / 4)
-        ActionChains(driver).move_to_element_with_offset(canvas, 0, offset).click().perform()
-        wait_for(driver, "document.querySelectorAll('figure.histogram').length == 2")
+        _open_histograms(driver, html, "log_run/kgrad", window)
         figures = driver.execute_script("""
             return [...document.querySelectorAll('figure.histogram')].map((f) => {
               const canvas = f.querySelector('canvas');
@@ -155,16 +160,7 @@ def test_an_axis_that_reaches_the_fixed_edges_says_its_ends_hold_everything_beyo
     assert view["range"][1] == pytest.approx(1e4)  # the gradients are ~1e19: all in the last bucket
     driver = headless_chromium()
     try:
-        driver.set_window_size(*window)
-        driver.get(html.as_uri())
-        wait_for(driver, "document.querySelector('.body[data-state=ready]')")
-        canvas = driver.find_element("css selector", 'section.run-column[data-run="huge/kgrad"] canvas')
-        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
-        from selenium.webdriver.common.action_chains import ActionChains
-
-        offset = round(-canvas.size["height"] / 4)
-        ActionChains(driver).move_to_element_with_offset(canvas, 0, offset).click().perform()
-        wait_for(driver, "document.querySelectorAll('figure.histogram').length == 2")
+        _open_histograms(driver, html, "huge/kgrad", window)
         ends, hint = driver.execute_script("""
             const figure = document.querySelector('figure.histogram');
             const spans = [...figure.querySelectorAll('.histogram-axis span')];
