@@ -117,25 +117,15 @@ def norm_parts(x):
     magnitude = jnp.abs(x)
     small, large = magnitude < _SMALL, magnitude > _BIG
     return (
-        # Selected, then squared: see `_scaled_square`.
-        (_scaled_square(jnp.where(small, x * _SCALE_SMALL, 0.0)), 0.0, jnp.add),
+        # Selected, then squared: where XLA folds a one-element reduction away (a one-element
+        # tensor or shard), its simplifier rewrote the square of a product with a constant,
+        # (x·c)², as x²·c², whose c² (2**150, 2**-152) is Inf or 0 in float32 (a `[1e20]`
+        # had the norm 0, a `[1e-25]` NaN). A select between them is no such product.
+        (jnp.square(jnp.where(small, x * _SCALE_SMALL, 0.0)), 0.0, jnp.add),
         # NaN compares false with both bounds: it is summed here, and the norm is NaN.
         (jnp.where(small | large, 0.0, jnp.square(x)), 0.0, jnp.add),
-        (_scaled_square(jnp.where(large, x * _SCALE_BIG, 0.0)), 0.0, jnp.add),
+        (jnp.square(jnp.where(large, x * _SCALE_BIG, 0.0)), 0.0, jnp.add),
     )
-
-
-def _scaled_square(selected):
-    """The square of ``selected``, a select of x·c: never rewritten as x²·c².
-
-    Where a reduction is folded away (a one-element tensor, or a shard of one
-    element under a ``keras.distribution``), XLA's simplifier rewrote the
-    square of a product with a constant, (x·c)², as x²·c², whose c² (2**150,
-    2**-152) is Inf or 0 in float32: under jit a ``[1e20]`` had the norm 0 and
-    a ``[1e-25]`` NaN (a ``Dense(1)``'s bias). Squared after the select, the
-    operand is no product; the read stays one fused reduction.
-    """
-    return jnp.square(selected)
 
 
 def norm_from_sums(small_sum, middle_sum, large_sum):
