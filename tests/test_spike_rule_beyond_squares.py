@@ -2,9 +2,9 @@
 
 A norm above ~1.8e19 has float32 squares that overflow, so its logarithm cannot
 be taken from the sums the guard keeps. Where every gradient element is finite
-(the guard's counts), the loss finite and the warm-up done, the step spikes with
-a score of +Inf; where an element is not finite the NaN guard owns the step, and
-nothing is judged in the warm-up. The backend's own rule: TensorFlow's
+(the guard's counts) and the loss finite, the step spikes with a score of +Inf,
+in the warm-up too (no window is needed to call it one); where an element is not
+finite the NaN guard owns the step. The backend's own rule: TensorFlow's
 `SpikeState.judge` here, JAX's `judge` under ``KERAS_BACKEND=jax``
 (tests/jax/test_spike_rule_beyond_squares_jax.py).
 """
@@ -91,9 +91,10 @@ def test_it_is_not_a_spike_where_an_element_may_be_non_finite(gradients_finite):
     assert abs(score) < 6  # the loss alone is judged, and it is ordinary
 
 
-def test_it_is_not_a_spike_during_the_warm_up_or_with_a_loss_that_is_not_finite():
-    spike, score = judge(fresh_rule(), 1.0, OVERFLOWING, True)
-    assert not spike and math.isnan(score)
+def test_it_spikes_during_the_warm_up_too_but_not_with_a_loss_that_is_not_finite():
+    assert judge(fresh_rule(), 1.0, OVERFLOWING, True) == (True, math.inf)
+    spike, score = judge(fresh_rule(), 1.0, [0.5, 0.5], True)
+    assert not spike and math.isnan(score)  # an ordinary step in the warm-up: not judged
     assert not judge(warmed_rule(), float("nan"), OVERFLOWING, True)[0]
 
 

@@ -85,7 +85,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             ``max_skips`` skips in a row stop training with a report
             (`spike_report`). docs/guard.md, "Skip a spiking step".
         spike_sigmas, spike_window, spike_warmup, max_skips, spike_sample_every: k (6, as
-            OLMo-core), N accepted steps (128), steps before any is judged (``None``: N), M
+            OLMo-core), N accepted steps (128), steps before the window judges (``None``: N), M
             (3), and one step run in s sampled for a skipped step's z-scores of its
             update (``None``: N // 2; `kgrad.plan.spike_rule.sample_every`).
 

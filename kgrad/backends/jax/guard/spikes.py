@@ -52,7 +52,8 @@ def judge(record, rule, loss, weight_squares, gradients_finite=None):
     ``values`` are the window's row: ln loss (NaN for a loss that is not positive), ln global
     norm, then each weight's gradient norm as it is (its z-scores rank weights, decide nothing).
     ``gradients_finite``: every element of the gradients is finite (``None``: unknown); then a
-    global norm beyond float32's sum of squares spikes once warmed up, with a score of +Inf.
+    global norm beyond float32's sum of squares spikes, in the warm-up too, with a score of +Inf
+    (no window is needed to call it one, and applied, its update wrecks the run).
     """
     raw = jnp.concatenate([
         jnp.stack([jnp.asarray(loss, jnp.float32), jnp.sqrt(jnp.sum(weight_squares))]),
@@ -73,7 +74,7 @@ def judge(record, rule, loss, weight_squares, gradients_finite=None):
     spike = jnp.all(jnp.isfinite(raw)) & (score > rule.sigmas)
     score = jnp.where(jnp.any(judged), score, jnp.nan)
     if gradients_finite is not None:  # squares that overflowed: ln of the norm cannot be taken from them
-        beyond = jnp.isinf(raw[1]) & jnp.isfinite(raw[0]) & gradients_finite & (filled >= rule.warmup)
+        beyond = jnp.isinf(raw[1]) & jnp.isfinite(raw[0]) & gradients_finite
         spike, score = spike | beyond, jnp.where(beyond, jnp.inf, score)
     return values, spike, score, mean, std
 

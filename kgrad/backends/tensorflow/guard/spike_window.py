@@ -4,19 +4,24 @@
 logarithms against `window_statistics`; `beyond_squares` says where the
 logarithm of the global norm cannot be taken from float32 sums of squares.
 
-Example (a loss of 1 and a norm whose squares overflowed, after the warm-up: True)::
+Example (a loss of 1 and a norm whose squares overflowed, every element finite: True)::
 
-    beyond_squares(tf.constant([1.0, float("inf")]), tf.constant(True), tf.constant(True))
+    beyond_squares(tf.constant([1.0, float("inf")]), tf.constant(True))
 """
 
 import tensorflow as tf
 
 
-def beyond_squares(raw, gradients_finite, warm):
+def beyond_squares(raw, gradients_finite):
     """Graph code: whether the step's global norm overflowed float32's squares though every element is
-    finite (``raw``: the loss and the norm; the loss finite), once ``warm``: a spike, as on JAX."""
+    finite (``raw``: the loss and the norm; the loss finite): a spike at any step, as on JAX.
+
+    The warm-up included: such a norm needs no window to be called a spike, and its
+    update, applied, wrecks the run (Adam's second moment takes Inf, the weights NaN
+    a few steps later; a plain step moves the weights by ~1e16 times the rate).
+    """
     overflowed = tf.logical_and(tf.math.is_inf(raw[1]), tf.math.is_finite(raw[0]))
-    return tf.logical_and(tf.logical_and(overflowed, gradients_finite), warm)
+    return tf.logical_and(overflowed, gradients_finite)
 
 
 def window_statistics(window, accepted, length):

@@ -107,8 +107,8 @@ class SpikeState:
             weight_squares: ``[weights]`` each weight gradient's sum of squares (unscaled).
             gradients_finite: Whether every element of those gradients is finite (``None``:
                 unknown). Where it is, a global norm beyond float32's sum of squares
-                (above ~1.8e19) spikes once warmed up, with a score of +Inf: its logarithm
-                cannot be taken from the sums, and no step that size is a window's.
+                (above ~1.8e19) spikes, in the warm-up too, with a score of +Inf: its
+                logarithm cannot be taken from the sums, and no step that size is a window's.
         """
         mean, std = window_statistics(self.window, self.accepted, self.rule.window)
         raw = tf.stack([tf.cast(loss, tf.float32), tf.sqrt(tf.reduce_sum(weight_squares))])
@@ -124,7 +124,7 @@ class SpikeState:
         spike = tf.logical_and(finite, score > self.rule.sigmas)
         score = tf.where(tf.reduce_any(judged), score, float("nan"))
         if gradients_finite is not None:
-            beyond = beyond_squares(raw, gradients_finite, self.accepted >= self.rule.warmup)
+            beyond = beyond_squares(raw, gradients_finite)
             spike, score = tf.logical_or(spike, beyond), tf.where(beyond, float("inf"), score)
         values = tf.concat([logs, tf.sqrt(weight_squares)], 0)
         return values, spike, score, mean, std
