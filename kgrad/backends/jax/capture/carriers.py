@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common import norms
 from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,20 +47,32 @@ class CarrierLayout:
 
     def split(self, carrier):
         """``(moments [7], histogram [k, 3] or None, (example norm mean, max) or None)``."""
-        row, rest = carrier[: stats.ROW], carrier[stats.ROW :]
-        histogram = None
-        if self.bucket_count:
-            histogram = rest[: 3 * self.bucket_count].reshape([self.bucket_count, 3])
-            rest = rest[3 * self.bucket_count :]
-        return row, histogram, (rest[0], rest[1]) if self.example_norms else None
+        return _split(carrier, layout=self)
 
     def statistics_of(self, gradient):
-        row, histogram = stats.summarize(gradient, self.bucket_count, self.columns)
-        parts = [row] + ([] if histogram is None else [histogram.ravel()])
-        if self.example_norms:
-            example = norms.example_norms(gradient) if gradient.ndim else jnp.abs(gradient)[None]
-            parts.append(jnp.stack([jnp.mean(example), norms.nan_max(example)]).astype(jnp.float32))
-        return jnp.concatenate(parts)
+        """The carrier's cotangent: the statistics of ``gradient`` in this layout."""
+        return _statistics_of(gradient, layout=self)
+
+
+# Compiled calls (`kgrad.backends.jax.summarize.compiled`): one program each in a step run op by op.
+@compiled_on_its_own(static_argnames=("layout",))
+def _split(carrier, layout):
+    row, rest = carrier[: stats.ROW], carrier[stats.ROW :]
+    histogram = None
+    if layout.bucket_count:
+        histogram = rest[: 3 * layout.bucket_count].reshape([layout.bucket_count, 3])
+        rest = rest[3 * layout.bucket_count :]
+    return row, histogram, (rest[0], rest[1]) if layout.example_norms else None
+
+
+@compiled_on_its_own(static_argnames=("layout",))
+def _statistics_of(gradient, layout):
+    row, histogram = stats.summarize(gradient, layout.bucket_count, layout.columns)
+    parts = [row] + ([] if histogram is None else [histogram.ravel()])
+    if layout.example_norms:
+        example = norms.example_norms(gradient) if gradient.ndim else jnp.abs(gradient)[None]
+        parts.append(jnp.stack([jnp.mean(example), norms.nan_max(example)]).astype(jnp.float32))
+    return jnp.concatenate(parts)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

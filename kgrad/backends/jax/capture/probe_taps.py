@@ -16,6 +16,7 @@ from kgrad.backends.common import norms
 from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.instrumented import Listener
 from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
 from kgrad.plan.tag_names import GRAD_NORM_TAG
@@ -132,15 +133,26 @@ def add_weight_rows(rows, config, paths, before, gradients, after, inverse_scale
         gradient_norms.append(row[0])
         rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
         if weight_tags_written(config.statistics, gradient, has_matrix):
-            # Both norms in one read of the weight before and after (`one_pass`): with a read each
-            # and a max pass first, the change and the weight over its largest magnitude were
-            # written out whole, the size of the weights.
-            before_update = reducible(weight.astype(jnp.float32))
-            moved = reducible(updated.astype(jnp.float32)) - before_update
-            totals = reduce_in_one_pass(*norm_parts(before_update), *norm_parts(moved))
-            norm, change = norm_from_sums(*totals[:3]), norm_from_sums(*totals[3:])
+            norm, ratio = norm_and_update_ratio(weight, updated)
             rows.add_scalar(f"weight_norm/{path}", norm)
-            # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
-            ratio = jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0)
             rows.add_scalar(f"update_ratio/{path}", ratio)
-    rows.add_scalar(GRAD_NORM_TAG, norms.combined_norm(gradient_norms))
+    rows.add_scalar(GRAD_NORM_TAG, _combined_norm(gradient_norms))
+
+
+_combined_norm = compiled_on_its_own(norms.combined_norm)
+
+
+@compiled_on_its_own
+def norm_and_update_ratio(weight, updated):
+    """``(‖w‖, ‖Δw‖ / ‖w‖)`` of a weight before and after its update (ratio 1 for a weight of zeros).
+
+    Both norms in one read of the weight before and after (`one_pass`): with a read each
+    and a max pass first, the change and the weight over its largest magnitude were
+    written out whole, the size of the weights.
+    """
+    before_update = reducible(weight.astype(jnp.float32))
+    moved = reducible(updated.astype(jnp.float32)) - before_update
+    totals = reduce_in_one_pass(*norm_parts(before_update), *norm_parts(moved))
+    norm, change = norm_from_sums(*totals[:3]), norm_from_sums(*totals[3:])
+    # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
+    return norm, jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kgrad.backends.jax.summarize.on_device import non_finite_counts_on_device
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 from kgrad.backends.jax.summarize.one_pass import on_several_devices
 
 
@@ -183,7 +184,14 @@ def tensor_checks(tensors, unchecked=()):
     clean step, whose update is applied. The tensors numbered in ``unchecked``
     (a loss scaler's gradients, `kgrad.backends.jax.guard.overflow`) have their
     sums only: their counts are 0, and they never make a step count its tensors.
+    One compiled call (`kgrad.backends.jax.summarize.compiled`): in a step run op by op,
+    the ``lax.cond`` was compiled again at every call.
     """
+    return _tensor_checks(list(tensors), unchecked=tuple(unchecked))
+
+
+@compiled_on_its_own(static_argnames=("unchecked",))
+def _tensor_checks(tensors, unchecked):
     tensors = [jnp.asarray(t).astype(jnp.float32) for t in tensors]
     squares = jnp.stack([jnp.sum(jnp.square(t)) for t in tensors])
     finite = jnp.isfinite(squares)
@@ -231,13 +239,18 @@ def select_state(apply, new_state, old_state, chosen=()):
     same ``apply`` made) and for the non-trainable variables: fused with the
     select, BatchNormalization's moving averages rounded differently from
     Keras' own step (an ulp); behind a ``lax.cond`` they are computed exactly
-    as Keras computes them.
+    as Keras computes them. One compiled call (`kgrad.backends.jax.summarize.compiled`).
     """
+    passed = tuple(tuple(id(n) in chosen for n in new_state[k]) for k in range(4))
+    return _selected_state(apply, list(new_state), list(old_state), passed=passed)
 
-    def select(new, old):
-        return [n if id(n) in chosen else jnp.where(apply, n, o) for n, o in zip(new, old)]
 
-    trainable, optimizer, metrics = (select(new_state[k], old_state[k]) for k in (0, 2, 3))
+@compiled_on_its_own(static_argnames=("passed",))
+def _selected_state(apply, new_state, old_state, passed):
+    def select(new, old, kept):
+        return [n if keep else jnp.where(apply, n, o) for n, o, keep in zip(new, old, kept)]
+
+    trainable, optimizer, metrics = (select(new_state[k], old_state[k], passed[k]) for k in (0, 2, 3))
     return (trainable, jax.lax.cond(apply, lambda: new_state[1], lambda: old_state[1]), optimizer, metrics)
 
 

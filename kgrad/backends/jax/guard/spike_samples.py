@@ -27,10 +27,12 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 from kgrad.backends.jax.summarize.one_pass import norms_in_one_read
 from kgrad.backends.jax.summarize.optimizer_state import OptimizerMoments, adam_scaled, rms_from_squares
 
 
+@compiled_on_its_own(static_argnames=("would_be",))
 def measured_update(gradients, old, new, scaled_gradients, would_be=False):
     """``([weights] gradient norms, [weights, 3] update ratio, cos(g, w), adam_rms)`` of ``old`` → ``new``.
 
@@ -84,6 +86,7 @@ def with_sample(record, taken, sampled):
     )
 
 
+@compiled_on_its_own
 def z_scores(samples, sample_count, values):
     """``([weights, 3] z-scores of a skip's ``values`` against ``samples``, samples used)``.
 

@@ -31,6 +31,7 @@ import numpy as np
 from kgrad.backends.jax.guard.sentinel import select_leaves
 from kgrad.backends.jax.guard import spike_samples
 from kgrad.backends.jax.guard.spike_record import SKIP_COUNT, SpikeRecord
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 from kgrad.plan.spike_rule import (
     MIN_LOG_SIGMA, ROW_COLUMNS, SAMPLED_VALUES, SKIP_COLUMNS, SKIP_SLOTS, SpikeSnapshot, sample_slots,
 )
@@ -46,6 +47,7 @@ def initial_record(rule, weights):
     }, skip_slots=SKIP_SLOTS)
 
 
+@compiled_on_its_own(static_argnames=("rule",))
 def judge(record, rule, loss, weight_squares, gradients_finite=None):
     """``(values, spike, score, mean, std)`` of one step (see the TensorFlow `SpikeState.judge`).
 
@@ -79,6 +81,7 @@ def judge(record, rule, loss, weight_squares, gradients_finite=None):
     return values, spike, score, mean, std
 
 
+@compiled_on_its_own(static_argnames=("rule",))
 def after_step(record, rule, judged, accepted, overflowed=None):
     """The record after the step's decision: window row, streak, trip and the step's row.
 
@@ -216,6 +219,7 @@ def update_unless_skipped(apply, stateless_apply, optimizer_variables, grads, tr
     return select_leaves(apply, updated, kept), table, measured
 
 
+@compiled_on_its_own(static_argnames=("rule",))
 def record_step(rule, spikes, judged, table, sampled, overflowed, accepted):
     """The record after the decision: ``table`` kept as a skip where the step newly spiked,
     ``sampled`` (or ``None``: not a sample step) as a sample where the update was accepted, its row.

@@ -23,6 +23,7 @@ from jax.scipy.special import logsumexp
 from kgrad.backends.common.calls import replaced_calls
 from kgrad.backends.common.norms import nan_max
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 
 _KINDS = {keras.activations.softmax: "softmax", keras.activations.sigmoid: "sigmoid"}
 SIGMOID = "a sigmoid output: independent probabilities, not a distribution over its last axis"
@@ -108,6 +109,7 @@ class LogitCapture:
         return logits, None
 
 
+@compiled_on_its_own
 def logit_statistics(logits):
     """``{kind: (mean, max)}`` of `kgrad.plan.tag_names.LOGIT_KINDS`, over every example and position.
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.moment_rules import inner_optimizer, moment_rule
 from kgrad.backends.jax import keras_internals
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 from kgrad.backends.jax.summarize.one_pass import reduce_in_one_pass
 
 # The state each rule reads, per weight: Keras' lists, by `keras_internals.slots`' names.
@@ -125,6 +126,7 @@ def rms_from_squares(squares, shape):
     return jnp.sqrt(squares / size)
 
 
+@compiled_on_its_own(static_argnames=("rule", "sigmas"))
 def moment_statistics(rule, gradient, first, second, second_max, step, hyper, sigmas):
     """``(adam_rms, outlier fraction or None)`` of one weight, from its moments after the step.
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from kgrad.backends.common.norms import squares_are_exact
 from kgrad.backends.jax.summarize.careful import careful_summaries
+from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
 from kgrad.backends.jax.summarize.linear_histograms import empty_histogram, histogram_of
 from kgrad.backends.jax.summarize.log_histograms import log_magnitude_histogram
 from kgrad.backends.jax.summarize.on_device import reducible
@@ -70,6 +71,11 @@ def summarize(x, bucket_count, columns=ALL_COLUMNS):
 def summarize_group(items):
     """`summarize` of several tensors behind one branch: ``[(row, histogram or None)]``.
 
+    A compiled call of its own (`kgrad.backends.jax.summarize.compiled`),
+    keyed on the shapes, bucket counts and columns: in a step run op by op,
+    one program instead of a compile and a dispatch of each of its dozens of
+    operations.
+
     ``items`` is ``[(x, bucket_count, columns)]``. The fast path of every
     tensor is computed; one ``lax.cond`` on all their sums of squares
     replaces them all by the exact path when one is not finite (exact for
@@ -85,7 +91,14 @@ def summarize_group(items):
     reads), and the exact path on the devices is a few reductions more, not
     a host call.
     """
-    results = [None] * len(items)
+    specs = tuple((bucket_count, tuple(columns)) for _, bucket_count, columns in items)
+    return _summarize_compiled([x for x, _, _ in items], specs=specs)
+
+
+@compiled_on_its_own(static_argnames=("specs",))
+def _summarize_compiled(arrays, specs):
+    results = [None] * len(specs)
+    items = [(x, *spec) for x, spec in zip(arrays, specs)]
     pending = []  # (index, float32 tensor, bucket count or None, needed columns)
     log_histograms = {}
     for index, (x, bucket_count, columns) in enumerate(items):

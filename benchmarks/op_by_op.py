@@ -1,0 +1,80 @@
+"""Programs compiled and CPU time of un-jitted fits (``jit_compile=False``) on JAX, with and without kgrad.
+
+A step run op by op compiles each operation the first time it meets its shape; a
+``lax.cond`` built in a call compiles at every call. kgrad's own computations are
+compiled calls of their own (`kgrad.backends.jax.summarize.compiled`), so the
+programs they add are few, and none in a second fit of the same shapes. For each
+configuration this fits a two-layer MLP twice (2 epochs of 4 steps), each time with
+a new callback, and prints the programs JAX lowered (its monitoring events) and the
+process CPU seconds of each fit. The first plain fit warms Keras' own operations.
+
+Run (about a minute on 2 cores)::
+
+    KERAS_BACKEND=jax python -m benchmarks.op_by_op
+"""
+
+import os
+import tempfile
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A program read from the persistent cache is lowered all the same; its compile time is not the
+# first fit's: no cache, so that the CPU seconds are those of a first run.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = ""
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kgrad  # noqa: E402
+
+LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+CONFIGS = {
+    "plain fit": lambda folder: None,
+    "GradientProbe(every_n_steps=1)": lambda folder: kgrad.GradientProbe(folder, every_n_steps=1),
+    "the same, statistics='all', optimizer and logits instruments": lambda folder: kgrad.GradientProbe(
+        folder, every_n_steps=1, statistics="all", instruments=["optimizer", "logits"]),
+    "NonFiniteGuard()": lambda folder: kgrad.NonFiniteGuard(),
+    "NonFiniteGuard(skip_spikes=True)": lambda folder: kgrad.NonFiniteGuard(skip_spikes=True),
+}
+_lowered = [0]
+
+
+def _count(event, duration, **kwargs):
+    del duration, kwargs
+    _lowered[0] += event == LOWERED
+
+
+def fit(callback):
+    """``(programs lowered, CPU seconds)`` of one un-jitted fit with ``callback`` (or none)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(3, activation="softmax"),
+    ])
+    model.compile("adam", "sparse_categorical_crossentropy", jit_compile=False)
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    before, start = _lowered[0], time.process_time()
+    model.fit(x, np.arange(64) % 3, batch_size=16, epochs=2, verbose=0,
+              callbacks=[] if callback is None else [callback])
+    return _lowered[0] - before, time.process_time() - start
+
+
+def main():
+    if keras.backend.backend() != "jax":
+        raise SystemExit("benchmarks.op_by_op measures JAX's op-by-op steps: run it with KERAS_BACKEND=jax.")
+    jax.monitoring.register_event_duration_secs_listener(_count)
+    fit(None)  # Keras' own operations, once
+    print("| configuration | first fit: programs, CPU-s | second fit: programs, CPU-s |")
+    print("|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="kgrad-op-by-op-") as folder:
+        for number, (name, make) in enumerate(CONFIGS.items()):
+            first = fit(make(os.path.join(folder, f"{number}-first")))
+            second = fit(make(os.path.join(folder, f"{number}-second")))
+            print(f"| {name} | {first[0]}, {first[1]:.2f} | {second[0]}, {second[1]:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
