@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kgrad.backends.jax.summarize.on_device import non_finite_counts_on_device
 from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
+from kgrad.backends.jax.summarize.on_device import non_finite_counts_on_device
 from kgrad.backends.jax.summarize.one_pass import on_several_devices
 
 

@@ -16,8 +16,8 @@ it is, traced into the step: there a ``jax.jit`` inside the step's was not
 neutral. The compiled probed step of `tests/jax/test_model_parallel_hlo_jax.py`
 held 236 collective-permutes instead of 8 (XLA's SPMD partitioner resharding
 small values at each call's boundary) and 6.7 KB more temporaries per device.
-A statistics function reads at trace time whether the step runs on several
-devices (`one_pass.on_several_devices`), which the compiled calls then never do.
+So a compiled call is always traced for one device, which the functions
+read at trace time (`one_pass.on_several_devices`) and need no key for.
 
 Example:
 
