@@ -18,8 +18,10 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Imported by tests/jax/test_op_by_op_jax.py: leave the test run's environment alone.
+if __name__ == "__main__":
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 import keras  # noqa: E402
