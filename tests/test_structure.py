@@ -5,6 +5,7 @@ module that imports another at call time still depends on it.
 """
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -73,6 +74,7 @@ def _walk_run_time(tree):
         pending.extend(ast.iter_child_nodes(node))
 
 
+@functools.cache  # the source does not change during a run; 300 tests read it
 def _graph():
     modules = _modules()
     return {name: _imports(path, modules) for name, path in modules.items()}
