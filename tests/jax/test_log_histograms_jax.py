@@ -3,10 +3,11 @@
 import jax
 import keras
 import numpy as np
+import pytest
 from histogram_reference import hard_values, log_magnitude_counts
 
 import kgrad
-from kgrad.backends.jax.summarize import stats
+from kgrad.backends.jax.summarize import log_histograms, stats
 from kgrad.plan.histogram_buckets import LOG_BUCKET_COUNT, log_magnitude_edges
 
 
@@ -22,6 +23,22 @@ def test_each_element_is_in_the_bucket_its_value_belongs_to_inside_jit():
     np.testing.assert_array_equal(_edges(histogram), log_magnitude_edges())
     # NaN and ±Inf are in no bucket; the non-finite count of the row has them.
     assert float(row[6]) == (~np.isfinite(values)).sum()
+
+
+@pytest.mark.parametrize("devices", ["one", "several"])
+@pytest.mark.parametrize("shape", [(-1,), (5, -1)], ids=["flat", "2d"])
+def test_both_ways_of_counting_put_each_element_in_its_bucket(devices, shape, monkeypatch):
+    # One device: one reduction of 65 comparisons (from 2**17 elements: here from 1); under a
+    # distribution: a scatter-add of each element's bucket (the reduction's partitioning gathers).
+    # Both against NumPy, NaN and Inf included.
+    monkeypatch.setattr(log_histograms, "on_several_devices", lambda: devices == "several")
+    monkeypatch.setattr(log_histograms, "COUNTED_IN_ONE_REDUCTION_FROM", 1)  # however small
+    values = hard_values(seed=3)
+    values = values[: values.size - values.size % 5].reshape(shape)
+    # A new function: traced anew for each way (jit keeps a function's traces).
+    counts = jax.jit(lambda x: log_histograms.log_magnitude_counts(x))(values)
+    assert counts.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(counts), log_magnitude_counts(values.ravel()))
 
 
 def test_a_group_mixes_log_linear_and_no_histograms_behind_one_branch():

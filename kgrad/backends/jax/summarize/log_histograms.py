@@ -1,12 +1,22 @@
 """Log-magnitude histograms inside a jitted JAX step, on the edges of `kgrad.plan.histogram_buckets`.
 
 The edges are fixed, so a histogram needs no min/max pass and no branch on
-non-finite elements: NaN and ±Inf get weight 0 (the non-finite count of the
-moments row counts them), everything else the bucket of its sign and
-magnitude, as TensorFlow's `kgrad.backends.tensorflow.summarize.histograms`
+non-finite elements: NaN and ±Inf are not counted (the non-finite count of
+the moments row counts them), everything else is in the bucket of its sign
+and magnitude, as TensorFlow's `kgrad.backends.tensorflow.summarize.histograms`
 computes it (there by a binary search over
 `kgrad.plan.histogram_buckets.signed_boundaries`; both are checked against
 NumPy and against each other).
+
+On one device, a tensor of 2**17 elements or more is counted by one
+reduction of 65 operands: for each boundary, how many finite elements are
+at or above it (a bucket's count is the difference of two neighbours). XLA fuses the comparisons into the
+reduction, so it reads the tensor once and writes nothing its size. The
+scatter-add it replaced wrote each element's bucket and weight out whole
+first (two int32 arrays the size of the tensor) and was slower: 12.3
+against 20.2 ms for 2**22 elements on CPU (docs/costs.md). A smaller tensor,
+and any under a ``keras.distribution``, is still scattered (`_scattered_counts`):
+the reduction compiles slower, and XLA's partitioner gathers it.
 
 Example:
 
@@ -16,9 +26,12 @@ Example:
 (3, 1)
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kgrad.backends.jax.summarize.on_device import reducible
+from kgrad.backends.jax.summarize.one_pass import on_several_devices
 from kgrad.plan.histogram_buckets import (
     BUCKETS_PER_DECADE,
     BUCKETS_PER_SIDE,
@@ -27,8 +40,8 @@ from kgrad.plan.histogram_buckets import (
     MAGNITUDE_EDGES,
     SMALLEST_NORMAL,
     log_magnitude_edges,
+    signed_boundaries,
 )
-from kgrad.backends.jax.summarize.on_device import reducible
 
 
 def log_magnitude_histogram(x):
@@ -41,9 +54,41 @@ def log_magnitude_histogram(x):
 
 def log_magnitude_counts(values):
     """``[LOG_BUCKET_COUNT]`` int32 counts of the finite float32 ``values`` (any shape)."""
-    side = BUCKETS_PER_SIDE
     if values.size == 0:
         return jnp.zeros([int(LOG_BUCKET_COUNT)], jnp.int32)
+    if on_several_devices() or values.size < COUNTED_IN_ONE_REDUCTION_FROM:
+        # Under a distribution, XLA's partitioner splits the reduction of 65 operands of a
+        # sharded tensor into thousands of small all-gathers (3640 in
+        # tests/scripts/model_parallel_hlo_jax.py's probed step, and 62 KB more per device):
+        # local scattered counts, summed. A small tensor's scatter writes little, and the
+        # reduction compiles slower (a probed step of a 9-layer MLP: 2.0 -> 2.9 s, all of them).
+        return _scattered_counts(values)
+    # Compared as NaN, a non-finite element is at or above no boundary; the first, -Inf, then
+    # counts the finite elements. Integer counts: a float32 count stops growing at 2**24.
+    finite = jnp.where(jnp.isfinite(values), values, jnp.nan)
+    at_or_above = jax.lax.reduce(
+        tuple((finite >= bound).astype(jnp.int32) for bound in _BOUNDARIES),
+        (np.int32(0),) * len(_BOUNDARIES),
+        lambda left, right: tuple(a + b for a, b in zip(left, right)),
+        tuple(range(values.ndim)),
+    )
+    at_or_above = jnp.stack(at_or_above)
+    # Subnormals count as 0 (the zero bucket is (-SMALLEST_NORMAL, SMALLEST_NORMAL)), as on
+    # TensorFlow, whose CPU kernels and XLA flush them to 0.
+    return jnp.concatenate([at_or_above[:-1] - at_or_above[1:], at_or_above[-1:]])
+
+
+#: Elements from which a tensor is counted by the reduction: its scatter-add would write 1 MiB.
+COUNTED_IN_ONE_REDUCTION_FROM = 2**17
+
+#: -Inf, then each boundary a bucket starts at (`signed_boundaries`): float32 values, as Python
+#: floats (exactly), constants of the program.
+_BOUNDARIES = (-np.inf,) + tuple(float(bound) for bound in signed_boundaries())
+
+
+def _scattered_counts(values):
+    """`log_magnitude_counts` by a scatter-add of each element's bucket (as before 2026-12-07)."""
+    side = BUCKETS_PER_SIDE
     magnitude_edges = jnp.asarray(MAGNITUDE_EDGES)
     magnitude = jnp.abs(values)
     # The decade from a logarithm, then one step either way against the float32 edges
