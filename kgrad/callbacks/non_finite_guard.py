@@ -100,12 +100,12 @@ class NonFiniteGuard(keras.callbacks.Callback):
 
     >>> import keras, kgrad, numpy as np
     >>> model = keras.Sequential([keras.Input((2,)),
-    ...     keras.layers.Dense(4, name="hidden"),
+    ...     keras.layers.Dense(4, kernel_initializer="ones", name="hidden"),
     ...     keras.layers.Lambda(lambda t: keras.ops.log(t), name="log"),
     ...     keras.layers.Dense(1, name="out")])
     >>> model.compile("sgd", "mse")
     >>> guard = kgrad.NonFiniteGuard()
-    >>> _ = model.fit(np.ones((4, 2)), np.ones((4, 1)), callbacks=[guard], verbose=0)
+    >>> _ = model.fit(-np.ones((4, 2)), np.ones((4, 1)), callbacks=[guard], verbose=0)  # log(-2)
     >>> r = guard.report
     >>> r.step, r.born_in, r.born_at, r.born_type
     (0, 'forward', 'log', 'Lambda')
