@@ -14,9 +14,13 @@ at or above it (a bucket's count is the difference of two neighbours). XLA fuses
 reduction, so it reads the tensor once and writes nothing its size. The
 scatter-add it replaced wrote each element's bucket and weight out whole
 first (two int32 arrays the size of the tensor) and was slower: 12.3
-against 20.2 ms for 2**22 elements on CPU (docs/costs.md). A smaller tensor,
-and any under a ``keras.distribution``, is still scattered (`_scattered_counts`):
-the reduction compiles slower, and XLA's partitioner gathers it.
+against 20.2 ms for 2**22 elements on CPU (docs/costs.md). A smaller tensor
+is still scattered (`counts_by_scatter`): the reduction compiles slower.
+Under a ``keras.distribution`` each device counts its own shard of a large
+tensor by the reduction, and the counts are summed
+(`kgrad.backends.jax.summarize.sharded_counts`): a probed step of an MLP
+with kernels of 2**21 elements split over 8 devices held 8.4 MB more than
+Keras' step per device with the scatter, 81 KB more now.
 
 Example:
 
@@ -32,6 +36,7 @@ import numpy as np
 
 from kgrad.backends.jax.summarize.on_device import reducible
 from kgrad.backends.jax.summarize.one_pass import on_several_devices
+from kgrad.backends.jax.summarize.sharded_counts import counted_where_they_live
 from kgrad.plan.histogram_buckets import (
     BUCKETS_PER_DECADE,
     BUCKETS_PER_SIDE,
@@ -56,13 +61,21 @@ def log_magnitude_counts(values):
     """``[LOG_BUCKET_COUNT]`` int32 counts of the finite float32 ``values`` (any shape)."""
     if values.size == 0:
         return jnp.zeros([int(LOG_BUCKET_COUNT)], jnp.int32)
-    if on_several_devices() or values.size < COUNTED_IN_ONE_REDUCTION_FROM:
-        # Under a distribution, XLA's partitioner splits the reduction of 65 operands of a
-        # sharded tensor into thousands of small all-gathers (3640 in
-        # tests/scripts/model_parallel_hlo_jax.py's probed step, and 62 KB more per device):
-        # local scattered counts, summed. A small tensor's scatter writes little, and the
-        # reduction compiles slower (a probed step of a 9-layer MLP: 2.0 -> 2.9 s, all of them).
-        return _scattered_counts(values)
+    if values.size < COUNTED_IN_ONE_REDUCTION_FROM:
+        # A small tensor's scatter writes little, and the reduction compiles slower (a probed
+        # step of a 9-layer MLP: 2.0 -> 2.9 s with every tensor counted by the reduction).
+        # Sharded, XLA's partitioner scatters each shard and sums the counts.
+        return counts_by_scatter(values)
+    if on_several_devices():
+        # Each device counts its shard by the reduction, and the counts are summed: XLA's
+        # partitioner would gather every device's partial counts of each of its 65 operands.
+        # (The scatter's edges are an array constant, which a custom partitioning cannot hold.)
+        return counted_where_they_live(counts_by_reduction, values)
+    return counts_by_reduction(values)
+
+
+def counts_by_reduction(values):
+    """`log_magnitude_counts` by one reduction of 65 comparisons (any size, one device or one shard)."""
     # Compared as NaN, a non-finite element is at or above no boundary; the first, -Inf, then
     # counts the finite elements. Integer counts: a float32 count stops growing at 2**24.
     finite = jnp.where(jnp.isfinite(values), values, jnp.nan)
@@ -86,7 +99,7 @@ COUNTED_IN_ONE_REDUCTION_FROM = 2**17
 _BOUNDARIES = (-np.inf,) + tuple(float(bound) for bound in signed_boundaries())
 
 
-def _scattered_counts(values):
+def counts_by_scatter(values):
     """`log_magnitude_counts` by a scatter-add of each element's bucket (as before 2026-12-07)."""
     side = BUCKETS_PER_SIDE
     magnitude_edges = jnp.asarray(MAGNITUDE_EDGES)
