@@ -11,7 +11,10 @@ host devices is fixed when JAX starts (``XLA_FLAGS``). Prints one JSON object:
 - ``fits``: the log-magnitude histograms of two probed fits of the token model
   of tests/scripts/model_parallel_hlo_jax.py under `ModelParallel`, every
   tensor counted by the shards' reduction (the threshold lowered to 1
-  element), then every tensor scattered (the threshold above every size).
+  element), then every tensor scattered (the threshold above every size);
+- ``memory``: ``compiled.memory_analysis()`` of Keras' step and of the
+  default probe's step on an MLP 1024-2048-1024 whose kernels (2**21
+  elements) are split on both axes, batch 64.
 """
 
 import json
@@ -25,6 +28,7 @@ if __name__ == "__main__":  # (pytest imports this file for its doctests: leave 
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
@@ -36,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from histogram_reference import hard_values  # noqa: E402
-from model_parallel_hlo_jax import build, model_parallel, targets, tokens  # noqa: E402
+from model_parallel_hlo_jax import build, measure, model_parallel, record_steps, targets, tokens  # noqa: E402
 
 #: (shape, how it is split): evenly, unevenly (XLA pads the last shards), one dimension on both
 #: axes, replicated over "model", three dimensions.
@@ -86,8 +90,30 @@ def probed_histograms(threshold):
             for record in records]
 
 
+def step_memory(callbacks):
+    """``memory_analysis()`` of the step a fit of the large split MLP ran (one program)."""
+    keras.backend.clear_session()
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], jax.devices())
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts["up/kernel"], layouts["down/kernel"] = ("batch", "model"), ("model", "batch")
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts,
+                                                                         batch_dim_name="batch"))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(2048, activation="relu", name="up"),
+                              keras.layers.Dense(1024, name="down")])
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    x = np.random.default_rng(0).normal(size=(64, 1024)).astype("float32")
+    log = []
+    record_steps(log)
+    model.fit(x, x, batch_size=64, epochs=1, verbose=0, callbacks=callbacks)
+    (step,) = measure(log).values()
+    return step["memory"]
+
+
 def main():
-    json.dump({"shapes": split_counts(),
+    log_histograms.COUNTED_IN_ONE_REDUCTION_FROM = 2**17
+    memory = {"keras": step_memory([]), "probed": step_memory([kgrad.GradientProbe(every_n_steps=1)])}
+    json.dump({"shapes": split_counts(), "memory": memory,
                "fits": {"reduced": probed_histograms(1), "scattered": probed_histograms(2**62)}}, sys.stdout)
 
 
