@@ -9,8 +9,9 @@ kernels are split on both axes. Each process feeds its half of each global batch
 it did:
 
 1. ``probe``: a `kgrad.GradientProbe` (``statistics="all"``, histograms, the
-   optimizer instrument) writing to ``OUT_DIR/probe_<id>``, every step; its records
-   go to ``OUT_DIR/records_<id>.json``.
+   optimizer instrument) writing to ``OUT_DIR/probe_<id>``, every step, each
+   histogram counted on the shards (`kgrad.backends.jax.summarize.sharded_counts`);
+   its records go to ``OUT_DIR/records_<id>.json``.
 2. ``guard``: a `kgrad.NonFiniteGuard` logging to ``OUT_DIR/guard_<id>``; a NaN in
    an example of step 1 that only process 1 holds. The report and the steps each
    process ran go to ``OUT_DIR/guard_<id>.json``, with `kgrad.replay_step` of the
@@ -35,6 +36,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kgrad  # noqa: E402
+from kgrad.backends.jax.summarize import log_histograms  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_parallel_hlo_jax as hlo_script  # noqa: E402  (the layout: kernels split on both axes)
@@ -86,8 +88,12 @@ def main(process, port, out):
 
     records = []
     model = build(model_parallel())
+    # Every histogram counted on each shard and summed across both processes' devices (from 2**17
+    # elements otherwise: these tensors are small); the long fit below scatters them.
+    log_histograms.COUNTED_IN_ONE_REDUCTION_FROM = 1
     model.fit(half(features, process), half(labels, process), batch_size=GLOBAL_BATCH // 2, shuffle=False,
               verbose=0, callbacks=[probe(os.path.join(out, f"probe_{process}"), records.append)])
+    log_histograms.COUNTED_IN_ONE_REDUCTION_FROM = 2**17
     with open(os.path.join(out, f"records_{process}.json"), "w") as file:
         json.dump([{"step": r.step, "scalars": r.scalars,
                     "histograms": {tag: np.asarray(h).tolist() for tag, h in r.histograms.items()}}
