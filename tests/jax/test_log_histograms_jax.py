@@ -25,14 +25,15 @@ def test_each_element_is_in_the_bucket_its_value_belongs_to_inside_jit():
     assert float(row[6]) == (~np.isfinite(values)).sum()
 
 
-@pytest.mark.parametrize("devices", ["one", "several"])
+@pytest.mark.parametrize("way", ["scatter", "reduction", "shards"])
 @pytest.mark.parametrize("shape", [(-1,), (5, -1)], ids=["flat", "2d"])
-def test_both_ways_of_counting_put_each_element_in_its_bucket(devices, shape, monkeypatch):
-    # One device: one reduction of 65 comparisons (from 2**17 elements: here from 1); under a
-    # distribution: a scatter-add of each element's bucket (the reduction's partitioning gathers).
-    # Both against NumPy, NaN and Inf included.
-    monkeypatch.setattr(log_histograms, "on_several_devices", lambda: devices == "several")
-    monkeypatch.setattr(log_histograms, "COUNTED_IN_ONE_REDUCTION_FROM", 1)  # however small
+def test_each_way_of_counting_puts_each_element_in_its_bucket(way, shape, monkeypatch):
+    # A tensor below 2**17 elements is scattered; from there one reduction of 65 comparisons counts
+    # it, and under a distribution each shard's (here, on one device, the custom partitioning's
+    # function itself; its shards: tests/jax/test_sharded_counts_jax.py). Against NumPy, NaN and
+    # Inf included.
+    monkeypatch.setattr(log_histograms, "on_several_devices", lambda: way == "shards")
+    monkeypatch.setattr(log_histograms, "COUNTED_IN_ONE_REDUCTION_FROM", 2**62 if way == "scatter" else 1)
     values = hard_values(seed=3)
     values = values[: values.size - values.size % 5].reshape(shape)
     # A new function: traced anew for each way (jit keeps a function's traces).
