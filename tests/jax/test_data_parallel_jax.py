@@ -2,26 +2,15 @@
 and the guard reports what it reports on one device: with Keras' own train_step, and with a model's own
 (``kgrad.value_and_grad``)."""
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "data_parallel_jax.py")
+from device_scripts import run_script
 
 
 @pytest.fixture(scope="module")
 def runs():
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    # 63 s on an idle machine; the timeout only keeps a hung process from hanging the suite,
-    # with room for a machine loaded 10 times over (300 s failed there).
-    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, env=environment,
-                          timeout=3600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return run_script("data_parallel_jax.py")[0]  # 63 s on an idle machine
 
 
 @pytest.fixture(params=["keras_step", "own_step"])

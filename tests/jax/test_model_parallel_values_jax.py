@@ -10,24 +10,15 @@ optimizer, logits and attention instruments on every step, with Keras' own
 `kgrad.ProbingModel` whose hidden activations pass through `kgrad.tap`.
 """
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "model_parallel_values_jax.py")
+from device_scripts import run_script
 
 
 @pytest.fixture(scope="module")
 def runs():
-    # ~2 min on a loaded machine; the timeout only stops a hung process.
-    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=3600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return run_script("model_parallel_values_jax.py")[0]  # ~2 min on a loaded machine
 
 
 def rounding_noise(runs):

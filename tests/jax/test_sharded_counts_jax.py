@@ -6,24 +6,15 @@ shard, padding masked out, and the counts are summed over the mesh axes the
 tensor is split on (issue 52), against NumPy's counts of the whole tensor.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from device_scripts import run_script
 from histogram_reference import log_magnitude_counts
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "sharded_counts_jax.py")
 
 
 @pytest.fixture(scope="module")
 def measured():
-    done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return run_script("sharded_counts_jax.py")[0]
 
 
 def test_each_split_counts_what_numpy_counts_with_one_all_reduce_and_no_gather(measured):
