@@ -10,11 +10,12 @@ NumPy and against each other).
 
 On one device, a tensor of 2**17 elements or more is counted by one
 reduction of 65 operands: for each boundary, how many finite elements are
-at or above it (a bucket's count is the difference of two neighbours). XLA fuses the comparisons into the
-reduction, so it reads the tensor once and writes nothing its size. The
-scatter-add it replaced wrote each element's bucket and weight out whole
-first (two int32 arrays the size of the tensor) and was slower: 12.3
-against 20.2 ms for 2**22 elements on CPU (docs/costs.md). A smaller tensor
+at or above it (a bucket's count is the difference of two neighbours). XLA
+fuses the comparisons into the reduction, so it reads the tensor once and
+writes nothing its size. The scatter-add it replaced wrote each element's
+bucket and weight out whole first (two int32 arrays the size of the
+tensor) and was slower: 12.3 against 20.2 ms for 2**22 elements on CPU
+(docs/costs.md). A smaller tensor
 is still scattered (`counts_by_scatter`): the reduction compiles slower.
 Under a ``keras.distribution`` each device counts its own shard of a large
 tensor by the reduction, and the counts are summed

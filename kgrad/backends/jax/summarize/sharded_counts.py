@@ -59,10 +59,10 @@ def _partitioned(local_counts, ndim):
         sharding = arg_shapes[0].sharding
         split = _split_axes(sharding, ndim)
         global_shape = arg_shapes[0].shape
+        axes = tuple(axis for dimension_axes in split for axis in dimension_axes)
 
         def per_device(shard):
             local = local_counts(_padding_as_nan(shard, global_shape, split, mesh.shape))
-            axes = tuple(axis for axes in split for axis in axes)
             return jax.lax.psum(local, axes) if axes else local
 
         return mesh, per_device, NamedSharding(mesh, PartitionSpec()), (sharding,)
@@ -86,9 +86,8 @@ def _padding_as_nan(shard, global_shape, split, mesh_shape):
     """``shard`` with the elements beyond ``global_shape`` (XLA's padding of uneven shards) set to NaN."""
     valid = None
     for dimension, axes in enumerate(split):
-        pieces = math.prod(mesh_shape[axis] for axis in axes)
-        if not axes or global_shape[dimension] % pieces == 0:
-            continue
+        if global_shape[dimension] % math.prod(mesh_shape[axis] for axis in axes) == 0:
+            continue  # split evenly (or not at all): no padding
         index = 0
         for axis in axes:  # the shard's position along this dimension, the major axis first
             index = index * mesh_shape[axis] + jax.lax.axis_index(axis)
