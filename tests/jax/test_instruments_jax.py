@@ -175,6 +175,25 @@ def test_each_instrument_equals_its_reference_and_training_is_unchanged(jit_comp
     assert logs["adam_rms/out/kernel"].steps.tolist() == list(range(first_probed, STEPS))
 
 
+@pytest.mark.parametrize("capture", [None, ["activations"]], ids=["with_weight_rows", "without"])
+def test_update_rms_equals_the_change_with_or_without_the_weights_rows(capture, tmp_path):
+    # With the weights' rows, update_rms/ takes ‖Δw‖ from update_ratio/'s read; without, it reads it.
+    x, y = _batches()
+    model = _classifier(True)
+    before = [np.asarray(w, np.float64) for w in model.get_weights()]
+    records = []
+    options = {} if capture is None else {"capture": capture}
+    model.fit(x[0], y[0], batch_size=BATCH, shuffle=False, verbose=0, callbacks=[kgrad.GradientProbe(
+        str(tmp_path), statistics="all", every_n_steps=1, instruments=["optimizer"], on_probe=records.append,
+        **options)])
+    (record,) = records
+    paths = ["hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
+    assert ("update_ratio/hidden/kernel" in record.scalars) == (capture is None)
+    for path, old, new in zip(paths, before, model.get_weights()):
+        expected = _norm(np.asarray(new, np.float64) - old) / np.sqrt(old.size)
+        assert record.scalars[f"update_rms/{path}"] == pytest.approx(expected, rel=1e-5), path
+
+
 VOCAB, LENGTH, SEQUENCES = 7, 5, 4
 
 

@@ -17,8 +17,7 @@ from kgrad.backends.jax.capture.carriers import CarrierLayout, tap_gradient
 from kgrad.backends.jax.capture.instrumented import Listener
 from kgrad.backends.jax.summarize import stats
 from kgrad.backends.jax.summarize.compiled import compiled_on_its_own
-from kgrad.backends.jax.summarize.on_device import reducible
-from kgrad.backends.jax.summarize.one_pass import norm_from_sums, norm_parts, reduce_in_one_pass
+from kgrad.backends.jax.summarize.update_norms import update_ratio, weight_and_change_norms
 from kgrad.plan.tag_names import GRAD_NORM_TAG
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
@@ -113,6 +112,10 @@ def add_weight_rows(rows, config, paths, before, gradients, after, inverse_scale
         before, after: Their values before and after the update.
         gradients: Their gradients (of the scaled loss when ``inverse_scale`` is given).
         inverse_scale: 1 / the loss scale, or ``None``.
+
+    Returns:
+        ``{weight number: ‖Δw‖}`` of the weights given ``update_ratio/``, for
+        ``update_rms/`` (`kgrad.backends.jax.summarize.instruments.add_optimizer_rows`).
     """
     buckets = config.bucket_count if config.histograms else None
     if inverse_scale is not None:  # the gradients of the true loss, not of the scaled one
@@ -125,34 +128,19 @@ def add_weight_rows(rows, config, paths, before, gradients, after, inverse_scale
          rows.columns("weight_grad", gradient.shape, has_matrix, extra=(0,)))
         for gradient, has_matrix in zip(gradients, matrices)
     ]
-    gradient_norms = []
+    gradient_norms, changes = [], {}
     # Behind one branch for every weight gradient (`stats.summarize_group`).
-    for path, weight, gradient, updated, has_matrix, (row, histogram) in zip(
+    for number, (path, weight, gradient, updated, has_matrix, (row, histogram)) in enumerate(zip(
         paths, before, gradients, after, matrices, stats.summarize_group(items)
-    ):
+    )):
         gradient_norms.append(row[0])
         rows.add("weight_grad", path, row, histogram, gradient.shape, has_matrix)
         if weight_tags_written(config.statistics, gradient, has_matrix):
-            norm, ratio = norm_and_update_ratio(weight, updated)
+            norm, changes[number] = weight_and_change_norms(weight, updated)
             rows.add_scalar(f"weight_norm/{path}", norm)
-            rows.add_scalar(f"update_ratio/{path}", ratio)
+            rows.add_scalar(f"update_ratio/{path}", update_ratio(norm, changes[number]))
     rows.add_scalar(GRAD_NORM_TAG, _combined_norm(gradient_norms))
+    return changes
 
 
 _combined_norm = compiled_on_its_own(norms.combined_norm)
-
-
-@compiled_on_its_own
-def norm_and_update_ratio(weight, updated):
-    """``(‖w‖, ‖Δw‖ / ‖w‖)`` of a weight before and after its update (ratio 1 for a weight of zeros).
-
-    Both norms in one read of the weight before and after (`one_pass`): with a read each
-    and a max pass first, the change and the weight over its largest magnitude were
-    written out whole, the size of the weights.
-    """
-    before_update = reducible(weight.astype(jnp.float32))
-    moved = reducible(updated.astype(jnp.float32)) - before_update
-    totals = reduce_in_one_pass(*norm_parts(before_update), *norm_parts(moved))
-    norm, change = norm_from_sums(*totals[:3]), norm_from_sums(*totals[3:])
-    # A weight that was all zeros (a bias at step 0): all of its change, ratio 1.
-    return norm, jnp.where(norm > 0, change / jnp.where(norm > 0, norm, 1.0), change > 0)

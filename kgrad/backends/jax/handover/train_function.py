@@ -14,32 +14,62 @@ execution of ``steps_per_execution`` steps, a Python loop over a jitted
 - else Keras' own (or the model's own) ``train_step``, untouched.
 
 `step_jit` jits each step as Keras' train function does: the state donated
-and, under a ``keras.distribution``, kept where Keras keeps it.
+and, under a ``keras.distribution``, kept where Keras keeps it. kgrad's own
+steps (probed, guarded) are compiled with `KGRAD_STEP_COMPILER_OPTIONS`;
+Keras' own step is compiled as Keras compiles it.
 """
 
 import jax
+import keras
 
 from kgrad.backends.jax.handover.records import RecordBuffer
 from kgrad.backends.jax.keras_internals import state_shardings
 
+# XLA options of kgrad's compiled steps where the model's weights are split over
+# devices (`keras.distribution.ModelParallel`), by platform. A probed step reads
+# each weight before and after its donated update (``update_ratio/``): there,
+# XLA's CPU copy insertion without its region analysis cannot see that every
+# read of an old shard comes before the update overwrites it in place, and
+# copies every shard, held through the step. With it the copies go: on an MLP
+# 1024-2048-1024 split over 8 CPU devices, the probed step held 1.14x Keras'
+# step's memory per device, and holds 1.007x (docs/sharded.md, "What it
+# costs"). Copies change no value. Not set where every weight is whole on each
+# device (one device, `DataParallel`), where XLA made no copies and the option
+# made a probe with the optimizer instrument hold 10% more; nor on other
+# platforms, where it is not measured.
+KGRAD_STEP_COMPILER_OPTIONS = {"cpu": {"xla_cpu_copy_insertion_use_region_analysis": True}}
+
 
 def step_jit(model):
-    """``jit(step, outputs, donate_argnums=0)``: ``step`` (state in first, out second of ``outputs``)
-    jitted as Keras jits (the state donated; ``donate_argnums``: more).
+    """``jit(step, outputs, donate_argnums=0, keras_step=False)``: ``step`` (state in first, out
+    second of ``outputs``) jitted as Keras jits (the state donated; ``donate_argnums``: more).
 
     ``jit`` returns ``step`` itself when the model's steps do not run jitted.
+    Where `splits_a_weight`, kgrad's steps get `KGRAD_STEP_COMPILER_OPTIONS`
+    of the platform; Keras' own (``keras_step=True``) none, as Keras compiles it.
     Made before ``fit`` runs: Keras' loop takes the variables' values out of
     the model while it runs, and their shardings with them.
     """
     compiled = model.jit_compile and not model.run_eagerly
     state = (None, state_shardings(model))
+    options = KGRAD_STEP_COMPILER_OPTIONS.get(jax.default_backend()) if splits_a_weight(model) else None
 
-    def jit(step, outputs, donate_argnums=0):
+    def jit(step, outputs, donate_argnums=0, keras_step=False):
         if not compiled:
             return step
-        return jax.jit(step, donate_argnums=donate_argnums, out_shardings=state + (None,) * (outputs - 2))
+        return jax.jit(
+            step, donate_argnums=donate_argnums, out_shardings=state + (None,) * (outputs - 2),
+            compiler_options=None if keras_step else options,
+        )
 
     return jit
+
+
+def splits_a_weight(model):
+    """Whether a ``keras.distribution`` splits one of ``model``'s weights over devices."""
+    if keras.distribution.distribution() is None:
+        return False
+    return any(not variable.value.sharding.is_fully_replicated for variable in model.trainable_variables)
 
 
 class TrainFunction:
@@ -97,7 +127,7 @@ class TrainFunction:
         if self.guard is not None:
             return self.guard.run_plain(state, data)
         if self._plain is None:
-            self._plain = self._jit(self.model.train_step, outputs=2)
+            self._plain = self._jit(self.model.train_step, outputs=2, keras_step=True)
         return self._plain(state, data)
 
     def _buffer(self, run):

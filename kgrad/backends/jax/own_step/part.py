@@ -105,13 +105,16 @@ class ProbedPart:
             as_applied: With ``instruments=["optimizer"]``, the gradients as
                 ``optimizer`` applied them (unscaled, clipped over all it applied).
         """
+        changes = None  # ‖Δw‖ of the weights with update_ratio/, which update_rms/ reads too
         if self.config.captures("weight_gradients"):
-            add_weight_rows(self.rows, self.config, self.paths, before, gradients, after, self._inverse_scale)
+            changes = add_weight_rows(
+                self.rows, self.config, self.paths, before, gradients, after, self._inverse_scale
+            )
         if as_applied is not None:
             paths = optimizer_paths(self.paths, self.config.statistics, gradients)
             add_optimizer_rows(
                 self.rows, OptimizerMoments(optimizer, self._weights), paths, as_applied, before, after,
-                optimizer_state_after, self.config.outlier_sigmas,
+                optimizer_state_after, self.config.outlier_sigmas, changes,
             )
 
 

@@ -24,13 +24,12 @@ import contextlib
 import math
 import warnings
 
-import jax.numpy as jnp
-
 from kgrad.backends.common import attention_calls
 from kgrad.backends.common.attention_scores import call_statistics
 from kgrad.backends.common.instrument_warnings import by_reason, warn_instrument
 from kgrad.backends.jax.summarize.logits import LogitCapture, logit_statistics
 from kgrad.backends.jax.summarize.per_example import PerExampleLayers
+from kgrad.backends.jax.summarize.update_norms import weight_and_change_norms
 from kgrad.plan.tag_names import io_names
 from kgrad.plan.tag_selection import layers_with_a_matrix, weight_tags_written
 
@@ -151,7 +150,7 @@ class Instruments:
             warn_instrument("attention", said)
 
 
-def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_after, sigmas):
+def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_after, sigmas, changes=None):
     """``adam_rms/``, ``grad_outlier_fraction/`` (`OptimizerMoments`) and ``update_rms/`` of ``paths``.
 
     Args:
@@ -162,14 +161,19 @@ def add_optimizer_rows(rows, moments, paths, gradients, before, after, state_aft
         before, after: The weights' values before and after the update.
         state_after: The optimizer's variables after the update.
         sigmas: k of the outlier test.
+        changes: ``{weight number: ‖Δw‖}`` the weights' rows measured
+            (`kgrad.backends.jax.capture.probe_taps.add_weight_rows`); the others are measured here.
     """
     moments.add_rows(rows, paths, gradients, state_after, sigmas)
     if moments.reason is not None:
         warn_instrument("optimizer", moments.reason)
+    changes = changes or {}
     for number, path in paths.items():  # ‖Δw‖/√n, any optimizer
-        change = after[number].astype(jnp.float32) - before[number].astype(jnp.float32)
-        size = float(max(math.prod(change.shape), 1))
-        rows.add_scalar(f"update_rms/{path}", jnp.sqrt(jnp.sum(jnp.square(change))) / math.sqrt(size))
+        change = changes.get(number)
+        if change is None:
+            _, change = weight_and_change_norms(before[number], after[number])
+        size = float(max(math.prod(before[number].shape), 1))
+        rows.add_scalar(f"update_rms/{path}", change / math.sqrt(size))
 
 
 def optimizer_paths(paths, statistics, gradients):
