@@ -2,7 +2,7 @@
 
 Keras 3 has no hooks into its JAX trainer, so kgrad reaches into it: the
 metrics update of ``JAXTrainer.train_step``, the state a jitted step takes and
-its shardings, a layer tree walk, the optimizer's clipping and the variable
+its shardings, a ``ModelParallel``'s layout map, a layer tree walk, the optimizer's clipping and the variable
 index of its slots, the symbolic scope in which Keras builds a model (where
 kgrad taps nothing), and the classes ``Functional``, ``Softmax`` and
 ``Sigmoid``; those the backends share come from
@@ -33,6 +33,11 @@ from kgrad.backends.common.keras_internals import (  # noqa: F401
 def update_metrics_variables(model, metrics_variables, loss, x, y, y_pred, sample_weight):
     """``(logs, metrics variables)`` after one step, as ``JAXTrainer.train_step`` updates them."""
     return model._update_metrics_variables(metrics_variables, loss, x, y, y_pred, sample_weight)
+
+
+def layout_map(distribution):
+    """The `keras.distribution.LayoutMap` of a ``ModelParallel`` distribution, or ``None`` (any other)."""
+    return getattr(distribution, "_layout_map", None)
 
 
 def state_shardings(model):

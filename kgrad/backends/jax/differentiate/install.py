@@ -15,6 +15,7 @@ from kgrad.backends.common import attached
 from kgrad.backends.common.own_step import check_stateless_train_step, has_own_train_step
 from kgrad.backends.jax.guard.run import GuardRun
 from kgrad.backends.jax.handover.train_function import TrainFunction
+from kgrad.backends.jax.layout_keys import warn_of_keys_that_split_nothing
 from kgrad.backends.jax.own_step.parts import ProbedStep
 
 def keras_train_function(model):
@@ -73,6 +74,7 @@ def probing_train_function(model, config, keras_function):
 
 def attach(model, role, config):
     """Installs kgrad's train function for this ``fit``: ``role`` ``"probe"`` or ``"guard"``."""
+    warn_of_keys_that_split_nothing(model)
     if role == "guard":
         return attach_guard(model, config, attached.get(model, "installation"))
     if model.optimizer is None:
