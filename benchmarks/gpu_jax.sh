@@ -3,9 +3,10 @@
 # GradientProbe every 1, 10 and 100 steps, and with a NonFiniteGuard: ms/step and ratios
 # (benchmarks/jax_overhead.py), beside the one-pass and read-once floors and the floor of any
 # guard; then issue 53's depth sweep: the HLO fusions a probed step adds to MLPs of 4, 16 and
-# 32 layers (benchmarks/depth_ops.py); then issue 52's sharded row: the same configurations on a
-# transformer split over the machine's GPUs by ModelParallel (benchmarks/sharded.py), where it has
-# two or more (with --quick: 2 simulated CPU devices).
+# 32 layers (benchmarks/depth_ops.py); each compiled step's memory per device, with and without
+# XLA's region analysis in copy insertion (benchmarks/step_memory.py); then issue 52's sharded
+# row: the same configurations on a transformer split over the machine's GPUs by ModelParallel
+# (benchmarks/sharded.py), where it has two or more (with --quick: 2 simulated CPU devices).
 #
 # That machine has JAX (CUDA) and TensorBoard but not Keras: its wheels travel in .whl/.
 #   here, once:   bash benchmarks/gpu_jax.sh fetch          (wheels for Python 3.12, x86-64)
@@ -47,6 +48,12 @@ run)
         --out "$out/gpu_jax.json" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' | tee "$out/gpu_jax.log"
     python3 -m benchmarks.depth_ops --depths "$depths" 2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' \
         | tee -a "$out/gpu_jax.log"
+    # Per-device memory of each compiled step, with XLA's region analysis in copy insertion for
+    # kgrad's steps as kgrad sets it (not on GPUs) and on (xla_gpu_copy_insertion_use_region_analysis).
+    for region in auto on; do
+        python3 -m benchmarks.step_memory --region-analysis "$region" --out "$out/gpu_jax_memory_$region.json" \
+            2>&1 | grep -v -e '^I0000' -e '^WARNING: All log' | tee -a "$out/gpu_jax.log"
+    done
     devices=$(python3 -c 'import jax; print(len(jax.devices()))')
     sharded=(--devices $((devices - devices % 2)) --pairs "$pairs" --steps 100)
     if [ "${1:-}" = "--quick" ]; then sharded=(--devices 2 --pairs 1 --steps 4 --width 32); fi
