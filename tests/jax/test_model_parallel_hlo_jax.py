@@ -96,7 +96,7 @@ def per_device_bytes(step):
 @pytest.mark.xfail(strict=True, reason="issue 52: on this small model the probed step (statistics='all' "
                    "of every layer, 3 instruments) holds 1.34x Keras' step's memory: 97 KB of temporaries "
                    "for the layers' statistics in the backward pass, a fixed scratch that does not grow "
-                   "with the weights (1.002x on the model 8x as wide; tests/jax/test_sharded_counts_jax.py "
+                   "with the weights (1.002x on the model 8x as wide; tests/jax/test_step_memory_jax.py "
                    "checks the bound on large split and data-parallel models; docs/sharded.md)")
 def test_the_probed_step_holds_at_most_keras_step_and_its_statistics(steps):
     keras_step, probed = only(steps["keras"]), only(steps["probed"])

@@ -11,14 +11,7 @@ host devices is fixed when JAX starts (``XLA_FLAGS``). Prints one JSON object:
 - ``fits``: the log-magnitude histograms of two probed fits of the token model
   of tests/scripts/model_parallel_hlo_jax.py under `ModelParallel`, every
   tensor counted by the shards' reduction (the threshold lowered to 1
-  element), then every tensor scattered (the threshold above every size);
-- ``memory``: ``compiled.memory_analysis()`` of Keras' step, of the
-  default probe's step, of a probe of every statistic with the optimizer
-  instrument, and of the guard's step, on an MLP 1024-2048-1024 whose
-  kernels (2**21 elements) are split on both axes, batch 64, with the
-  shape of each kernel's shard on one device;
-- ``data_parallel_memory``: Keras' step and the probe of every statistic
-  on the same MLP under ``DataParallel`` (each device holds every weight).
+  element), then every tensor scattered (the threshold above every size).
 """
 
 import json
@@ -32,7 +25,6 @@ if __name__ == "__main__":  # (pytest imports this file for its doctests: leave 
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
@@ -44,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from histogram_reference import hard_values  # noqa: E402
-from model_parallel_hlo_jax import build, measure, model_parallel, record_steps, targets, tokens  # noqa: E402
+from model_parallel_hlo_jax import build, model_parallel, targets, tokens  # noqa: E402
 
 #: (shape, how it is split): evenly, unevenly (XLA pads the last shards), one dimension on both
 #: axes, replicated over "model", three dimensions.
@@ -94,46 +86,9 @@ def probed_histograms(threshold):
             for record in records]
 
 
-def step_memory(callbacks, split=True):
-    """``memory_analysis()`` of the step a fit of the large MLP ran (one program), split (or, with
-    ``split=False``, under `DataParallel`), and the shape of each kernel's shard on a device."""
-    keras.backend.clear_session()
-    if split:
-        mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], jax.devices())
-        layouts = keras.distribution.LayoutMap(mesh)
-        # A LayoutMap key must match the whole path (re.fullmatch): a functional model's layers'
-        # paths are "up/kernel"; a Sequential's would be "sequential/up/kernel".
-        layouts["up/kernel"], layouts["down/kernel"] = ("batch", "model"), ("model", "batch")
-        distribution = keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="batch")
-    else:
-        distribution = keras.distribution.DataParallel(devices=jax.devices())
-    keras.distribution.set_distribution(distribution)
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((1024,))
-    hidden = keras.layers.Dense(2048, activation="relu", name="up")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(1024, name="down")(hidden))
-    model.compile(keras.optimizers.Adam(1e-3), "mse")
-    x = np.random.default_rng(0).normal(size=(64, 1024)).astype("float32")
-    log = []
-    record_steps(log)
-    model.fit(x, x, batch_size=64, epochs=1, verbose=0, callbacks=callbacks)
-    (step,) = measure(log).values()
-    shards = {variable.path: list(variable.value.addressable_shards[0].data.shape)
-              for variable in model.trainable_variables if variable.path.endswith("kernel")}
-    return {**step["memory"], "shards": shards}
-
-
 def main():
     log_histograms.COUNTED_IN_ONE_REDUCTION_FROM = 2**17
-    def every_statistic():
-        return [kgrad.GradientProbe(every_n_steps=1, statistics="all", instruments=["optimizer"])]
-
-    memory = {"keras": step_memory([]), "probed": step_memory([kgrad.GradientProbe(every_n_steps=1)]),
-              "every_statistic": step_memory(every_statistic()),
-              "guarded": step_memory([kgrad.NonFiniteGuard()])}
-    whole = {"keras": step_memory([], split=False),
-             "every_statistic": step_memory(every_statistic(), split=False)}
-    json.dump({"shapes": split_counts(), "memory": memory, "data_parallel_memory": whole,
+    json.dump({"shapes": split_counts(),
                "fits": {"reduced": probed_histograms(1), "scattered": probed_histograms(2**62)}}, sys.stdout)
 
 

@@ -32,7 +32,7 @@ from kgrad.backends.jax.keras_internals import state_shardings
 # read of an old shard comes before the update overwrites it in place, and
 # copies every shard, held through the step. With it the copies go: on an MLP
 # 1024-2048-1024 split over 8 CPU devices, the probed step held 1.14x Keras'
-# step's memory per device, and holds 1.007x (docs/sharded.md, "What it
+# step's memory per device, and holds 1.013x (docs/sharded.md, "What it
 # costs"). Copies change no value. Not set where every weight is whole on each
 # device (one device, `DataParallel`), where XLA made no copies and the option
 # made a probe with the optimizer instrument hold 10% more; nor on other
