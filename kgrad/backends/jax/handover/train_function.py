@@ -34,9 +34,9 @@ from kgrad.backends.jax.keras_internals import state_shardings
 # 1024-2048-1024 split over 8 CPU devices, the probed step held 1.14x Keras'
 # step's memory per device, and holds 1.013x (docs/sharded.md, "What it
 # costs"). Copies change no value. Not set where every weight is whole on each
-# device (one device, `DataParallel`), where XLA made no copies and the option
-# made a probe with the optimizer instrument hold 10% more; nor on other
-# platforms, where it is not measured.
+# device (one device, `DataParallel`), where the option made the probes hold
+# more, not less (that MLP on one device: 1.27x of Keras' step against 1.15x;
+# `benchmarks/step_memory.py`); nor on other platforms, where it is not measured.
 KGRAD_STEP_COMPILER_OPTIONS = {"cpu": {"xla_cpu_copy_insertion_use_region_analysis": True}}
 
 
