@@ -2,7 +2,6 @@
 and the guard reports what it reports on one device: with Keras' own train_step, and with a model's own
 (``kgrad.value_and_grad``)."""
 
-
 import numpy as np
 import pytest
 from device_scripts import run_script

@@ -10,7 +10,6 @@ optimizer, logits and attention instruments on every step, with Keras' own
 `kgrad.ProbingModel` whose hidden activations pass through `kgrad.tap`.
 """
 
-
 import numpy as np
 import pytest
 from device_scripts import run_script

@@ -10,26 +10,20 @@ device in this process.
 """
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
+from device_scripts import run
 
 from benchmarks import step_memory
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("step_memory") / "memory.json"
-    environment = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3",
-                       XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    command = [sys.executable, "-m", "benchmarks.step_memory", "--layouts", "split,data_parallel",
-               "--out", str(out)]
-    done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=3600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    benchmark = ["-m", "benchmarks.step_memory", "--layouts", "split,data_parallel", "--out", str(out)]
+    eight_devices = "--xla_force_host_platform_device_count=8"
+    run([sys.executable, *benchmark], KERAS_BACKEND="jax", XLA_FLAGS=eight_devices)
     return json.loads(out.read_text())["layouts"]
 
 

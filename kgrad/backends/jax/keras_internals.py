@@ -2,10 +2,10 @@
 
 Keras 3 has no hooks into its JAX trainer, so kgrad reaches into it: the
 metrics update of ``JAXTrainer.train_step``, the state a jitted step takes and
-its shardings, a ``ModelParallel``'s layout map, a layer tree walk, the optimizer's clipping and the variable
-index of its slots, the symbolic scope in which Keras builds a model (where
-kgrad taps nothing), and the classes ``Functional``, ``Softmax`` and
-``Sigmoid``; those the backends share come from
+its shardings, a ``ModelParallel``'s layout map, a layer tree walk, the
+optimizer's clipping and the variable index of its slots, the symbolic scope
+in which Keras builds a model (where kgrad taps nothing), and the classes
+``Functional``, ``Softmax`` and ``Sigmoid``; those the backends share come from
 `kgrad.backends.common.keras_internals`. ``tests/test_import_rules.py`` checks that no other module
 imports ``keras.src`` or reads a private name these modules read.
 
